@@ -1,0 +1,2 @@
+-- The Dagster instance keeps its run and event storage beside the platform's own tables.
+CREATE DATABASE dagster OWNER mirus;

@@ -1,0 +1,123 @@
+"""`mirus`: the operator's command line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import click
+
+from mirus_dagster.settings import PlatformSettings
+from mirus_dagster.stack import LocalStack, StackError
+
+
+def _stack() -> LocalStack:
+    return LocalStack(PlatformSettings.from_env())
+
+
+def _database_url() -> str:
+    return _stack().endpoints.database_url
+
+
+@click.group()
+def main() -> None:
+    """mirus-dagster: Kafka cross-cluster replication orchestrated by Dagster."""
+
+
+# -- stack -------------------------------------------------------------------------------------------------
+
+
+@main.group()
+def stack() -> None:
+    """The embedded local stack: 'source' and 'destination' clusters and Postgres."""
+
+
+def _print_endpoints(local: LocalStack) -> None:
+    ep = local.endpoints
+    click.echo(f"source bootstrap servers:      {ep.source_bootstrap_servers}")
+    click.echo(f"destination bootstrap servers: {ep.destination_bootstrap_servers}")
+    click.echo(f"database url:                  {ep.database_url}")
+
+
+@stack.command("up")
+def stack_up() -> None:
+    """Start every embedded part that is not running yet (harmless when already up)."""
+    local = _stack()
+    try:
+        local.up()
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _print_endpoints(local)
+
+
+@stack.command("down")
+def stack_down() -> None:
+    """Stop every process `stack up` started."""
+    stopped = _stack().down()
+    click.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+@stack.command("status")
+def stack_status() -> None:
+    """Show each part, its endpoint and pid."""
+    for part in _stack().status():
+        pid = f" pid={part.pid}" if part.pid else ""
+        click.echo(f"{part.name:<12} {part.state:<9} {part.endpoint}{pid}")
+
+
+# -- database ----------------------------------------------------------------------------------------------
+
+
+@main.group()
+def db() -> None:
+    """The platform database schema."""
+
+
+@db.command("upgrade")
+def db_upgrade() -> None:
+    """Apply every pending migration (idempotent)."""
+    from replicator.database import current_revision, make_engine, upgrade
+
+    engine = make_engine(_database_url())
+    upgrade(engine)
+    click.echo(f"database at revision {current_revision(engine)}")
+
+
+# -- development -------------------------------------------------------------------------------------------
+
+
+@main.command("dev")
+@click.option("--port", default=3000, show_default=True, help="Dagster webserver port.")
+@click.option("--keep-stack", is_flag=True, help="Leave the embedded stack running when dagster dev exits.")
+def dev(port: int, keep_stack: bool) -> None:
+    """Start the embedded stack, migrate the database and run the Dagster UI on it."""
+    local = _stack()
+    try:
+        endpoints = local.up()
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _print_endpoints(local)
+
+    from replicator.database import make_engine, upgrade
+
+    upgrade(make_engine(endpoints.database_url))
+
+    dagster_home = local.state_dir / "dagster-home"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **endpoints.as_env(), "DAGSTER_HOME": str(dagster_home)}
+    argv = [sys.executable, "-m", "dagster", "dev", "-m", "mirus_dagster.definitions", "-p", str(port)]
+    click.echo(f"Dagster UI: http://127.0.0.1:{port}")
+    # The child must handle SIGINT even when we were started with it ignored (e.g. from a background shell).
+    dagster = subprocess.Popen(argv, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # Ctrl-C reaches dagster dev directly (same process group); a SIGTERM to us is passed on so that it, too,
+    # stops its webserver, daemon and code servers before the stack goes down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, _frame: dagster.send_signal(signum))
+    try:
+        dagster.wait()
+    finally:
+        if not keep_stack:
+            local.down()
+    sys.exit(dagster.returncode)

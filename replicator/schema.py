@@ -1,0 +1,148 @@
+"""The platform's tables. Postgres is the system of record; migrations live in `replicator/migrations`.
+
+- `connectors` / `connector_configs`: a connector and every version of its configuration.
+- `assignments`: which source partitions each task owns, per assignment generation.
+- `task_leases`: which task instance may write, fenced by a growing epoch, with heartbeats.
+- `offsets`: the next source offset to replicate, per connector and source partition.
+- `partition_status`: a partition paused or dropped by the engine, and why.
+- `metadata_snapshots`: what the monitor saw on a cluster.
+- `metric_samples`: per task, partition and interval: records, bytes, latency summary and histogram, lag.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, MetaData, Text, func
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _now() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), server_default=func.now(), nullable=False)
+
+
+class Connector(Base):
+    __tablename__ = "connectors"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, nullable=False, doc="Current connector_configs.version.")
+    state: Mapped[str] = mapped_column(Text, nullable=False, doc="RUNNING or PAUSED (the operator's intent).")
+    assignment_generation: Mapped[int] = mapped_column(
+        BigInteger,
+        nullable=False,
+        server_default="0",
+        doc="Current generation in `assignments`; 0 = none yet.",
+    )
+    tasks_max: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1")
+    restart_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+
+class ConnectorConfig(Base):
+    __tablename__ = "connector_configs"
+
+    connector: Mapped[str] = mapped_column(Text, ForeignKey("connectors.name", ondelete="CASCADE"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, doc="Properties as submitted.")
+    created_at: Mapped[datetime] = _now()
+
+
+class Assignment(Base):
+    __tablename__ = "assignments"
+
+    connector: Mapped[str] = mapped_column(Text, ForeignKey("connectors.name", ondelete="CASCADE"), primary_key=True)
+    generation: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    task_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    partitions: Mapped[list[list[Any]]] = mapped_column(
+        JSONB, nullable=False, doc="Sorted [topic, partition] pairs owned by the task in this generation."
+    )
+    created_at: Mapped[datetime] = _now()
+
+
+class TaskLease(Base):
+    __tablename__ = "task_leases"
+
+    connector: Mapped[str] = mapped_column(Text, ForeignKey("connectors.name", ondelete="CASCADE"), primary_key=True)
+    task_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    epoch: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    owner: Mapped[str | None] = mapped_column(Text, doc="Who holds the lease: host, pid and run id.")
+    state: Mapped[str] = mapped_column(Text, nullable=False, server_default="UNASSIGNED")
+    error: Mapped[str | None] = mapped_column(Text)
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    restart_attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+
+
+class Offset(Base):
+    """Deliberately not tied to `connectors`: like Kafka Connect, a re-created connector resumes."""
+
+    __tablename__ = "offsets"
+
+    connector: Mapped[str] = mapped_column(Text, primary_key=True)
+    topic: Mapped[str] = mapped_column(Text, primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    offset: Mapped[int] = mapped_column(BigInteger, nullable=False, doc="Next source offset to replicate.")
+    epoch: Mapped[int] = mapped_column(BigInteger, nullable=False, doc="Lease epoch of the writer.")
+    updated_at: Mapped[datetime] = _now()
+
+
+class PartitionStatus(Base):
+    __tablename__ = "partition_status"
+
+    connector: Mapped[str] = mapped_column(Text, ForeignKey("connectors.name", ondelete="CASCADE"), primary_key=True)
+    topic: Mapped[str] = mapped_column(Text, primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[int | None] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(Text, nullable=False, doc="ACTIVE, PAUSED or DROPPED.")
+    reason: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = _now()
+
+
+class MetadataSnapshot(Base):
+    __tablename__ = "metadata_snapshots"
+    __table_args__ = (Index("ix_metadata_snapshots_connector_taken_at", "connector", "taken_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    connector: Mapped[str | None] = mapped_column(Text)
+    cluster: Mapped[str] = mapped_column(Text, nullable=False, doc="'source' or 'destination'.")
+    topics: Mapped[dict[str, int]] = mapped_column(JSONB, nullable=False, doc="Topic name -> partition count.")
+    error: Mapped[str | None] = mapped_column(Text)
+    taken_at: Mapped[datetime] = _now()
+
+
+class MetricSample(Base):
+    __tablename__ = "metric_samples"
+    __table_args__ = (Index("ix_metric_samples_connector_interval_end", "connector", "interval_end"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    connector: Mapped[str] = mapped_column(Text, nullable=False)
+    task_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    topic: Mapped[str] = mapped_column(Text, nullable=False)
+    partition: Mapped[int] = mapped_column(Integer, nullable=False)
+    interval_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    interval_end: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    records: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    latency_min_ms: Mapped[int | None] = mapped_column(BigInteger)
+    latency_max_ms: Mapped[int | None] = mapped_column(BigInteger)
+    latency_sum_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    latency_count: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    latency_histogram: Mapped[dict[str, int]] = mapped_column(
+        JSONB, nullable=False, doc="Upper bound in ms ('+Inf' last) -> count of records at or below it."
+    )
+    lag: Mapped[int | None] = mapped_column(BigInteger, doc="Source records not yet replicated, when known.")

@@ -1,0 +1,61 @@
+"""Session-wide platform for the tests: the embedded stack (or external clusters and Postgres from env)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from mirus_dagster.settings import PlatformSettings
+from mirus_dagster.stack import LocalStack, StackEndpoints
+from replicator.database import make_engine, upgrade
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def private_stack_settings(state_dir: Path) -> PlatformSettings:
+    """Settings for a private stack on free ports; external parts from the environment are kept."""
+    settings = PlatformSettings.from_env()
+    return settings.model_copy(
+        update={
+            "state_dir": state_dir,
+            "source_port": free_port(),
+            "destination_port": free_port(),
+            "postgres_port": free_port(),
+        }
+    )
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackEndpoints]:
+    """Both clusters and Postgres, started once per test session, stopped at its end."""
+    local = LocalStack(private_stack_settings(tmp_path_factory.mktemp("stack")))
+    endpoints = local.up()
+    try:
+        yield endpoints
+    finally:
+        local.down()
+
+
+@pytest.fixture(scope="session")
+def db_engine(stack: StackEndpoints) -> Iterator[Engine]:
+    engine = make_engine(stack.database_url)
+    upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def unique(request: pytest.FixtureRequest) -> str:
+    """A name no other test uses: for topics, connectors and groups."""
+    slug = re.sub(r"[^a-zA-Z0-9]+", "-", request.node.name).strip("-").lower()[:40]
+    return f"{slug}-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,122 @@
+"""The embedded stack itself: two separate clusters, a reachable Postgres, idempotent migrations, clean stops."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from confluent_kafka.admin import AdminClient
+from sqlalchemy import Engine, text
+
+from mirus_dagster.stack import StackEndpoints
+from replicator.database import current_revision, head_revision, upgrade
+from replicator.schema import Base
+
+from .conftest import free_port
+from .kafka_helpers import consume_all, create_topics, produce
+
+
+def test_clusters_are_separate_and_carry_records(stack: StackEndpoints, unique: str) -> None:
+    create_topics(stack.source_bootstrap_servers, {unique: 3})
+    produce(
+        stack.source_bootstrap_servers,
+        [{"topic": unique, "partition": i % 3, "key": b"k%d" % i, "value": b"v%d" % i} for i in range(30)],
+    )
+
+    records = consume_all(stack.source_bootstrap_servers, unique, 3, expected=30)
+
+    assert sorted(r.value for r in records) == sorted(b"v%d" % i for i in range(30))
+    destination_topics = AdminClient({"bootstrap.servers": stack.destination_bootstrap_servers}).list_topics(timeout=10)
+    assert unique not in destination_topics.topics
+
+
+def test_postgres_is_reachable_and_migrations_are_idempotent(db_engine: Engine) -> None:
+    upgrade(db_engine)
+    upgrade(db_engine)
+
+    assert current_revision(db_engine) == head_revision(db_engine)
+    with db_engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM connectors")).scalar_one() >= 0
+        # The migrations create exactly what the models describe.
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+
+
+def _mirus(state_dir: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "MIRUS_STATE_DIR": str(state_dir), **env}
+    for var in ("MIRUS_SOURCE_BOOTSTRAP_SERVERS", "MIRUS_DESTINATION_BOOTSTRAP_SERVERS", "MIRUS_DATABASE_URL"):
+        full_env.pop(var, None)
+    mirus = [sys.executable, "-c", "from mirus_dagster.cli import main; main()"]
+    return subprocess.run([*mirus, *args], env=full_env, capture_output=True, text=True, timeout=180)
+
+
+@pytest.fixture
+def ports() -> dict[str, str]:
+    return {
+        "MIRUS_SOURCE_PORT": str(free_port()),
+        "MIRUS_DESTINATION_PORT": str(free_port()),
+        "MIRUS_POSTGRES_PORT": str(free_port()),
+    }
+
+
+def _pids(state_dir: Path, env: dict[str, str]) -> dict[str, int]:
+    status = _mirus(state_dir, env, "stack", "status")
+    assert status.returncode == 0, status.stderr
+    pids = {}
+    for line in status.stdout.splitlines():
+        name, state, *rest = line.split()
+        if state == "running":
+            pids[name] = int(rest[-1].removeprefix("pid="))
+    return pids
+
+
+def test_stack_up_is_idempotent_and_down_stops_everything(tmp_path: Path, ports: dict[str, str]) -> None:
+    first = _mirus(tmp_path, ports, "stack", "up")
+    assert first.returncode == 0, first.stderr
+    assert f"127.0.0.1:{ports['MIRUS_SOURCE_PORT']}" in first.stdout
+    assert f"127.0.0.1:{ports['MIRUS_POSTGRES_PORT']}/mirus" in first.stdout
+    pids = _pids(tmp_path, ports)
+    assert set(pids) == {"source", "destination", "postgres"}
+    postgres_children = [c.pid for c in psutil.Process(pids["postgres"]).children(recursive=True)]
+
+    second = _mirus(tmp_path, ports, "stack", "up")
+    assert second.returncode == 0, second.stderr
+    assert _pids(tmp_path, ports) == pids
+
+    down = _mirus(tmp_path, ports, "stack", "down")
+    assert down.returncode == 0, down.stderr
+    for pid in [*pids.values(), *postgres_children]:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert _pids(tmp_path, ports) == {}
+    assert "nothing was running" in _mirus(tmp_path, ports, "stack", "down").stdout
+
+
+def test_stack_up_fails_clearly_when_a_port_is_taken(tmp_path: Path, ports: dict[str, str]) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", int(ports["MIRUS_DESTINATION_PORT"])))
+        squatter.listen()
+        result = _mirus(tmp_path, ports, "stack", "up")
+    try:
+        assert result.returncode != 0
+        assert f"port {ports['MIRUS_DESTINATION_PORT']} for destination is already in use" in result.stderr
+    finally:
+        _mirus(tmp_path, ports, "stack", "down")
+
+
+def test_stack_up_shows_the_log_of_a_process_that_dies_at_start(tmp_path: Path, ports: dict[str, str]) -> None:
+    # A broker binary that cannot start: the real failure mode of a broken install or a bad flag.
+    broken = tmp_path / "broken-broker"
+    broken.write_text("#!/bin/sh\necho 'fatal: storage engine unavailable' >&2\nexit 3\n")
+    broken.chmod(0o755)
+
+    result = _mirus(tmp_path, {**ports, "CALF_TANSU_BIN": str(broken)}, "stack", "up")
+
+    assert result.returncode != 0
+    assert "the source broker exited with code 3 while starting" in result.stderr
+    assert "fatal: storage engine unavailable" in result.stderr
