@@ -1,0 +1,93 @@
+"""Replication metrics, accumulated per source partition in memory and written to Postgres per interval.
+
+Latency is the destination's acknowledgement time minus the source record's timestamp (as Mirus and MirrorMaker
+2 define it). The histogram's upper bounds include Mirus's buckets (5m, 10m, 30m, 60m, 12h; its "0m" bucket is
+everything below the first bound) with finer ones below five minutes where a healthy replicator lives.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from datetime import UTC, datetime
+
+from replicator.store import MetricRow
+
+LATENCY_BUCKETS_MS: tuple[int, ...] = (
+    100, 1_000, 10_000, 60_000, 300_000, 600_000, 1_800_000, 3_600_000, 43_200_000,
+)  # fmt: skip
+BUCKET_LABELS: tuple[str, ...] = (*(str(b) for b in LATENCY_BUCKETS_MS), "+Inf")
+
+
+class PartitionCounters:
+    """What one source partition replicated since the last drain."""
+
+    __slots__ = ("buckets", "bytes", "latency_count", "latency_max", "latency_min", "latency_sum", "records")
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.bytes = 0
+        self.latency_min: int | None = None
+        self.latency_max: int | None = None
+        self.latency_sum = 0
+        self.latency_count = 0
+        self.buckets = [0] * len(BUCKET_LABELS)
+
+    def add(self, size: int, latency_ms: int | None) -> None:
+        self.records += 1
+        self.bytes += size
+        if latency_ms is None:  # the source record carried no timestamp
+            return
+        latency_ms = max(latency_ms, 0)  # clocks of two clusters are never perfectly in step
+        self.latency_sum += latency_ms
+        self.latency_count += 1
+        if self.latency_min is None or latency_ms < self.latency_min:
+            self.latency_min = latency_ms
+        if self.latency_max is None or latency_ms > self.latency_max:
+            self.latency_max = latency_ms
+        self.buckets[bisect_left(LATENCY_BUCKETS_MS, latency_ms)] += 1
+
+    def cumulative_histogram(self) -> dict[str, int]:
+        """Count of records at or below each upper bound (Prometheus-style), '+Inf' last."""
+        total, out = 0, {}
+        for label, count in zip(BUCKET_LABELS, self.buckets, strict=True):
+            total += count
+            out[label] = total
+        return out
+
+
+class TaskMetrics:
+    """Per-partition counters of one task, turned into `MetricRow`s every interval."""
+
+    def __init__(self, task_id: int, interval_s: float = 10.0) -> None:
+        self.task_id = task_id
+        self.interval_s = interval_s
+        self.interval_start = datetime.now(UTC)
+        self.counters: dict[tuple[str, int], PartitionCounters] = {}
+
+    def counters_for(self, partition: tuple[str, int]) -> PartitionCounters:
+        counters = self.counters.get(partition)
+        if counters is None:
+            counters = self.counters[partition] = PartitionCounters()
+        return counters
+
+    def due(self) -> bool:
+        return (datetime.now(UTC) - self.interval_start).total_seconds() >= self.interval_s
+
+    def drain(self, lags: dict[tuple[str, int], int | None]) -> list[MetricRow]:
+        """Rows for every partition that moved records or has a known lag; counters start again at zero."""
+        end = datetime.now(UTC)
+        rows = []
+        for partition in sorted(set(self.counters) | {p for p, lag in lags.items() if lag is not None}):
+            c = self.counters.get(partition) or PartitionCounters()
+            rows.append(
+                MetricRow(
+                    task_id=self.task_id, topic=partition[0], partition=partition[1],
+                    interval_start=self.interval_start, interval_end=end, records=c.records, bytes=c.bytes,
+                    latency_min_ms=c.latency_min, latency_max_ms=c.latency_max, latency_sum_ms=c.latency_sum,
+                    latency_count=c.latency_count, latency_histogram=c.cumulative_histogram(),
+                    lag=lags.get(partition),
+                )
+            )  # fmt: skip
+        self.counters = {}
+        self.interval_start = end
+        return rows

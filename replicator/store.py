@@ -1,0 +1,375 @@
+"""Everything the engine reads from and writes to Postgres, in one place.
+
+Fencing rule: a task writes offsets, heartbeats and partition claims only in a transaction that first updates its
+own lease row *with its epoch in the WHERE clause*. A newer claim raises the epoch, so the older instance's next
+write matches no row and it learns it was fenced; the row lock makes a claim wait for an in-flight commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, and_, delete, func, or_, select, text, tuple_, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from replicator.schema import (
+    Assignment,
+    Connector,
+    ConnectorConfig,
+    MetadataSnapshot,
+    MetricSample,
+    Offset,
+    PartitionStatus,
+    TaskLease,
+)
+
+SourcePartition = tuple[str, int]
+
+RUNNING = "RUNNING"
+PAUSED = "PAUSED"
+
+
+class FencedError(RuntimeError):
+    """Another instance of this task claimed it with a newer epoch; this one must stop without writing."""
+
+
+class UnknownConnectorError(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class ConnectorRecord:
+    name: str
+    version: int
+    state: str
+    assignment_generation: int
+    tasks_max: int
+    properties: dict[str, Any]
+    restart_requested_at: datetime | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class ConnectorHead:
+    """The few columns a running task polls every second to notice changes."""
+
+    version: int
+    state: str
+    assignment_generation: int
+    restart_requested_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Lease:
+    connector: str
+    task_id: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    task_id: int
+    topic: str
+    partition: int
+    interval_start: datetime
+    interval_end: datetime
+    records: int
+    bytes: int
+    latency_min_ms: int | None
+    latency_max_ms: int | None
+    latency_sum_ms: int
+    latency_count: int
+    latency_histogram: dict[str, int]
+    lag: int | None
+
+
+class Store:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # -- connectors -------------------------------------------------------------------------------------
+
+    def put_connector(self, name: str, properties: Mapping[str, Any], tasks_max: int) -> int:
+        """Store a new configuration version (creating the connector RUNNING); returns the version."""
+        with Session(self.engine) as s, s.begin():
+            row = s.get(Connector, name, with_for_update=True)
+            if row is None:
+                row = Connector(name=name, version=1, state=RUNNING, tasks_max=tasks_max)
+                s.add(row)
+            else:
+                row.version += 1
+                row.tasks_max = tasks_max
+                row.updated_at = func.now()
+            s.flush()
+            s.add(ConnectorConfig(connector=name, version=row.version, config=dict(properties)))
+            return row.version
+
+    def get_connector(self, name: str) -> ConnectorRecord:
+        with Session(self.engine) as s:
+            row = s.execute(
+                select(Connector, ConnectorConfig.config)
+                .join(ConnectorConfig, and_(ConnectorConfig.connector == Connector.name,
+                                            ConnectorConfig.version == Connector.version))
+                .where(Connector.name == name)
+            ).one_or_none()  # fmt: skip
+            if row is None:
+                raise UnknownConnectorError(f"connector {name!r} does not exist")
+            return _record(row[0], row[1])
+
+    def list_connectors(self) -> list[ConnectorRecord]:
+        with Session(self.engine) as s:
+            rows = s.execute(
+                select(Connector, ConnectorConfig.config)
+                .join(ConnectorConfig, and_(ConnectorConfig.connector == Connector.name,
+                                            ConnectorConfig.version == Connector.version))
+                .order_by(Connector.name)
+            ).all()  # fmt: skip
+            return [_record(c, cfg) for c, cfg in rows]
+
+    def connector_head(self, name: str) -> ConnectorHead | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(Connector.version, Connector.state, Connector.assignment_generation,
+                       Connector.restart_requested_at).where(Connector.name == name)
+            ).one_or_none()  # fmt: skip
+        return ConnectorHead(*row) if row else None
+
+    def set_connector_state(self, name: str, state: str) -> None:
+        with Session(self.engine) as s, s.begin():
+            result = s.execute(
+                update(Connector).where(Connector.name == name).values(state=state, updated_at=func.now())
+            )
+            if result.rowcount == 0:
+                raise UnknownConnectorError(f"connector {name!r} does not exist")
+
+    def request_restart(self, name: str) -> None:
+        with Session(self.engine) as s, s.begin():
+            result = s.execute(update(Connector).where(Connector.name == name).values(restart_requested_at=func.now()))
+            if result.rowcount == 0:
+                raise UnknownConnectorError(f"connector {name!r} does not exist")
+
+    def delete_connector(self, name: str) -> bool:
+        """Remove the connector, its versions, assignments, leases and partition status. Offsets are kept."""
+        with Session(self.engine) as s, s.begin():
+            return s.execute(delete(Connector).where(Connector.name == name)).rowcount > 0
+
+    # -- assignments ------------------------------------------------------------------------------------
+
+    def write_assignment(self, connector: str, tasks: Mapping[int, Sequence[SourcePartition]]) -> int | None:
+        """Record `tasks` as a new generation if membership differs from the current one; returns it, or None."""
+        wanted = {t: sorted((str(tp[0]), int(tp[1])) for tp in parts) for t, parts in tasks.items() if parts}
+        with Session(self.engine) as s, s.begin():
+            row = s.get(Connector, connector, with_for_update=True)
+            if row is None:
+                raise UnknownConnectorError(f"connector {connector!r} does not exist")
+            if self._assignment(s, connector, row.assignment_generation) == wanted and row.assignment_generation:
+                return None
+            row.assignment_generation += 1
+            for task_id, parts in wanted.items():
+                s.add(Assignment(connector=connector, generation=row.assignment_generation, task_id=task_id,
+                                 partitions=[list(tp) for tp in parts]))  # fmt: skip
+            return row.assignment_generation
+
+    def read_assignment(self, connector: str, generation: int | None = None) -> dict[int, list[SourcePartition]]:
+        with Session(self.engine) as s:
+            if generation is None:
+                generation = s.scalar(select(Connector.assignment_generation).where(Connector.name == connector))
+                if generation is None:
+                    raise UnknownConnectorError(f"connector {connector!r} does not exist")
+            return self._assignment(s, connector, generation)
+
+    @staticmethod
+    def _assignment(s: Session, connector: str, generation: int) -> dict[int, list[SourcePartition]]:
+        rows = s.execute(
+            select(Assignment.task_id, Assignment.partitions).where(
+                Assignment.connector == connector, Assignment.generation == generation
+            )
+        ).all()
+        return {task_id: [(t, int(p)) for t, p in parts] for task_id, parts in rows}
+
+    # -- leases -----------------------------------------------------------------------------------------
+
+    def claim_task(self, connector: str, task_id: int, owner: str) -> Lease:
+        """Take the task over with a new epoch, fencing any earlier instance."""
+        with Session(self.engine) as s, s.begin():
+            if s.get(Connector, connector) is None:
+                raise UnknownConnectorError(f"connector {connector!r} does not exist")
+            stmt = insert(TaskLease).values(
+                connector=connector, task_id=task_id, epoch=1, owner=owner, state=RUNNING,
+                claimed_at=func.now(), heartbeat_at=func.now(),
+            )  # fmt: skip
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[TaskLease.connector, TaskLease.task_id],
+                set_={"epoch": TaskLease.epoch + 1, "owner": owner, "state": RUNNING, "error": None,
+                      "claimed_at": func.now(), "heartbeat_at": func.now()},
+            ).returning(TaskLease.epoch)  # fmt: skip
+            return Lease(connector, task_id, s.execute(stmt).scalar_one())
+
+    def _fence_check(self, s: Session, lease: Lease, **values: Any) -> None:
+        result = s.execute(
+            update(TaskLease)
+            .where(TaskLease.connector == lease.connector, TaskLease.task_id == lease.task_id,
+                   TaskLease.epoch == lease.epoch)
+            .values(heartbeat_at=func.now(), **values)
+        )  # fmt: skip
+        if result.rowcount == 0:
+            raise FencedError(
+                f"task {lease.connector}-{lease.task_id} epoch {lease.epoch} was fenced by a newer instance "
+                "(or its connector was deleted)"
+            )
+
+    def commit(self, lease: Lease, offsets: Mapping[SourcePartition, int]) -> None:
+        """Heartbeat and store `offsets` (next offset to replicate) atomically, only under `lease`'s epoch."""
+        with Session(self.engine) as s, s.begin():
+            self._fence_check(s, lease)
+            if offsets:
+                stmt = insert(Offset).values(
+                    [{"connector": lease.connector, "topic": t, "partition": p, "offset": o, "epoch": lease.epoch}
+                     for (t, p), o in sorted(offsets.items())]
+                )  # fmt: skip
+                s.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[Offset.connector, Offset.topic, Offset.partition],
+                        set_={"offset": stmt.excluded.offset, "epoch": stmt.excluded.epoch, "updated_at": func.now()},
+                    )
+                )
+
+    def finish_task(self, lease: Lease, state: str, error: str | None = None) -> None:
+        """Record how the task instance ended and release its partitions, if it still holds the lease."""
+        try:
+            with Session(self.engine) as s, s.begin():
+                self._fence_check(s, lease, state=state, error=error)
+                s.execute(
+                    update(PartitionStatus)
+                    .where(PartitionStatus.connector == lease.connector, PartitionStatus.task_id == lease.task_id)
+                    .values(task_id=None, updated_at=func.now())
+                )
+        except FencedError:
+            pass  # the newer instance owns the row now
+
+    def lease_of(self, connector: str, task_id: int) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(TaskLease).where(TaskLease.connector == connector, TaskLease.task_id == task_id)
+            ).one_or_none()
+        return dict(row._mapping) if row else None
+
+    # -- offsets ----------------------------------------------------------------------------------------
+
+    def load_offsets(
+        self, connector: str, partitions: Iterable[SourcePartition] | None = None
+    ) -> dict[SourcePartition, int]:
+        query = select(Offset.topic, Offset.partition, Offset.offset).where(Offset.connector == connector)
+        wanted = list(partitions) if partitions is not None else None
+        if wanted is not None:
+            if not wanted:
+                return {}
+            query = query.where(tuple_(Offset.topic, Offset.partition).in_(wanted))
+        with self.engine.connect() as conn:
+            return {(t, p): o for t, p, o in conn.execute(query)}
+
+    def reset_offsets(self, connector: str, offsets: Mapping[SourcePartition, int | None]) -> None:
+        """Operator tool: set (or with None, forget) stored offsets. Running tasks must be stopped first."""
+        with Session(self.engine) as s, s.begin():
+            for (topic, partition), offset in offsets.items():
+                key = (Offset.connector == connector, Offset.topic == topic, Offset.partition == partition)
+                s.execute(delete(Offset).where(*key))
+                if offset is not None:
+                    s.add(Offset(connector=connector, topic=topic, partition=partition, offset=offset, epoch=0))
+
+    # -- partition ownership and status -----------------------------------------------------------------
+
+    def claim_partitions(
+        self, lease: Lease, partitions: Sequence[SourcePartition], stale_after: timedelta
+    ) -> list[SourcePartition]:
+        """Take ownership of the partitions no other live task holds; returns those now owned by this task.
+
+        A partition held by another task is taken only once that task released it (after flushing and
+        committing) or its lease stopped heartbeating for `stale_after`.
+        """
+        if not partitions:
+            return []
+        with Session(self.engine) as s, s.begin():
+            self._fence_check(s, lease)
+            # The conflicting row's owner is referenced by name: a correlated subquery cannot be expressed here.
+            owner_gone = text(
+                "NOT EXISTS (SELECT 1 FROM task_leases l WHERE l.connector = partition_status.connector"
+                " AND l.task_id = partition_status.task_id AND l.state = 'RUNNING'"
+                " AND l.heartbeat_at > now() - :stale)"
+            ).bindparams(stale=stale_after)
+            stmt = insert(PartitionStatus).values(
+                [{"connector": lease.connector, "topic": t, "partition": p, "task_id": lease.task_id, "state": "ACTIVE"}
+                 for t, p in partitions]
+            )  # fmt: skip
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[PartitionStatus.connector, PartitionStatus.topic, PartitionStatus.partition],
+                set_={"task_id": lease.task_id, "state": "ACTIVE", "reason": None, "updated_at": func.now()},
+                where=or_(PartitionStatus.task_id.is_(None), PartitionStatus.task_id == lease.task_id, owner_gone),
+            ).returning(PartitionStatus.topic, PartitionStatus.partition)
+            return sorted((t, p) for t, p in s.execute(stmt))
+
+    def release_partitions(self, lease: Lease, partitions: Iterable[SourcePartition]) -> None:
+        wanted = list(partitions)
+        if not wanted:
+            return
+        with Session(self.engine) as s, s.begin():
+            self._fence_check(s, lease)
+            s.execute(
+                update(PartitionStatus)
+                .where(PartitionStatus.connector == lease.connector, PartitionStatus.task_id == lease.task_id,
+                       tuple_(PartitionStatus.topic, PartitionStatus.partition).in_(wanted))
+                .values(task_id=None, updated_at=func.now())
+            )  # fmt: skip
+
+    def set_partition_state(self, lease: Lease, partition: SourcePartition, state: str, reason: str | None) -> None:
+        """ACTIVE, PAUSED or DROPPED, with the reason an operator sees."""
+        with Session(self.engine) as s, s.begin():
+            self._fence_check(s, lease)
+            stmt = insert(PartitionStatus).values(
+                connector=lease.connector, topic=partition[0], partition=partition[1], task_id=lease.task_id,
+                state=state, reason=reason,
+            )  # fmt: skip
+            s.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[PartitionStatus.connector, PartitionStatus.topic, PartitionStatus.partition],
+                    set_={"state": state, "reason": reason, "updated_at": func.now()},
+                )
+            )
+
+    def partition_statuses(self, connector: str) -> dict[SourcePartition, dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(PartitionStatus).where(PartitionStatus.connector == connector))
+            return {(r.topic, r.partition): dict(r._mapping) for r in rows}
+
+    # -- observations -----------------------------------------------------------------------------------
+
+    def record_metrics(self, connector: str, rows: Sequence[MetricRow]) -> None:
+        if not rows:
+            return
+        with Session(self.engine) as s, s.begin():
+            s.execute(insert(MetricSample).values([{"connector": connector, **r.__dict__} for r in rows]))
+
+    def metric_samples(self, connector: str) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(MetricSample).where(MetricSample.connector == connector).order_by(MetricSample.id)
+            )
+            return [dict(r._mapping) for r in rows]
+
+    def record_snapshot(
+        self, connector: str | None, cluster: str, topics: Mapping[str, int], error: str | None
+    ) -> None:
+        with Session(self.engine) as s, s.begin():
+            s.add(MetadataSnapshot(connector=connector, cluster=cluster, topics=dict(topics), error=error))
+
+
+def _record(row: Connector, config: dict[str, Any]) -> ConnectorRecord:
+    return ConnectorRecord(
+        name=row.name, version=row.version, state=row.state, assignment_generation=row.assignment_generation,
+        tasks_max=row.tasks_max, properties=config, restart_requested_at=row.restart_requested_at,
+        updated_at=row.updated_at,
+    )  # fmt: skip

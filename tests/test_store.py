@@ -1,0 +1,78 @@
+"""The Postgres store's guarantees that the engine relies on: versions, generations, fencing, handoff."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, text
+
+from replicator.store import FencedError, Store, UnknownConnectorError
+
+
+@pytest.fixture
+def store(db_engine: Engine) -> Store:
+    return Store(db_engine)
+
+
+def test_each_put_is_a_new_version_and_delete_keeps_offsets(store: Store, unique: str) -> None:
+    assert store.put_connector(unique, {"name": unique, "tasks.max": "1"}, 1) == 1
+    assert store.put_connector(unique, {"name": unique, "tasks.max": "3"}, 3) == 2
+    record = store.get_connector(unique)
+    assert (record.version, record.tasks_max, record.properties["tasks.max"], record.state) == (2, 3, "3", "RUNNING")
+
+    lease = store.claim_task(unique, 0, "me")
+    store.commit(lease, {("t", 0): 10})
+    assert store.delete_connector(unique)
+    with pytest.raises(UnknownConnectorError):
+        store.get_connector(unique)
+    assert store.lease_of(unique, 0) is None
+    # As in Kafka Connect: a connector created again under the same name resumes.
+    assert store.load_offsets(unique) == {("t", 0): 10}
+
+
+def test_a_new_generation_only_when_membership_changes(store: Store, unique: str) -> None:
+    store.put_connector(unique, {"name": unique}, 2)
+    assert store.write_assignment(unique, {0: [("a", 0), ("a", 1)], 1: [("b", 0)]}) == 1
+    assert store.write_assignment(unique, {1: [("b", 0)], 0: [("a", 1), ("a", 0)]}) is None  # reordered only
+    assert store.write_assignment(unique, {0: [("a", 0)], 1: [("b", 0), ("a", 1)]}) == 2
+    assert store.read_assignment(unique) == {0: [("a", 0)], 1: [("a", 1), ("b", 0)]}
+    assert store.read_assignment(unique, 1) == {0: [("a", 0), ("a", 1)], 1: [("b", 0)]}
+    assert store.write_assignment(unique, {}) == 3  # everything gone is a change too
+    assert store.read_assignment(unique) == {}
+
+
+def test_a_fenced_instance_cannot_write(store: Store, unique: str) -> None:
+    store.put_connector(unique, {"name": unique}, 1)
+    old = store.claim_task(unique, 0, "old")
+    store.commit(old, {("t", 0): 5})
+    new = store.claim_task(unique, 0, "new")
+    assert new.epoch == old.epoch + 1
+
+    with pytest.raises(FencedError):
+        store.commit(old, {("t", 0): 99})
+    with pytest.raises(FencedError):
+        store.claim_partitions(old, [("t", 1)], timedelta(seconds=30))
+    assert store.load_offsets(unique) == {("t", 0): 5}
+    store.commit(new, {("t", 0): 7})
+    assert store.load_offsets(unique) == {("t", 0): 7}
+
+
+def test_a_partition_moves_only_when_released_or_its_owner_is_stale(store: Store, unique: str) -> None:
+    store.put_connector(unique, {"name": unique}, 2)
+    first = store.claim_task(unique, 0, "first")
+    second = store.claim_task(unique, 1, "second")
+    assert store.claim_partitions(first, [("t", 0), ("t", 1)], timedelta(seconds=30)) == [("t", 0), ("t", 1)]
+
+    assert store.claim_partitions(second, [("t", 0), ("t", 1)], timedelta(seconds=30)) == []
+    store.release_partitions(first, [("t", 0)])
+    assert store.claim_partitions(second, [("t", 0), ("t", 1)], timedelta(seconds=30)) == [("t", 0)]
+
+    with store.engine.begin() as conn:  # the first task stopped heartbeating a minute ago (crashed)
+        conn.execute(
+            text(
+                "UPDATE task_leases SET heartbeat_at = now() - interval '1 minute' WHERE connector = :c AND task_id = 0"
+            ),
+            {"c": unique},
+        )
+    assert store.claim_partitions(second, [("t", 1)], timedelta(seconds=30)) == [("t", 1)]
