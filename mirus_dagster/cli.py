@@ -11,6 +11,7 @@ import click
 
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackError
+from mirus_dagster.verify_command import verify
 
 
 def _stack() -> LocalStack:
@@ -85,6 +86,37 @@ def db_upgrade() -> None:
     click.echo(f"database at revision {current_revision(engine)}")
 
 
+# -- tasks -------------------------------------------------------------------------------------------------
+
+
+@main.group()
+def task() -> None:
+    """Replicator tasks outside Dagster (debugging, or another process supervisor)."""
+
+
+@task.command("run")
+@click.argument("connector")
+@click.argument("task_id", type=int)
+def task_run(connector: str, task_id: int) -> None:
+    """Run one task of CONNECTOR in this process until it is removed, paused, deleted or fenced (Ctrl-C stops it)."""
+    import logging
+    import socket
+
+    from replicator.database import make_engine
+    from replicator.store import Store
+    from replicator.task import ReplicationTask
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    store = Store(make_engine(_database_url()))
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    try:
+        outcome = ReplicationTask(store, connector, task_id, owner).run()
+    except KeyboardInterrupt:
+        click.echo("stopped")
+        return
+    click.echo(f"task ended: {outcome.value}")
+
+
 # -- development -------------------------------------------------------------------------------------------
 
 
@@ -121,3 +153,6 @@ def dev(port: int, keep_stack: bool) -> None:
         if not keep_stack:
             local.down()
     sys.exit(dagster.returncode)
+
+
+main.add_command(verify)

@@ -1,0 +1,145 @@
+"""Engine throughput against a naive consume→produce loop: same brokers, same records, same run.
+
+    python benchmarks/engine_throughput.py [--records 2000000] [--partitions 4] [--size 100]
+
+Starts a private embedded stack (or uses MIRUS_SOURCE_BOOTSTRAP_SERVERS / MIRUS_DESTINATION_BOOTSTRAP_SERVERS /
+MIRUS_DATABASE_URL), loads the source topic once, then copies it twice: with the naive loop below and with a
+`ReplicationTask` that also commits offsets to Postgres, records metrics and adds provenance headers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mirus_dagster.settings import PlatformSettings
+from mirus_dagster.stack import LocalStack
+from replicator.config import ConnectorConfig
+from replicator.database import make_engine, upgrade
+from replicator.store import Store
+from replicator.task import ReplicationTask
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def create(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result()
+
+
+def load(bootstrap: str, topic: str, records: int, partitions: int, size: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
+                         "queue.buffering.max.messages": 500000})  # fmt: skip
+    value = b"x" * size
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, value, partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush()
+
+
+def naive_copy(source: str, destination: str, topic: str, target: str, records: int, partitions: int) -> None:
+    """What a hand-written replicator does: consume a batch, produce each record, flush at the end."""
+    consumer = Consumer({"bootstrap.servers": source, "group.id": "bench-naive", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    producer = Producer({"bootstrap.servers": destination, "linger.ms": 10, "batch.num.messages": 10000,
+                         "enable.idempotence": True})  # fmt: skip
+    copied = 0
+    while copied < records:
+        for msg in consumer.consume(5000, 1.0):
+            if msg.error():
+                continue
+            while True:
+                try:
+                    producer.produce(target, msg.value(), msg.key(), msg.partition(), timestamp=msg.timestamp()[1],
+                                     headers=msg.headers())  # fmt: skip
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            copied += 1
+        producer.poll(0)
+    producer.flush()
+    consumer.close()
+
+
+def engine_copy(
+    store: Store, source: str, destination: str, topic: str, target: str, records: int, partitions: int
+) -> None:
+    name = f"bench-{target}"
+    config = ConnectorConfig.from_properties({
+        "name": name, "consumer.bootstrap.servers": source, "destination.consumer.bootstrap.servers": destination,
+        "topics.whitelist": topic, "destination.topic.name.suffix": target.removeprefix(topic),
+    })  # fmt: skip
+    store.put_connector(name, config.raw, 1)
+    store.write_assignment(name, {0: [(topic, p) for p in range(partitions)]})
+    task = ReplicationTask(store, name, 0, "benchmark")
+
+    def done() -> bool:
+        return sum(s.committed or 0 for s in task.partitions.values()) >= records
+
+    task.run(done)
+
+
+def measure(label: str, fn, records: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    wall, cpu = time.perf_counter(), cpu_seconds()
+    fn()
+    wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
+    print(f"{label:<8} {records / wall:>12,.0f} records/s  {wall:7.2f} s wall  "
+          f"{cpu / (records / 1e6):6.2f} CPU-s per million records")  # fmt: skip
+    return wall, cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=2_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--size", type=int, default=100)
+    args = parser.parse_args()
+
+    settings = PlatformSettings.from_env()
+    with tempfile.TemporaryDirectory() as state:
+        ports = {"source_port": 29092, "destination_port": 29093, "postgres_port": 25432}
+        stack = LocalStack(settings.model_copy(update={"state_dir": Path(state), **ports}))
+        endpoints = stack.up()
+        try:
+            engine = make_engine(endpoints.database_url)
+            upgrade(engine)
+            src, dst = endpoints.source_bootstrap_servers, endpoints.destination_bootstrap_servers
+            topic = f"bench-{int(time.time())}"
+            create(src, topic, args.partitions)
+            for target in (f"{topic}.naive", f"{topic}.engine"):
+                create(dst, target, args.partitions)
+            print(f"loading {args.records:,} records of {args.size} bytes over {args.partitions} partitions ...")
+            load(src, topic, args.records, args.partitions, args.size)
+
+            n = args.records
+            naive, naive_cpu = measure(
+                "naive", lambda: naive_copy(src, dst, topic, f"{topic}.naive", n, args.partitions), n
+            )
+            eng, eng_cpu = measure(
+                "engine", lambda: engine_copy(Store(engine), src, dst, topic, f"{topic}.engine", n, args.partitions), n
+            )
+            print(f"ratio (engine throughput / naive throughput): {naive / eng:.2f}")
+            print(f"CPU ratio (engine / naive): {eng_cpu / naive_cpu:.2f}")
+        finally:
+            stack.down()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,505 @@
+"""One replicator task: a consumer on the source cluster and a producer on the destination, for a set of
+source partitions.
+
+A record's path, top to bottom in this file:
+  fetch      `_poll_once`: `consumer.consume()` on assigned partitions (no consumer group)
+  map        `_forward`: destination topic and partition, user headers plus provenance headers, cycle guard
+  produce    `_forward`: `producer.produce()` with key, value, headers and source timestamp
+  acknowledge `_delivered`: the destination acknowledged (or refused) the record
+  commit     `_commit`: per partition, the first offset not yet acknowledged goes to Postgres under the lease epoch
+
+Consumption never waits for commits: acknowledgements advance each partition on their own and a commit is one
+small transaction every `offset.flush.interval.ms`.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from sqlalchemy.exc import SQLAlchemyError
+
+from replicator import provenance
+from replicator.config import ConnectorConfig
+from replicator.metrics import TaskMetrics
+from replicator.store import PAUSED, FencedError, Lease, SourcePartition, Store
+
+log = logging.getLogger(__name__)
+
+UNASSIGNED_PARTITION = -1  # librdkafka: let the producer's partitioner choose
+BATCH = 5000
+MAX_BLOCK_S = 1.0  # never block longer: a Dagster termination is delivered between bytecodes
+RETRY_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
+SOURCE_GONE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+
+
+class TaskExit(enum.Enum):
+    STOPPED = "STOPPED"  # asked to stop (run terminated, process shutting down)
+    REMOVED = "REMOVED"  # the task is no longer part of the connector's assignment
+    PAUSED = "PAUSED"  # the operator paused the connector
+    DELETED = "DELETED"  # the connector was deleted
+    FENCED = "FENCED"  # a newer instance of this task took over
+
+
+class CommitWatchdogError(RuntimeError):
+    """Records flowed but no offset commit succeeded for `commit.failure.restart.ms`."""
+
+
+class PartitionState:
+    """What the task knows about one owned source partition."""
+
+    __slots__ = (
+        "acked_early", "committed", "destination_partition", "destination_topic", "failures",
+        "in_flight", "partition", "paused_reason", "pending", "position", "retry_at", "topic", "tp",
+    )  # fmt: skip
+
+    def __init__(self, tp: SourcePartition, start: int | None, destination_topic: str) -> None:
+        self.tp = tp
+        self.topic, self.partition = tp
+        self.destination_topic = destination_topic
+        self.destination_partition = UNASSIGNED_PARTITION
+        self.pending: deque[int] = deque()  # offsets produced and not yet acknowledged, in send order
+        self.acked_early: set[int] = set()  # acknowledged while an earlier offset is still pending
+        self.position = start  # next source offset to forward; None until the first record arrives
+        self.committed: int | None = start
+        self.in_flight = 0
+        self.failures = 0
+        self.paused_reason: str | None = None
+        self.retry_at = 0.0
+
+    def committable(self) -> int | None:
+        """The first source offset not yet replicated: everything before it is acknowledged."""
+        return self.pending[0] if self.pending else self.position
+
+
+class ReplicationTask:
+    def __init__(
+        self,
+        store: Store,
+        connector: str,
+        task_id: int,
+        owner: str,
+        *,
+        metrics_interval_s: float = 10.0,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.connector = connector
+        self.task_id = task_id
+        self.owner = owner
+        self.metrics = TaskMetrics(task_id, metrics_interval_s)
+        self.on_event = on_event or (lambda message: log.info("%s-%d: %s", connector, task_id, message))
+        self.lease: Lease | None = None
+        self.config: ConnectorConfig
+        self.consumer: Consumer | None = None
+        self.producer: Producer | None = None
+        self.destination_admin: AdminClient | None = None
+        self.partitions: dict[SourcePartition, PartitionState] = {}
+        self.waiting: set[SourcePartition] = set()  # assigned to us, still owned by another live task
+        self.generation = 0
+        self.version = 0
+        self.restart_marker: object = None
+        self.fatal_producer_error: KafkaError | None = None
+        self.delivered_since_commit = 0
+        self.last_commit_ok = time.monotonic()
+        self.next_commit = 0.0
+        self.next_refresh = 0.0
+        self.next_destination_check = 0.0
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    def run(self, should_stop: Callable[[], bool] = lambda: False) -> TaskExit:
+        """Replicate until stopped, removed, paused, deleted or fenced. Raises on failure (after cleaning up)."""
+        self.lease = self.store.claim_task(self.connector, self.task_id, self.owner)
+        self.on_event(f"claimed with epoch {self.lease.epoch}")
+        outcome: TaskExit | None = None
+        error: BaseException | None = None
+        try:
+            outcome = self._refresh(force=True)
+            while outcome is None:
+                if should_stop():
+                    outcome = TaskExit.STOPPED
+                    break
+                self._poll_once()
+                outcome = self._housekeeping()
+            return outcome
+        except FencedError as exc:
+            outcome = TaskExit.FENCED
+            self.on_event(str(exc))
+            return outcome
+        except BaseException as exc:  # includes Dagster's run termination, delivered as a BaseException
+            error = exc
+            raise
+        finally:
+            self._shutdown(outcome, error)
+
+    def _shutdown(self, outcome: TaskExit | None, error: BaseException | None) -> None:
+        fenced = outcome is TaskExit.FENCED
+        try:
+            if self.producer is not None and not fenced:
+                self.producer.flush(10)
+            if not fenced and self.lease is not None:
+                self._commit(final=True)
+                if self.consumer is not None:
+                    self._record_metrics()
+        except FencedError:
+            fenced = True
+        except Exception as exc:  # the original outcome matters more than a failed final commit
+            log.warning("final commit of %s-%d failed: %s", self.connector, self.task_id, exc)
+        finally:
+            if self.consumer is not None:
+                self.consumer.close()
+            if self.lease is not None and not fenced:
+                state = "FAILED" if isinstance(error, Exception) else (outcome.value if outcome else "STOPPED")
+                self.store.finish_task(self.lease, state, f"{type(error).__name__}: {error}" if error else None)
+            self.on_event(f"stopped: {outcome.value if outcome else type(error).__name__}")
+
+    # -- fetch, map, produce ----------------------------------------------------------------------------
+
+    def _poll_once(self) -> None:
+        assert self.consumer is not None and self.producer is not None
+        timeout = min(self.config.poll_timeout_ms / 1000, MAX_BLOCK_S)
+        if not self.partitions:
+            time.sleep(min(timeout, 0.2))  # nothing assigned yet; housekeeping will pick work up
+            return
+        for msg in self.consumer.consume(BATCH, timeout):
+            if msg.error() is not None:
+                self._source_error(msg)
+            else:
+                self._forward(msg)
+        self.producer.poll(0)
+        if self.fatal_producer_error is not None:
+            self._recreate_producer()
+
+    def _forward(self, msg: Message) -> None:
+        state = self.partitions.get((msg.topic(), msg.partition()))
+        if state is None or state.paused_reason is not None:
+            return  # released or paused while the batch was in flight; it is re-read from its offset later
+        offset = msg.offset()
+        state.position = offset + 1
+        headers = msg.headers()
+        if provenance.origin_cluster(headers) == self.config.target_alias:
+            return  # cycle guard: the record was first produced on the destination cluster
+        if self.config.provenance_headers:
+            headers = provenance.with_provenance(
+                headers,
+                provenance.origin_cluster(headers) or self.config.source_alias,
+                self.config.source_alias, state.topic, state.partition, offset,
+            )  # fmt: skip
+        ts_type, ts = msg.timestamp()
+        value, key = msg.value(), msg.key()
+        size = (len(value) if value else 0) + (len(key) if key else 0)
+        callback = partial(self._delivered, state, offset, ts if ts_type else None, size)
+        state.pending.append(offset)
+        state.in_flight += 1
+        while True:
+            try:
+                self.producer.produce(  # type: ignore[union-attr]
+                    state.destination_topic, value, key, partition=state.destination_partition,
+                    on_delivery=callback, timestamp=ts if ts_type else 0, headers=headers,
+                )  # fmt: skip
+                return
+            except BufferError:
+                self.producer.poll(0.05)  # type: ignore[union-attr]  # local queue full: serve acknowledgements
+
+    # -- acknowledge ------------------------------------------------------------------------------------
+
+    def _delivered(self, state: PartitionState, offset: int, ts: int | None, size: int, err: KafkaError | None,
+                   _msg: Message) -> None:  # fmt: skip
+        state.in_flight -= 1
+        if err is not None:
+            if err.fatal():
+                self.fatal_producer_error = err
+            if state.paused_reason is None:
+                self._pause(state, f"destination refused offset {offset}: {err.str()} ({err.name()})")
+            return
+        pending = state.pending
+        if pending and pending[0] == offset:
+            pending.popleft()
+            early = state.acked_early
+            while early and pending and pending[0] in early:
+                early.discard(pending.popleft())
+        else:
+            state.acked_early.add(offset)
+        self.delivered_since_commit += 1
+        counters = self.metrics.counters_for(state.tp)
+        counters.add(size, None if ts is None else int(time.time() * 1000) - ts)
+
+    # -- commit -----------------------------------------------------------------------------------------
+
+    def _commit(self, final: bool = False) -> None:
+        offsets = {}
+        for state in self.partitions.values():
+            offset = state.committable()
+            if offset is not None and offset != state.committed:
+                offsets[state.tp] = offset
+        try:
+            self.store.commit(self.lease, offsets)  # type: ignore[arg-type]
+        except FencedError:
+            raise
+        except SQLAlchemyError as exc:
+            if final:
+                raise
+            log.warning("offset commit of %s-%d failed, will retry: %s", self.connector, self.task_id, exc)
+            return
+        for tp, offset in offsets.items():
+            self.partitions[tp].committed = offset
+        self.last_commit_ok = time.monotonic()
+        self.delivered_since_commit = 0
+
+    # -- housekeeping: commits, changes, retries, metrics -----------------------------------------------
+
+    def _housekeeping(self) -> TaskExit | None:
+        now = time.monotonic()
+        if now >= self.next_commit:
+            self.next_commit = now + self.config.offset_commit_interval_ms / 1000
+            self._commit()
+            watchdog_s = self.config.commit_failure_restart_ms / 1000
+            if self.delivered_since_commit and now - self.last_commit_ok > watchdog_s:
+                raise CommitWatchdogError(
+                    f"no offset commit succeeded for {now - self.last_commit_ok:.0f}s while "
+                    f"{self.delivered_since_commit} records were replicated (commit.failure.restart.ms)"
+                )
+        if now >= self.next_refresh:
+            self.next_refresh = now + 1.0
+            outcome = self._refresh()
+            if outcome is not None:
+                return outcome
+        if now >= self.next_destination_check:
+            self.next_destination_check = now + 5.0
+            self._check_destination()
+        for state in list(self.partitions.values()):
+            if state.paused_reason is not None and state.in_flight == 0 and now >= state.retry_at:
+                self._resume(state)
+        if self.metrics.due():
+            self._record_metrics()
+        return None
+
+    def _refresh(self, force: bool = False) -> TaskExit | None:
+        """Notice pause, delete, restart, new config versions and new assignment generations."""
+        head = self.store.connector_head(self.connector)
+        if head is None:
+            return TaskExit.DELETED
+        if head.state == PAUSED:
+            return TaskExit.PAUSED
+        if force or head.version != self.version or head.restart_requested_at != self.restart_marker:
+            self._rebuild(head.version, head.restart_requested_at)
+        if force or head.assignment_generation != self.generation:
+            self.generation = head.assignment_generation
+            assignment = self.store.read_assignment(self.connector, self.generation)
+            if self.generation > 0 and self.task_id not in assignment:
+                return TaskExit.REMOVED
+            self._apply_assignment(set(assignment.get(self.task_id, ())))
+        if self.waiting:
+            self._claim(sorted(self.waiting))
+        return None
+
+    def _rebuild(self, version: int, restart_marker: object) -> None:
+        """(Re)create clients for the current configuration, resuming every owned partition from its commit."""
+        record = self.store.get_connector(self.connector)
+        config = ConnectorConfig.from_properties(record.properties)
+        owned = sorted(self.partitions)
+        if self.consumer is not None:
+            self.on_event(f"configuration version {record.version}: restarting clients in place")
+            self.producer.flush(10)  # type: ignore[union-attr]
+            self._commit()
+            self.consumer.close()
+        self.config = config
+        self.version, self.restart_marker = record.version, restart_marker
+        self.consumer = Consumer(self._consumer_settings())
+        self.producer = Producer(self._producer_settings())
+        self.destination_admin = AdminClient(self._destination_settings())
+        self.partitions = {}
+        self._start(owned)
+
+    def _apply_assignment(self, mine: set[SourcePartition]) -> None:
+        removed = [tp for tp in self.partitions if tp not in mine]
+        if removed:
+            # A partition moves only after everything read from it is acknowledged and committed.
+            self.producer.flush(30)  # type: ignore[union-attr]
+            self._commit()
+            self.consumer.incremental_unassign([TopicPartition(t, p) for t, p in removed])  # type: ignore[union-attr]
+            for tp in removed:
+                del self.partitions[tp]
+            self.store.release_partitions(self.lease, removed)  # type: ignore[arg-type]
+            self.on_event(f"released {len(removed)} partition(s): {_fmt(removed)}")
+        self.waiting = {tp for tp in mine if tp not in self.partitions}
+
+    def _claim(self, wanted: list[SourcePartition]) -> None:
+        stale = timedelta(milliseconds=self.config.lease_timeout_ms)
+        claimed = self.store.claim_partitions(self.lease, wanted, stale)  # type: ignore[arg-type]
+        self.waiting.difference_update(claimed)
+        self._start(claimed)
+
+    def _start(self, partitions: list[SourcePartition]) -> None:
+        """Begin consuming `partitions` at their committed offsets (or per auto.offset.reset)."""
+        if not partitions:
+            return
+        stored = self.store.load_offsets(self.connector, partitions)
+        reset = OFFSET_END if self.config.auto_offset_reset == "latest" else OFFSET_BEGINNING
+        assign = []
+        for tp in partitions:
+            state = PartitionState(tp, stored.get(tp), self.config.namer.destination_topic(tp[0]))
+            self.partitions[tp] = state
+            assign.append(TopicPartition(tp[0], tp[1], stored.get(tp, reset)))
+        self.consumer.incremental_assign(assign)  # type: ignore[union-attr]
+        self._check_destination(partitions)
+        self.on_event(f"replicating {len(partitions)} partition(s): {_fmt(partitions)}")
+
+    # -- per-partition fault isolation ------------------------------------------------------------------
+
+    def _check_destination(self, partitions: list[SourcePartition] | None = None) -> None:
+        """Map each partition to its destination partition; pause those whose destination is missing."""
+        states = [self.partitions[tp] for tp in partitions] if partitions else list(self.partitions.values())
+        if not states:
+            return
+        try:
+            metadata = self.destination_admin.list_topics(timeout=5)  # type: ignore[union-attr]
+        except Exception as exc:
+            log.warning("destination metadata unavailable for %s-%d: %s", self.connector, self.task_id, exc)
+            return
+        for state in states:
+            topic = metadata.topics.get(state.destination_topic)
+            if topic is None or topic.error is not None:
+                if state.paused_reason is None:
+                    self._pause(state, f"destination topic {state.destination_topic!r} does not exist")
+                continue
+            if self.config.partition_matching is False:
+                state.destination_partition = UNASSIGNED_PARTITION
+            elif state.partition in topic.partitions:
+                state.destination_partition = state.partition
+            elif self.config.partition_matching:
+                if state.paused_reason is None:
+                    self._pause(state, f"destination partition {state.destination_topic}[{state.partition}] "
+                                       "does not exist (enable.partition.matching=true)")  # fmt: skip
+            else:
+                state.destination_partition = UNASSIGNED_PARTITION
+
+    def _source_error(self, msg: Message) -> None:
+        err: KafkaError = msg.error()
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        topic, partition = msg.topic(), msg.partition()
+        if err.code() in SOURCE_GONE and topic:
+            gone = [tp for tp in self.partitions if tp[0] == topic and (partition in (None, -1) or tp[1] == partition)]
+            for tp in gone:
+                self._drop(tp, f"source partition disappeared: {err.str()}")
+            return
+        if err.fatal():
+            raise RuntimeError(f"source consumer failed: {err.str()}")
+        log.warning("source error for %s-%d (%s[%s]): %s", self.connector, self.task_id, topic, partition, err.str())
+
+    def _pause(self, state: PartitionState, reason: str) -> None:
+        state.paused_reason = reason
+        state.failures += 1
+        state.retry_at = time.monotonic() + RETRY_BACKOFF_S[min(state.failures - 1, len(RETRY_BACKOFF_S) - 1)]
+        self.consumer.pause([TopicPartition(state.topic, state.partition)])  # type: ignore[union-attr]
+        self.store.set_partition_state(self.lease, state.tp, "PAUSED", reason)  # type: ignore[arg-type]
+        self.on_event(f"paused {state.topic}[{state.partition}]: {reason}")
+
+    def _resume(self, state: PartitionState) -> None:
+        """Retry a paused partition from its first unacknowledged offset."""
+        reason = state.paused_reason
+        state.paused_reason = None
+        self._check_destination([state.tp])
+        if state.paused_reason is not None:
+            return  # still missing: _check_destination paused it again with a longer backoff
+        restart = state.committable()
+        state.pending.clear()
+        state.acked_early.clear()
+        state.position = restart
+        tp = TopicPartition(state.topic, state.partition)
+        if restart is not None:
+            tp.offset = restart
+            self.consumer.seek(tp)  # type: ignore[union-attr]
+        self.consumer.resume([TopicPartition(state.topic, state.partition)])  # type: ignore[union-attr]
+        self.store.set_partition_state(self.lease, state.tp, "ACTIVE", None)  # type: ignore[arg-type]
+        self.on_event(f"resumed {state.topic}[{state.partition}] at offset {restart} (was: {reason})")
+
+    def _drop(self, tp: SourcePartition, reason: str) -> None:
+        self.consumer.incremental_unassign([TopicPartition(*tp)])  # type: ignore[union-attr]
+        self.partitions.pop(tp, None)
+        self.store.set_partition_state(self.lease, tp, "DROPPED", reason)  # type: ignore[arg-type]
+        self.on_event(f"dropped {tp[0]}[{tp[1]}]: {reason}")
+
+    def _recreate_producer(self) -> None:
+        """An idempotent producer's fatal error ends that producer; rewind every partition and start a new one."""
+        err, self.fatal_producer_error = self.fatal_producer_error, None
+        self.on_event(f"producer failed fatally ({err}); recreating it")
+        self.producer.purge()  # type: ignore[union-attr]
+        self.producer.flush(0)  # type: ignore[union-attr]
+        self.producer = Producer(self._producer_settings())
+        for state in self.partitions.values():
+            state.in_flight = 0
+            if state.paused_reason is None:
+                self._pause(state, f"producer restarted after fatal error: {err}")
+
+    # -- metrics ----------------------------------------------------------------------------------------
+
+    def _record_metrics(self) -> None:
+        lags: dict[SourcePartition, int | None] = {}
+        for state in self.partitions.values():
+            _low, high = self.consumer.get_watermark_offsets(  # type: ignore[union-attr]
+                TopicPartition(state.topic, state.partition), cached=True
+            )
+            done = state.committable()
+            # Watermarks are only a hint (some brokers report them wrongly): never negative, unknown when absent.
+            lags[state.tp] = max(high - done, 0) if high >= 0 and done is not None else None
+        try:
+            self.store.record_metrics(self.connector, self.metrics.drain(lags))
+        except SQLAlchemyError as exc:
+            log.warning("metrics of %s-%d not recorded: %s", self.connector, self.task_id, exc)
+
+    # -- client settings --------------------------------------------------------------------------------
+
+    def _consumer_settings(self) -> dict[str, Any]:
+        return {
+            "enable.partition.eof": False,
+            "fetch.wait.max.ms": 100,
+            "queued.min.messages": 20000,
+            **self.config.source_client,
+            # assign() only: the group id names our client, offsets live in Postgres, never in Kafka.
+            "group.id": f"mirus-{self.connector}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": self.config.auto_offset_reset,
+        }
+
+    def _producer_settings(self) -> dict[str, Any]:
+        base = {k: v for k, v in self.config.destination_client.items() if k in _CONNECTION_SETTINGS
+                or k.startswith(("ssl.", "sasl."))}  # fmt: skip
+        return {
+            # Idempotence keeps each partition's order across retries; acks=all means acknowledged = durable.
+            "enable.idempotence": True,
+            "acks": "all",
+            # Never let a produce re-create a deleted destination topic with the broker's default layout.
+            "allow.auto.create.topics": False,
+            "linger.ms": 10,
+            "batch.num.messages": 10000,
+            "client.id": f"mirus-{self.connector}-{self.task_id}",
+            **base,
+            **self.config.producer_client,
+        }
+
+    def _destination_settings(self) -> dict[str, Any]:
+        return {k: v for k, v in self.config.destination_client.items() if k in _CONNECTION_SETTINGS
+                or k.startswith(("ssl.", "sasl."))}  # fmt: skip
+
+
+_CONNECTION_SETTINGS = {
+    "bootstrap.servers", "security.protocol", "client.dns.lookup", "broker.address.family", "client.rack",
+    "socket.timeout.ms", "socket.keepalive.enable", "reconnect.backoff.ms", "reconnect.backoff.max.ms",
+}  # fmt: skip
+
+
+def _fmt(partitions: list[SourcePartition], limit: int = 8) -> str:
+    shown = ", ".join(f"{t}[{p}]" for t, p in partitions[:limit])
+    return shown + (f" … (+{len(partitions) - limit})" if len(partitions) > limit else "")

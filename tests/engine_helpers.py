@@ -1,0 +1,73 @@
+"""Running replicator tasks in tests: a connector in the store, a task in a thread, and waiting on outcomes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mirus_dagster.stack import StackEndpoints
+from replicator.config import ConnectorConfig
+from replicator.store import SourcePartition, Store
+from replicator.task import ReplicationTask, TaskExit
+
+
+def connector_properties(stack: StackEndpoints, name: str, **extra: Any) -> dict[str, Any]:
+    """Mirus-style properties between the test stack's two clusters."""
+    return {
+        "name": name,
+        "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+        "consumer.bootstrap.servers": stack.source_bootstrap_servers,
+        "destination.consumer.bootstrap.servers": stack.destination_bootstrap_servers,
+        "offset.flush.interval.ms": "200",
+        **extra,
+    }
+
+
+def create_connector(
+    store: Store, properties: Mapping[str, Any], assignment: Mapping[int, Sequence[SourcePartition]]
+) -> ConnectorConfig:
+    config = ConnectorConfig.from_properties(properties)
+    store.put_connector(config.name, config.raw, config.tasks_max)
+    store.write_assignment(config.name, assignment)
+    return config
+
+
+@dataclass
+class TaskThread:
+    """A task running in a background thread, stoppable like a terminated run."""
+
+    task: ReplicationTask
+    stop: threading.Event = field(default_factory=threading.Event)
+    outcome: TaskExit | None = None
+    error: BaseException | None = None
+    events: list[str] = field(default_factory=list)
+    thread: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, store: Store, connector: str, task_id: int = 0, owner: str = "test") -> TaskThread:
+        runner = cls(task=ReplicationTask(store, connector, task_id, owner, metrics_interval_s=1.0))
+        runner.task.on_event = runner.events.append
+        runner.thread = threading.Thread(target=runner._run, daemon=True, name=f"{connector}-{task_id}")
+        runner.thread.start()
+        return runner
+
+    def _run(self) -> None:
+        try:
+            self.outcome = self.task.run(self.stop.is_set)
+        except BaseException as exc:
+            self.error = exc
+
+    def finish(self, timeout: float = 60.0) -> TaskExit | None:
+        """Ask the task to stop and wait until it has flushed, committed and closed."""
+        self.stop.set()
+        return self.join(timeout)
+
+    def join(self, timeout: float = 60.0) -> TaskExit | None:
+        assert self.thread is not None
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"task did not end within {timeout}s; events: {self.events[-5:]}"
+        if self.error is not None:
+            raise self.error
+        return self.outcome

@@ -1,0 +1,621 @@
+"""Connector configs as users paste them (Mirus and MM2 dialects): parsing, every error at once, secret masking.
+
+Pure unit tests: librdkafka validates client settings without any broker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from replicator.config import (
+    SECRET_MASK,
+    ConnectorConfig,
+    ConnectorConfigError,
+    is_secret_property,
+    mask_properties,
+)
+from replicator.naming import DefaultReplicationPolicy, IdentityReplicationPolicy, MirusNamingPolicy
+
+# The body of the Mirus quickstart's `PUT /connectors/mirus-quickstart-source/config`.
+MIRUS_QUICKSTART: dict[str, object] = {
+    "name": "mirus-quickstart-source",
+    "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+    "tasks.max": "5",
+    "topics.whitelist": "test",
+    "destination.topic.name.suffix": ".mirror",
+    "destination.consumer.bootstrap.servers": "localhost:9092",
+    "consumer.bootstrap.servers": "localhost:9092",
+    "consumer.client.id": "mirus-quickstart",
+    "consumer.key.deserializer": "org.apache.kafka.common.serialization.ByteArrayDeserializer",
+    "consumer.value.deserializer": "org.apache.kafka.common.serialization.ByteArrayDeserializer",
+}
+
+MM2_STYLE: dict[str, object] = {
+    "name": "a-to-b",
+    "connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector",
+    "source.cluster.alias": "A",
+    "target.cluster.alias": "B",
+    "source.cluster.bootstrap.servers": "a1:9092,a2:9092",
+    "target.cluster.bootstrap.servers": "b1:9092",
+    "topics": "x, orders-.*",
+    "topics.exclude": "orders-tmp",
+    "replication.policy.class": "org.apache.kafka.connect.mirror.DefaultReplicationPolicy",
+    "replication.policy.separator": ".",
+    "tasks.max": 4,
+}
+
+BASE: dict[str, object] = {
+    "name": "c",
+    "consumer.bootstrap.servers": "src:9092",
+    "destination.consumer.bootstrap.servers": "dst:9092",
+    "topics.whitelist": "t",
+}
+
+
+def parse(**overrides: object) -> ConnectorConfig:
+    return ConnectorConfig.from_properties({**BASE, **overrides})
+
+
+def errors_of(props: dict[str, object]) -> ConnectorConfigError:
+    with pytest.raises(ConnectorConfigError) as caught:
+        ConnectorConfig.from_properties(props)
+    return caught.value
+
+
+def error_for(prop: str, **overrides: object) -> str:
+    """The reason reported for `prop` when BASE is changed by `overrides` (None removes a property)."""
+    props: dict[str, Any] = {**BASE, **overrides}
+    props = {k: v for k, v in props.items() if v is not None}
+    err = errors_of(props)
+    reasons = [reason for name, reason in err.errors if name == prop]
+    assert reasons, f"no error for {prop}: {err.errors}"
+    return reasons[0]
+
+
+# --- accepted configs ------------------------------------------------------------------------------------------
+
+
+def test_mirus_quickstart_parses() -> None:
+    config = ConnectorConfig.from_properties(MIRUS_QUICKSTART)
+    assert config.name == "mirus-quickstart-source"
+    assert config.connector_class == "com.salesforce.mirus.MirusSourceConnector"
+    assert config.tasks_max == 5
+    assert config.source_client == {"bootstrap.servers": "localhost:9092", "client.id": "mirus-quickstart"}
+    assert config.destination_client == {"bootstrap.servers": "localhost:9092"}
+    assert config.producer_client == {}
+    assert config.selector.select(["test", "test.mirror", "other"]) == ["test"]
+    assert config.namer.destination_topic("test") == "test.mirror"
+    assert isinstance(config.namer.policy, MirusNamingPolicy)
+    assert config.raw == MIRUS_QUICKSTART
+    # Defaults that differ from, or clarify, Mirus's.
+    assert config.auto_offset_reset == "earliest"
+    assert config.partition_matching is None
+    assert config.destination_topic_checking is True
+    assert config.monitor_poll_wait_ms == 5000
+    assert config.poll_timeout_ms == 1000
+    assert config.provenance_headers is True
+
+
+def test_mm2_style_config_parses_and_prefixes_the_source_alias() -> None:
+    config = ConnectorConfig.from_properties(MM2_STYLE)
+    assert (config.source_alias, config.target_alias) == ("A", "B")
+    assert config.source_client == {"bootstrap.servers": "a1:9092,a2:9092"}
+    assert config.destination_client == {"bootstrap.servers": "b1:9092"}
+    assert config.namer.destination_topic("x") == "A.x"
+    assert config.namer.is_cycle("B.x")
+    assert config.selector.select(["x", "orders-eu", "orders-tmp", "y"]) == ["orders-eu", "x"]
+    assert config.tasks_max == 4
+
+
+def test_mm2_short_policy_names_and_identity() -> None:
+    config = ConnectorConfig.from_properties({**MM2_STYLE, "replication.policy.class": "IdentityReplicationPolicy"})
+    assert isinstance(config.namer.policy, IdentityReplicationPolicy)
+    assert config.namer.destination_topic("x") == "x"
+    config = ConnectorConfig.from_properties(
+        {**MM2_STYLE, "replication.policy.class": "DefaultReplicationPolicy", "replication.policy.separator": "_"}
+    )
+    assert config.namer.destination_topic("x") == "A_x"
+
+
+def test_source_alias_without_policy_class_means_mm2_default_policy() -> None:
+    config = parse(**{"source.cluster.alias": "A", "target.cluster.alias": "B"})
+    assert isinstance(config.namer.policy, DefaultReplicationPolicy)
+    assert config.namer.destination_topic("t") == "A.t"
+
+
+def test_source_alias_with_mirus_prefix_keeps_mirus_naming() -> None:
+    config = parse(**{"source.cluster.alias": "A", "destination.topic.name.prefix": "dc1-"})
+    assert config.namer.policy == MirusNamingPolicy(prefix="dc1-")
+    assert config.source_alias == "A"
+
+
+def test_json_numbers_and_booleans_are_accepted() -> None:
+    config = parse(
+        **{
+            "tasks.max": 3,
+            "enable.destination.topic.checking": False,
+            "enable.partition.matching": "TRUE",
+            "provenance.headers.enabled": "False",
+            "poll.timeout.ms": 250.0,
+            "consumer.fetch.min.bytes": 1,
+            "consumer.check.crcs": True,
+        }
+    )
+    assert config.tasks_max == 3
+    assert config.destination_topic_checking is False
+    assert config.partition_matching is True
+    assert config.provenance_headers is False
+    assert config.poll_timeout_ms == 250
+    assert config.source_client["fetch.min.bytes"] == "1"
+    assert config.source_client["check.crcs"] == "true"
+
+
+def test_partition_matching_unset_true_false() -> None:
+    assert parse().partition_matching is None
+    assert parse(**{"enable.partition.matching": "true"}).partition_matching is True
+    assert parse(**{"enable.partition.matching": "false"}).partition_matching is False
+
+
+def test_java_only_client_settings_are_dropped() -> None:
+    config = parse(
+        **{
+            "consumer.key.deserializer": "org.apache.kafka.common.serialization.ByteArrayDeserializer",
+            "consumer.value.deserializer": "org.apache.kafka.common.serialization.ByteArrayDeserializer",
+            "consumer.interceptor.classes": "com.example.Interceptor",
+            "consumer.partition.assignment.strategy": "org.apache.kafka.clients.consumer.RangeAssignor",
+            "producer.key.serializer": "org.apache.kafka.common.serialization.ByteArraySerializer",
+            "producer.value.serializer": "org.apache.kafka.common.serialization.ByteArraySerializer",
+            "destination.consumer.key.deserializer": "org.apache.kafka.common.serialization.ByteArrayDeserializer",
+        }
+    )
+    assert config.source_client == {"bootstrap.servers": "src:9092"}
+    assert config.producer_client == {}
+    assert config.destination_client == {"bootstrap.servers": "dst:9092"}
+    # A librdkafka assignment strategy is a real setting and is kept.
+    assert parse(**{"consumer.partition.assignment.strategy": "range"}).source_client[
+        "partition.assignment.strategy"
+    ] == ("range")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("latest", "latest"),
+        ("LATEST", "latest"),
+        ("largest", "latest"),
+        ("earliest", "earliest"),
+        ("smallest", "earliest"),
+        ("none", "earliest"),
+        ("whatever", "earliest"),
+    ],
+)
+def test_auto_offset_reset_follows_mirus(value: str, expected: str) -> None:
+    config = parse(**{"consumer.auto.offset.reset": value})
+    assert config.auto_offset_reset == expected
+    assert "auto.offset.reset" not in config.source_client
+
+
+def test_producer_bootstrap_serves_as_destination_bootstrap() -> None:
+    config = ConnectorConfig.from_properties(
+        {k: v for k, v in BASE.items() if k != "destination.consumer.bootstrap.servers"}
+        | {"producer.bootstrap.servers": "dst:9093", "producer.linger.ms": "5"}
+    )
+    assert config.destination_client == {"bootstrap.servers": "dst:9093"}
+    assert config.producer_client == {"bootstrap.servers": "dst:9093", "linger.ms": "5"}
+    assert config.producer_settings() == {"bootstrap.servers": "dst:9093", "linger.ms": "5"}
+
+
+def test_deprecated_destination_bootstrap_spelling() -> None:
+    props = {k: v for k, v in BASE.items() if k != "destination.consumer.bootstrap.servers"}
+    config = ConnectorConfig.from_properties({**props, "destination.bootstrap.servers": "dst:9092"})
+    assert config.destination_client == {"bootstrap.servers": "dst:9092"}
+
+
+def test_security_settings_reach_each_client() -> None:
+    config = parse(
+        **{
+            "consumer.security.protocol": "SASL_SSL",
+            "consumer.sasl.mechanism": "PLAIN",
+            "consumer.sasl.username": "u",
+            "consumer.sasl.password": "p4ssw0rd!",
+            "destination.consumer.security.protocol": "SASL_PLAINTEXT",
+            "destination.consumer.sasl.mechanism": "SCRAM-SHA-512",
+            "destination.consumer.sasl.username": "bob",
+            "destination.consumer.sasl.password": "s3cret",
+            "producer.compression.type": "zstd",
+        }
+    )
+    assert config.source_client["sasl.password"] == "p4ssw0rd!"
+    assert config.destination_client["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert config.producer_settings()["security.protocol"] == "SASL_PLAINTEXT"
+    assert config.producer_settings()["compression.type"] == "zstd"
+
+
+def test_commonly_carried_connect_and_mm2_properties_are_ignored() -> None:
+    config = parse(
+        **{
+            "key.converter": "org.apache.kafka.connect.converters.ByteArrayConverter",
+            "value.converter.schemas.enable": "false",
+            "header.converter": "org.apache.kafka.connect.converters.ByteArrayConverter",
+            "errors.tolerance": "none",
+            "config.action.reload": "restart",
+            "predicates": "p",
+            "replay.policy": "FILTER",
+            "replay.window.records": "50000",
+            "emit.heartbeats.enabled": "true",
+            "emit.checkpoints.interval.seconds": "60",
+            "sync.topic.configs.enabled": "true",
+            "sync.topic.acls.enabled": "false",
+            "refresh.topics.interval.seconds": "600",
+            "refresh.groups.enabled": "false",
+            "groups": ".*",
+            "groups.exclude": "console-consumer-.*",
+            "offset-syncs.topic.location": "target",
+            "replication.factor": "3",
+            "checkpoints.topic.replication.factor": "3",
+            "heartbeats.topic.replication.factor": "3",
+            "offset-syncs.topic.replication.factor": "3",
+            "source.value.converter": "org.apache.kafka.connect.converters.ByteArrayConverter",
+        }
+    )
+    assert config.name == "c"
+
+
+def test_regex_router_transforms_follow_the_policy() -> None:
+    config = parse(
+        **{
+            "destination.topic.name.prefix": "dc1.",
+            "transforms": "strip, rename",
+            "transforms.strip.type": "org.apache.kafka.connect.transforms.RegexRouter",
+            "transforms.strip.regex": r"dc1\.(.*)",
+            "transforms.strip.replacement": "copy-$1",
+            "transforms.rename.type": "RegexRouter",
+            "transforms.rename.regex": "copy-(?<t>.*)",
+            "transforms.rename.replacement": "${t}.x",
+        }
+    )
+    assert [r.regex for r in config.namer.routers] == [r"dc1\.(.*)", "copy-(?<t>.*)"]
+    assert config.namer.destination_topic("orders") == "orders.x"
+
+
+def test_selection_properties_are_comma_lists_with_whitespace_trimmed() -> None:
+    config = parse(
+        **{
+            "topics.whitelist": " a , b,,c ",
+            "topics.regex": "  r-.*  ",
+            "topics.regex.list": "l1, ^l2-",
+        }
+    )
+    assert config.selector.whitelist == frozenset({"a", "b", "c"})
+    assert config.selector.regex == "r-.*"
+    assert config.selector.regex_list == ("l1", "^l2-")
+
+
+def test_poll_timeout_is_capped_for_the_task() -> None:
+    assert parse(**{"poll.timeout.ms": "5000"}).task_poll_timeout_ms == 1000
+    assert parse(**{"poll.timeout.ms": "200"}).task_poll_timeout_ms == 200
+
+
+# --- rejected configs ------------------------------------------------------------------------------------------
+
+
+def test_bad_tasks_max_names_the_property_and_value() -> None:
+    err = errors_of({**BASE, "tasks.max": "x"})
+    assert "tasks.max: must be an integer >= 1, got 'x'" in str(err).splitlines()
+    assert error_for("tasks.max", **{"tasks.max": 0}) == "must be an integer >= 1, got 0"
+    assert error_for("tasks.max", **{"tasks.max": True}) == "must be an integer >= 1, got True"
+    assert error_for("tasks.max", **{"tasks.max": 1.5}) == "must be an integer >= 1, got 1.5"
+
+
+def test_missing_source_bootstrap() -> None:
+    reason = error_for("consumer.bootstrap.servers", **{"consumer.bootstrap.servers": None})
+    assert "SOURCE" in reason and "required" in reason
+
+
+def test_missing_destination_bootstrap() -> None:
+    reason = error_for("destination.consumer.bootstrap.servers", **{"destination.consumer.bootstrap.servers": None})
+    assert "DESTINATION" in reason and "required" in reason
+
+
+def test_empty_bootstrap_names_the_spelling_used() -> None:
+    reason = error_for(
+        "source.cluster.bootstrap.servers",
+        **{"consumer.bootstrap.servers": None, "source.cluster.bootstrap.servers": " "},
+    )
+    assert "required" in reason
+
+
+def test_missing_name() -> None:
+    assert error_for("name", name=None).startswith("required")
+    assert "got 'my connector'" in error_for("name", name="my connector")
+    assert error_for("name", name="x" * 201)
+
+
+@pytest.mark.parametrize(
+    ("typo", "suggestion"),
+    [
+        ("topics.whitelst", "topics.whitelist"),
+        ("tasks.mx", "tasks.max"),
+        ("consumr.bootstrap.servers", "consumer.bootstrap.servers"),
+        ("destination.topic.name.sufix", "destination.topic.name.suffix"),
+    ],
+)
+def test_unknown_property_suggests_the_closest_name(typo: str, suggestion: str) -> None:
+    reason = error_for(typo, **{typo: "x"})
+    assert reason == f"unknown property; did you mean {suggestion!r}?"
+
+
+def test_unknown_property_without_a_close_match() -> None:
+    assert error_for("completely.different", **{"completely.different": "x"}) == "unknown property"
+
+
+@pytest.mark.parametrize("prop", ["topics.regex", "topics.regex.list", "topics", "topics.exclude"])
+def test_bad_regex_names_the_property_and_pattern(prop: str) -> None:
+    reason = error_for(prop, **{prop: "orders-("})
+    assert "invalid regular expression 'orders-('" in reason
+
+
+def test_unknown_transform_type() -> None:
+    reason = error_for(
+        "transforms.ts.type",
+        **{"transforms": "ts", "transforms.ts.type": "org.apache.kafka.connect.transforms.TimestampRouter"},
+    )
+    assert "only RegexRouter" in reason and "TimestampRouter" in reason
+
+
+def test_transform_problems() -> None:
+    err = errors_of(
+        {
+            **BASE,
+            "transforms": "a,b,c",
+            "transforms.a.type": "RegexRouter",
+            "transforms.a.regex": "(x)",
+            "transforms.a.replacement": "$2",
+            "transforms.b.regex": "y",
+            "transforms.c.type": "RegexRouter",
+            "transforms.c.regex": "(",
+            "transforms.c.replacement": "z",
+            "transforms.c.predicate": "isFoo",
+            "transforms.unlisted.type": "Whatever",  # ignored, as Kafka Connect does
+        }
+    )
+    reasons = dict(err.errors)
+    assert set(reasons) == {
+        "transforms.a.replacement",
+        "transforms.b.type",
+        "transforms.b.replacement",
+        "transforms.c.regex",
+        "transforms.c.predicate",
+    }
+    assert "no group 2" in reasons["transforms.a.replacement"]
+    assert "predicates" in reasons["transforms.c.predicate"]
+
+
+def test_unknown_librdkafka_setting() -> None:
+    reason = error_for("consumer.fetch.bogus", **{"consumer.fetch.bogus": "1"})
+    assert reason.startswith("unknown client setting 'fetch.bogus'")
+    reason = error_for("destination.consumer.fetch.bogus", **{"destination.consumer.fetch.bogus": "1"})
+    assert reason.startswith("unknown client setting 'fetch.bogus'")
+    reason = error_for("producer.lingerms", **{"producer.lingerms": "1"})
+    assert reason.startswith("unknown client setting 'lingerms'")
+
+
+def test_invalid_librdkafka_values_name_the_users_property() -> None:
+    assert "security.protocol" in error_for("consumer.security.protocol", **{"consumer.security.protocol": "bogus"})
+    assert "bool" in error_for("consumer.enable.auto.commit", **{"consumer.enable.auto.commit": "maybe"})
+    # librdkafka reports `linger.ms` under its alias queue.buffering.max.ms; the user's spelling is still named.
+    assert "rejected by librdkafka" in error_for("producer.linger.ms", **{"producer.linger.ms": "soon"})
+    assert "JAAS" in error_for("consumer.sasl.jaas.config", **{"consumer.sasl.jaas.config": "x required;"})
+
+
+def test_incomplete_security_settings_name_what_is_missing() -> None:
+    reason = error_for(
+        "destination.consumer.sasl.username",
+        **{"destination.consumer.security.protocol": "SASL_SSL", "destination.consumer.sasl.mechanism": "PLAIN"},
+    )
+    assert "sasl.username and sasl.password must be set" in reason
+    err = errors_of(
+        {**BASE, "destination.consumer.security.protocol": "SASL_SSL", "destination.consumer.sasl.mechanism": "PLAIN"}
+    )
+    assert len(err.errors) == 1  # not repeated for the producer built on the same settings
+
+
+def test_code_loading_client_settings_are_refused() -> None:
+    assert "not accepted" in error_for(
+        "consumer.plugin.library.paths", **{"consumer.plugin.library.paths": "/tmp/evil.so"}
+    )
+    assert "not accepted" in error_for(
+        "producer.sasl.kerberos.kinit.cmd", **{"producer.sasl.kerberos.kinit.cmd": "touch /tmp/x"}
+    )
+
+
+def test_two_spellings_of_one_client_setting_must_agree() -> None:
+    reason = error_for("source.cluster.bootstrap.servers", **{"source.cluster.bootstrap.servers": "other:9092"})
+    assert "conflicts with consumer.bootstrap.servers" in reason
+    assert parse(**{"source.cluster.bootstrap.servers": "src:9092"}).source_client["bootstrap.servers"] == "src:9092"
+
+
+def test_prefix_with_mm2_policy_is_ambiguous() -> None:
+    reason = error_for(
+        "destination.topic.name.prefix",
+        **{"replication.policy.class": "DefaultReplicationPolicy", "destination.topic.name.prefix": "dc1."},
+    )
+    assert "replication.policy.class" in reason
+
+
+def test_unsupported_policy_class() -> None:
+    reason = error_for("replication.policy.class", **{"replication.policy.class": "com.example.MyPolicy"})
+    assert "com.example.MyPolicy" in reason
+
+
+def test_alias_containing_the_separator() -> None:
+    reason = error_for("source.cluster.alias", **{"source.cluster.alias": "dc.1", "target.cluster.alias": "B"})
+    assert "separator" in reason
+
+
+def test_no_selection_is_rejected() -> None:
+    err = errors_of({k: v for k, v in BASE.items() if k != "topics.whitelist"})
+    assert (
+        "topics.whitelist: no topics selected; set topics.whitelist, topics.regex, topics.regex.list or topics"
+        in str(err).splitlines()
+    )
+    # Mirus's default "" is just as empty; an exclude alone selects nothing either.
+    assert "no topics selected" in error_for("topics.whitelist", **{"topics.whitelist": ""})
+    assert "no topics selected" in error_for("topics.whitelist", **{"topics.whitelist": None, "topics.exclude": "x"})
+
+
+def test_bad_connector_class() -> None:
+    assert "got 'com.example.Sink'" in error_for("connector.class", **{"connector.class": "com.example.Sink"})
+    assert parse(**{"connector.class": "MirrorSourceConnector"}).connector_class == "MirrorSourceConnector"
+
+
+@pytest.mark.parametrize(
+    ("prop", "value", "expected"),
+    [
+        ("enable.partition.matching", "yes", "must be true or false, got 'yes'"),
+        ("enable.destination.topic.checking", 1, "must be true or false, got 1"),
+        ("poll.timeout.ms", "0", "must be an integer between 1 and 60000, got '0'"),
+        ("poll.timeout.ms", 60001, "must be an integer between 1 and 60000, got 60001"),
+        ("monitor.poll.wait.ms", "99", "must be an integer >= 100, got '99'"),
+        ("commit.failure.restart.ms", "999", "must be an integer >= 1000, got '999'"),
+        ("offset.flush.interval.ms", "-1", "must be an integer >= 100, got '-1'"),
+        ("task.heartbeat.interval.ms", "fast", "must be an integer >= 100, got 'fast'"),
+        ("task.lease.timeout.ms", "4000", "must be greater than 2 x task.heartbeat.interval.ms (4000), got 4000"),
+        ("source.value.converter", "JsonConverter", "got 'JsonConverter'"),
+    ],
+)
+def test_value_errors(prop: str, value: object, expected: str) -> None:
+    assert expected in error_for(prop, **{prop: value})
+
+
+@pytest.mark.parametrize(("value", "kind"), [(None, "null"), (["a"], "a list"), ({"a": 1}, "an object")])
+def test_values_must_be_flat(value: object, kind: str) -> None:
+    # Reported once, not again by the typed reader.
+    err = errors_of({**BASE, "tasks.max": value})
+    assert [e for e in err.errors if e[0] == "tasks.max"] == [
+        ("tasks.max", f"must be a string, number or boolean, got {kind}")
+    ]
+
+
+def test_not_a_mapping() -> None:
+    with pytest.raises(ConnectorConfigError, match="must be a JSON object"):
+        ConnectorConfig.from_properties(["name"])  # type: ignore[arg-type]
+
+
+def test_all_problems_are_reported_together() -> None:
+    err = errors_of(
+        {
+            "tasks.max": "many",
+            "topics.whitelst": "t",
+            "consumer.fetch.bogus": "1",
+            "topics.regex": "(",
+            "enable.partition.matching": "maybe",
+            "destination.topic.name.prefix": "p.",
+            "replication.policy.class": "Nope",
+        }
+    )
+    names = [name for name, _ in err.errors]
+    for expected in (
+        "name",
+        "tasks.max",
+        "topics.whitelst",
+        "consumer.fetch.bogus",
+        "consumer.bootstrap.servers",
+        "destination.consumer.bootstrap.servers",
+        "topics.regex",
+        "enable.partition.matching",
+        "destination.topic.name.prefix",
+        "replication.policy.class",
+    ):
+        assert expected in names, expected
+    lines = str(err).splitlines()
+    assert len(lines) == len(err.errors)
+    assert all(line == f"{name}: {reason}" for line, (name, reason) in zip(lines, err.errors, strict=True))
+    assert isinstance(err, ValueError)
+
+
+# --- secrets ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "consumer.sasl.password",
+        "producer.ssl.key.password",
+        "destination.consumer.sasl.jaas.config",
+        "consumer.ssl.key.pem",
+        "consumer.ssl.certificate.pem",
+        "consumer.sasl.oauthbearer.client.secret",
+        "target.cluster.SASL.PASSWORD",
+        "consumer.ssl.key",
+        "some.credentials.file",
+        "consumer.sasl.oauthbearer.token.endpoint.url",
+    ],
+)
+def test_secret_property_names(name: str) -> None:
+    assert is_secret_property(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["consumer.sasl.username", "consumer.ssl.key.location", "key.converter", "tasks.max", "name"]
+)
+def test_non_secret_property_names(name: str) -> None:
+    assert not is_secret_property(name)
+
+
+SECRETS: dict[str, object] = {
+    "consumer.security.protocol": "SASL_SSL",
+    "consumer.sasl.mechanism": "PLAIN",
+    "consumer.sasl.username": "alice",
+    "consumer.sasl.password": "hunter2-source",
+    "producer.ssl.key.password": "hunter2-producer",
+    "destination.consumer.sasl.username": "bob",
+    "destination.consumer.sasl.password": "hunter2-destination",
+}
+
+
+def test_masked_properties_hide_secret_values() -> None:
+    config = parse(**SECRETS)
+    masked = config.masked_properties()
+    assert masked["consumer.sasl.password"] == SECRET_MASK
+    assert masked["producer.ssl.key.password"] == SECRET_MASK
+    assert masked["destination.consumer.sasl.password"] == SECRET_MASK
+    assert masked["consumer.sasl.username"] == "alice"
+    assert config.raw["consumer.sasl.password"] == "hunter2-source"  # the engine still needs it
+    assert mask_properties(config.raw) == masked
+
+
+def test_repr_and_str_hide_secret_values() -> None:
+    config = parse(**SECRETS)
+    for text in (repr(config), str(config)):
+        assert "hunter2" not in text
+        assert SECRET_MASK in text  # the client settings are shown, masked
+        assert "alice" in text
+
+
+def test_error_messages_never_show_secret_values() -> None:
+    err = errors_of(
+        {
+            **BASE,
+            **SECRETS,
+            "consumer.sasl.jaas.config": 'PlainLoginModule required username="a" password="hunter2-jaas";',
+            "destination.consumer.sasl.password": ["hunter2-in-a-list"],
+            "tasks.max": "hunter2-source",  # a secret pasted into the wrong field is masked too
+            "producer.ssl.key.password": "hunter2-producer",
+            "producer.ssl.key.pem": "hunter2-not-a-pem",
+            "producer.security.protocol": "SSL",
+        }
+    )
+    text = str(err)
+    assert "consumer.sasl.jaas.config" in text
+    assert "tasks.max: must be an integer >= 1, got '********'" in text.splitlines()
+    assert "hunter2" not in text
+    assert "hunter2" not in repr(err.errors)
+
+
+def test_unknown_secret_client_setting_is_named_without_its_value() -> None:
+    reason = error_for("consumer.sasl.passwrd.secret", **{"consumer.sasl.passwrd.secret": "hunter2-typo"})
+    assert reason.startswith("unknown client setting 'sasl.passwrd.secret'")
+    assert "hunter2" not in reason

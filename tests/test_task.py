@@ -1,0 +1,307 @@
+"""The task loop against two real clusters and Postgres: records arrive intact, offsets resume, faults stay local."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+
+from mirus_dagster.stack import StackEndpoints
+from replicator import provenance
+from replicator.database import make_engine, upgrade
+from replicator.store import Store
+from replicator.task import CommitWatchdogError, TaskExit
+from replicator.verify import verify_replication
+
+from .engine_helpers import TaskThread, connector_properties, create_connector
+from .kafka_helpers import Rec, consume_all, create_topics, delete_topics, produce, wait_for
+
+
+@pytest.fixture
+def store(db_engine: Engine) -> Store:
+    return Store(db_engine)
+
+
+def _by_partition(records: list[Rec]) -> dict[int, list[Rec]]:
+    out: dict[int, list[Rec]] = defaultdict(list)
+    for r in records:
+        out[r.partition].append(r)
+    return out
+
+
+def _committed(store: Store, connector: str) -> dict[tuple[str, int], int]:
+    return store.load_offsets(connector)
+
+
+def test_records_arrive_intact_with_partitions_headers_timestamps_and_provenance(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    topic, partitions = unique, 8
+    create_topics(stack.source_bootstrap_servers, {topic: partitions})
+    create_topics(stack.destination_bootstrap_servers, {f"{topic}.mirror": partitions})
+    sent = []
+    for i in range(800):
+        sent.append({
+            "topic": topic, "partition": i % partitions, "timestamp": 1_700_000_000_000 + i,
+            "key": None if i % 7 == 0 else b"key-%d" % i,
+            "value": None if i % 5 == 0 else b"value-%d" % i,
+            "headers": [("dup", b"1"), ("h", None), ("dup", b"2")] if i % 3 == 0 else None,
+        })  # fmt: skip
+    produce(stack.source_bootstrap_servers, sent)
+    props = connector_properties(
+        stack, unique, **{"topics.whitelist": topic, "destination.topic.name.suffix": ".mirror"}
+    )
+    create_connector(store, props, {0: [(topic, p) for p in range(partitions)]})
+
+    runner = TaskThread.start(store, unique)
+    copied = consume_all(stack.destination_bootstrap_servers, f"{topic}.mirror", partitions, expected=800)
+    assert runner.finish() is TaskExit.STOPPED
+
+    source = consume_all(stack.source_bootstrap_servers, topic, partitions, expected=800)
+    assert len(copied) == 800
+    src_by_p, dst_by_p = _by_partition(source), _by_partition(copied)
+    for p in range(partitions):
+        # Same partition, same order, same key/value/user headers/timestamp.
+        assert [(r.key, r.value, r.headers, r.timestamp) for r in src_by_p[p]] == [
+            (r.key, r.value, tuple(provenance.user_headers(r.headers)), r.timestamp) for r in dst_by_p[p]
+        ]
+        for src, dst in zip(src_by_p[p], dst_by_p[p], strict=True):
+            origin = provenance.parse(dst.headers)
+            assert origin is not None
+            assert (origin.source_topic, origin.source_partition, origin.source_offset) == (topic, p, src.offset)
+            assert origin.origin_cluster == "source"
+    ends = {(topic, p): src_by_p[p][-1].offset + 1 for p in range(partitions)}
+    assert _committed(store, unique) == ends
+    assert store.lease_of(unique, 0)["state"] == "STOPPED"
+
+    samples = store.metric_samples(unique)
+    assert sum(s["records"] for s in samples) == 800
+    assert {(s["topic"], s["partition"]) for s in samples if s["records"]} == {(topic, p) for p in range(partitions)}
+    for s in samples:
+        if s["records"]:
+            assert s["latency_count"] == s["records"] == s["latency_histogram"]["+Inf"]
+            # Source timestamps are from 2023: the latency is large and lands in Mirus's top (12h+) bucket.
+            assert s["latency_min_ms"] > 12 * 3600 * 1000 and s["latency_histogram"]["43200000"] == 0
+
+
+def test_provenance_headers_can_be_turned_off_and_cycles_are_never_written_back(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    create_topics(stack.source_bootstrap_servers, {unique: 1})
+    create_topics(stack.destination_bootstrap_servers, {unique: 1})
+    # The second record was itself replicated from the destination cluster ("target") earlier: a cycle.
+    looped = provenance.with_provenance([("h", b"x")], "target", "target", unique, 0, 41)
+    produce(stack.source_bootstrap_servers, [
+        {"topic": unique, "value": b"local", "headers": [("h", b"1")]},
+        {"topic": unique, "value": b"came-from-target", "headers": looped},
+        {"topic": unique, "value": b"local-2"},
+    ])  # fmt: skip
+    props = connector_properties(stack, unique, **{"topics.whitelist": unique, "provenance.headers.enabled": "false"})
+    create_connector(store, props, {0: [(unique, 0)]})
+
+    runner = TaskThread.start(store, unique)
+    wait_for(lambda: _committed(store, unique).get((unique, 0)) == 3, what="all three offsets committed")
+    runner.finish()
+
+    copied = consume_all(stack.destination_bootstrap_servers, unique, 1, expected=2)
+    assert [(r.value, r.headers) for r in copied] == [(b"local", (("h", b"1"),)), (b"local-2", ())]
+
+
+def test_clean_stop_resumes_from_exactly_the_committed_offsets(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    create_topics(stack.source_bootstrap_servers, {unique: 4})
+    create_topics(stack.destination_bootstrap_servers, {unique: 4})
+    produce(
+        stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 4, "value": b"a%d" % i} for i in range(200)]
+    )
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
+                     {0: [(unique, p) for p in range(4)]})  # fmt: skip
+
+    first = TaskThread.start(store, unique)
+    consume_all(stack.destination_bootstrap_servers, unique, 4, expected=200)
+    first.finish()
+    assert sum(_committed(store, unique).values()) == 200
+
+    produce(
+        stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 4, "value": b"b%d" % i} for i in range(100)]
+    )
+    second = TaskThread.start(store, unique)
+    copied = consume_all(stack.destination_bootstrap_servers, unique, 4, expected=300)
+    second.finish()
+
+    values = [r.value for r in copied]
+    assert len(values) == len(set(values)) == 300  # nothing lost, nothing replayed
+    assert sum(_committed(store, unique).values()) == 300
+
+
+def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, unique: str, tmp_path: Path) -> None:
+    partitions, total, chunk = 4, 40_000, 1_000
+    create_topics(stack.source_bootstrap_servers, {unique: partitions})
+    create_topics(stack.destination_bootstrap_servers, {unique: partitions})
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
+                     {0: [(unique, p) for p in range(partitions)]})  # fmt: skip
+    records = [{"topic": unique, "partition": i % partitions, "value": b"%08d" % i} for i in range(total)]
+    # The source keeps growing while the task runs, so the kill lands mid-stream with records in flight.
+    producer = threading.Thread(
+        target=lambda: [produce(stack.source_bootstrap_servers, records[i : i + chunk]) for i in range(0, total, chunk)]
+    )
+    producer.start()
+    env = {**os.environ, "MIRUS_DATABASE_URL": stack.database_url}
+    argv = [sys.executable, "-c", "from mirus_dagster.cli import main; main()", "task", "run", unique, "0"]
+
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        wait_for(lambda: sum(_committed(store, unique).values()) > 0, timeout=60, interval=0.02, what="a first commit")
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+    committed_at_kill = _committed(store, unique)
+    assert producer.is_alive() or sum(committed_at_kill.values()) < total, "the kill did not land mid-stream"
+    producer.join()
+
+    with open(tmp_path / "second.log", "w") as log:
+        second = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: sum(_committed(store, unique).values()) == total, timeout=120, what="everything committed")
+        finally:
+            second.send_signal(signal.SIGINT)
+            second.wait(30)
+
+    report = verify_replication(
+        {"bootstrap.servers": stack.source_bootstrap_servers},
+        {"bootstrap.servers": stack.destination_bootstrap_servers},
+        {unique: unique}, idle_s=2.0,
+    )  # fmt: skip
+    assert report.ok, report.to_text()
+    # At-least-once: duplicates are only records after the last committed offset before the kill.
+    copied = consume_all(stack.destination_bootstrap_servers, unique, partitions, expected=total)
+    seen: dict[tuple[int, int], int] = defaultdict(int)
+    for r in copied:
+        origin = provenance.parse(r.headers)
+        seen[(origin.source_partition, origin.source_offset)] += 1
+    for (partition, offset), count in seen.items():
+        if count > 1:
+            assert offset >= committed_at_kill.get((unique, partition), 0), (partition, offset)
+
+
+def test_a_second_instance_fences_the_first(stack: StackEndpoints, store: Store, unique: str) -> None:
+    create_topics(stack.source_bootstrap_servers, {unique: 2})
+    create_topics(stack.destination_bootstrap_servers, {unique: 2})
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
+                     {0: [(unique, 0), (unique, 1)]})  # fmt: skip
+    produce(
+        stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"%d" % i} for i in range(100)]
+    )
+
+    first = TaskThread.start(store, unique, owner="first")
+    wait_for(lambda: sum(_committed(store, unique).values()) == 100, what="first instance replicating")
+    second = TaskThread.start(store, unique, owner="second")
+
+    assert first.join() is TaskExit.FENCED
+    produce(
+        stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"n%d" % i} for i in range(50)]
+    )
+    wait_for(lambda: sum(_committed(store, unique).values()) == 150, what="second instance replicating")
+    lease = store.lease_of(unique, 0)
+    assert lease["owner"] == "second" and lease["epoch"] == 2
+    with store.engine.connect() as conn:
+        epochs = set(conn.execute(text("SELECT epoch FROM offsets WHERE connector = :c"), {"c": unique}).scalars())
+    assert epochs == {2}
+    assert second.finish() is TaskExit.STOPPED
+
+
+def test_assignment_changes_apply_live(stack: StackEndpoints, store: Store, unique: str) -> None:
+    a, b = f"{unique}-a", f"{unique}-b"
+    create_topics(stack.source_bootstrap_servers, {a: 2, b: 1})
+    create_topics(stack.destination_bootstrap_servers, {a: 2, b: 1})
+    produce(
+        stack.source_bootstrap_servers,
+        [{"topic": t, "partition": p, "value": b"x"} for t, p in [(a, 0), (a, 1), (b, 0)]],
+    )
+    create_connector(store, connector_properties(stack, unique, **{"topics.regex": f"{unique}-.*"}), {0: [(a, 0)]})
+
+    runner = TaskThread.start(store, unique)
+    wait_for(lambda: _committed(store, unique) == {(a, 0): 1}, what="first partition")
+    store.write_assignment(unique, {0: [(a, 0), (a, 1), (b, 0)]})
+    wait_for(lambda: _committed(store, unique) == {(a, 0): 1, (a, 1): 1, (b, 0): 1}, what="added partitions")
+
+    store.write_assignment(unique, {0: [(b, 0)], 1: [(a, 0), (a, 1)]})
+    wait_for(lambda: all(s["task_id"] is None for tp, s in store.partition_statuses(unique).items() if tp[0] == a),
+             what="partitions of topic a released")  # fmt: skip
+    produce(stack.source_bootstrap_servers, [{"topic": b, "value": b"y"}, {"topic": a, "partition": 0, "value": b"z"}])
+    wait_for(lambda: _committed(store, unique)[(b, 0)] == 2, what="remaining partition keeps flowing")
+    assert _committed(store, unique)[(a, 0)] == 1  # released: no longer replicated by this task
+    assert runner.thread.is_alive() and not any("claimed" in e for e in runner.events[1:])  # never restarted
+
+    # Task 0 is no longer part of the connector: it commits, releases everything and ends.
+    store.write_assignment(unique, {1: [(a, 0), (a, 1), (b, 0)]})
+    assert runner.join() is TaskExit.REMOVED
+    assert store.partition_statuses(unique)[(b, 0)]["task_id"] is None
+    assert _committed(store, unique)[(b, 0)] == 2
+
+
+def test_a_deleted_destination_topic_pauses_only_its_partition(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    good, poisoned = f"{unique}-good", f"{unique}-bad"
+    create_topics(stack.source_bootstrap_servers, {good: 1, poisoned: 1})
+    create_topics(stack.destination_bootstrap_servers, {good: 1, poisoned: 1})
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": f"{good},{poisoned}"}),
+                     {0: [(good, 0), (poisoned, 0)]})  # fmt: skip
+    produce(stack.source_bootstrap_servers, [{"topic": t, "value": b"1"} for t in (good, poisoned)])
+    runner = TaskThread.start(store, unique)
+    wait_for(lambda: _committed(store, unique) == {(good, 0): 1, (poisoned, 0): 1}, what="both replicating")
+
+    delete_topics(stack.destination_bootstrap_servers, [poisoned])
+
+    def paused() -> dict | None:
+        status = store.partition_statuses(unique)[(poisoned, 0)]
+        return status if status["state"] == "PAUSED" else None
+
+    # The task notices the missing destination itself. (Records written into the deletion window are refused by
+    # Apache Kafka and pause the partition the same way; the test broker acknowledges them instead, so none are.)
+    status = wait_for(paused, what="poisoned partition paused")
+    assert poisoned in status["reason"] and "does not exist" in status["reason"]
+    produce(stack.source_bootstrap_servers, [{"topic": t, "value": b"2"} for t in (good, poisoned)])
+    produce(stack.source_bootstrap_servers, [{"topic": good, "value": b"3"}])
+    wait_for(lambda: _committed(store, unique)[(good, 0)] == 3, what="the healthy partition keeps flowing")
+    assert _committed(store, unique)[(poisoned, 0)] == 1
+
+    create_topics(stack.destination_bootstrap_servers, {poisoned: 1})
+    wait_for(lambda: _committed(store, unique)[(poisoned, 0)] == 2, timeout=60, what="paused partition resumes")
+    assert store.partition_statuses(unique)[(poisoned, 0)]["state"] == "ACTIVE"
+    runner.finish()
+    assert [r.value for r in consume_all(stack.destination_bootstrap_servers, poisoned, 1, expected=1)] == [b"2"]
+
+
+def test_the_commit_watchdog_fails_the_task_when_commits_stop(stack: StackEndpoints, unique: str) -> None:
+    # A private database whose offsets table disappears mid-run: commits fail for real while records flow.
+    admin = make_engine(stack.database_url).execution_options(isolation_level="AUTOCOMMIT")
+    db = unique.replace("-", "_")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{db}"'))
+    engine = make_engine(stack.database_url.rsplit("/", 1)[0] + f"/{db}")
+    upgrade(engine)
+    store = Store(engine)
+    create_topics(stack.source_bootstrap_servers, {unique: 1})
+    create_topics(stack.destination_bootstrap_servers, {unique: 1})
+    props = connector_properties(stack, unique, **{"topics.whitelist": unique, "commit.failure.restart.ms": "1500"})
+    create_connector(store, props, {0: [(unique, 0)]})
+    runner = TaskThread.start(store, unique)
+    produce(stack.source_bootstrap_servers, [{"topic": unique, "value": b"1"}])
+    wait_for(lambda: _committed(store, unique) == {(unique, 0): 1}, what="first commit")
+
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE offsets RENAME TO offsets_gone"))
+    produce(stack.source_bootstrap_servers, [{"topic": unique, "value": b"%d" % i} for i in range(10)])
+
+    with pytest.raises(CommitWatchdogError, match=r"commit.failure.restart.ms"):
+        runner.join(timeout=30)
+    engine.dispose()

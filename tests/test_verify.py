@@ -1,0 +1,206 @@
+"""The verifier against real clusters: destinations built by hand to hold each kind of replication fault."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from click.testing import CliRunner
+
+from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.verify_command import verify
+from replicator import provenance
+from replicator.verify import Mismatch, PartitionResult, VerifyReport, verify_replication
+
+from .kafka_helpers import Rec, create_topics, produce
+
+IDLE_S = 1.5
+PER_PARTITION = 6
+
+
+def source_records(stack: StackEndpoints, topic: str, partitions: int = 2) -> dict[int, list[Rec]]:
+    """A fresh source topic with PER_PARTITION records a partition, as the verifier will read them.
+
+    One idempotent producer into a new topic writes offsets 0..n-1 in order, and timestamps are set explicitly,
+    so the records need not be read back (which would cost an idle wait per test).
+    """
+    create_topics(stack.source_bootstrap_servers, {topic: partitions})
+    headers = (("trace", b"t"), ("tag", None), ("trace", b"again"))
+    records = {
+        p: [Rec(topic, p, i, b"k%d-%d" % (p, i), b"v%d-%d" % (p, i), headers, 1_700_000_000_000 + 100 * p + i)
+            for i in range(PER_PARTITION)]
+        for p in range(partitions)
+    }  # fmt: skip
+    produce(
+        stack.source_bootstrap_servers,
+        [{"topic": topic, "partition": r.partition, "key": r.key, "value": r.value, "headers": list(r.headers),
+          "timestamp": r.timestamp} for rs in records.values() for r in rs],
+    )  # fmt: skip
+    return records
+
+
+def copy(
+    rec: Rec, topic: str, partition: int | None = None, *, with_provenance: bool = True, **changes: object
+) -> dict:
+    """What the replicator would produce for `rec` (optionally altered), as Producer.produce() arguments."""
+    headers = provenance.with_provenance(rec.headers, "source", "source", rec.topic, rec.partition, rec.offset)
+    args = {
+        "topic": topic,
+        "partition": rec.partition if partition is None else partition,
+        "key": rec.key,
+        "value": rec.value,
+        "headers": headers if with_provenance else list(rec.headers),
+        "timestamp": rec.timestamp,
+    }
+    return {**args, **changes}
+
+
+def destination(stack: StackEndpoints, topic: str, records: Iterable[dict], partitions: int = 2) -> None:
+    create_topics(stack.destination_bootstrap_servers, {topic: partitions})
+    produce(stack.destination_bootstrap_servers, records)
+
+
+def check(stack: StackEndpoints, topics: dict[str, str]) -> VerifyReport:
+    return verify_replication(
+        {"bootstrap.servers": stack.source_bootstrap_servers},
+        {"bootstrap.servers": stack.destination_bootstrap_servers},
+        topics,
+        idle_s=IDLE_S,
+    )
+
+
+def partition(report: VerifyReport, number: int) -> PartitionResult:
+    return next(p for p in report.partitions if p.source_partition == number)
+
+
+def test_a_perfect_copy_is_ok_even_when_partitions_are_merged(stack: StackEndpoints, unique: str) -> None:
+    src = source_records(stack, unique)
+    # One destination partition takes both source partitions interleaved: provenance still attributes each copy.
+    interleaved = [
+        copy(rec, f"{unique}.copy", partition=0) for pair in zip(src[0], src[1], strict=True) for rec in pair
+    ]
+    destination(stack, f"{unique}.copy", interleaved, partitions=1)
+
+    report = check(stack, {unique: f"{unique}.copy"})
+
+    assert report.ok and report.complete, report.to_text()
+    assert report.totals == {"source_records": 12, "replicated": 12, "missing": 0, "duplicated": 0,
+                               "out_of_order": 0, "mismatched": 0, "unknown": 0}  # fmt: skip
+    assert not report.content_matching_used
+    assert report.to_json()["ok"] is True
+    assert report.to_text().splitlines()[-1].startswith("result: OK")
+
+
+def test_a_missing_record_fails_and_is_named(stack: StackEndpoints, unique: str) -> None:
+    src = source_records(stack, unique)
+    destination(
+        stack, f"{unique}.copy", [copy(r, f"{unique}.copy") for p in src for r in src[p] if (p, r.offset) != (1, 2)]
+    )
+
+    report = check(stack, {unique: f"{unique}.copy"})
+
+    assert not report.ok and report.complete
+    assert partition(report, 0).ok
+    p1 = partition(report, 1)
+    assert (p1.source_records, p1.replicated, p1.missing, p1.missing_offsets) == (6, 5, 1, [2])
+    assert "missing offsets 2" in report.to_text()
+
+
+def test_duplicates_from_a_replay_are_allowed_and_counted(stack: StackEndpoints, unique: str) -> None:
+    src = source_records(stack, unique)
+    # Partition 0: a restart re-sent offsets 3..5 after delivering them (at-least-once); partition 1: clean.
+    replay = [copy(r, f"{unique}.copy") for r in src[0] + src[0][3:] + src[1]]
+    destination(stack, f"{unique}.copy", replay)
+
+    report = check(stack, {unique: f"{unique}.copy"})
+
+    assert report.ok, report.to_text()
+    p0 = partition(report, 0)
+    assert (p0.replicated, p0.duplicated, p0.out_of_order, p0.missing) == (6, 3, 0, 0)
+    assert report.totals["duplicated"] == 3
+
+
+def test_records_out_of_order_fail(stack: StackEndpoints, unique: str) -> None:
+    src = source_records(stack, unique)
+    p0, p1 = src[0], src[1]
+    swapped = [p0[0], p0[1], p0[3], p0[2], p0[4], p0[5]]  # one pair swapped
+    # A replay that brings a record skipped before: offset 3 arrives after offset 4.
+    gap_then_replay = [p1[0], p1[1], p1[2], p1[4], p1[2], p1[3], p1[4], p1[5]]
+    destination(stack, f"{unique}.copy", [copy(r, f"{unique}.copy") for r in swapped + gap_then_replay])
+
+    report = check(stack, {unique: f"{unique}.copy"})
+
+    assert not report.ok
+    assert (partition(report, 0).out_of_order, partition(report, 0).missing) == (1, 0)
+    assert (partition(report, 1).out_of_order, partition(report, 1).duplicated) == (1, 2)
+
+
+def test_changed_and_stray_records_are_reported(stack: StackEndpoints, unique: str) -> None:
+    src = source_records(stack, unique)
+    changed = {(0, 1): {"value": b"tampered"}, (1, 4): {"timestamp": src[1][4].timestamp + 1}}
+    records = [copy(r, f"{unique}.copy", **changed.get((p, r.offset), {})) for p in src for r in src[p]]
+    stray = src[0][0]
+    records += [
+        copy(
+            Rec(stray.topic, 0, 99, *(stray.key, stray.value, (), stray.timestamp)), f"{unique}.copy"
+        ),  # no such offset
+        copy(
+            Rec("elsewhere", 0, 0, *(stray.key, stray.value, (), stray.timestamp)), f"{unique}.copy"
+        ),  # unmapped topic
+    ]
+    destination(stack, f"{unique}.copy", records)
+
+    report = check(stack, {unique: f"{unique}.copy"})
+
+    assert not report.ok
+    assert partition(report, 0).mismatched_offsets == [Mismatch(1, "content")]
+    assert partition(report, 1).mismatched_offsets == [Mismatch(4, "timestamp")]
+    assert (report.totals["mismatched"], report.totals["replicated"], report.totals["missing"]) == (2, 12, 0)
+    assert (partition(report, 0).unknown, report.destinations[0].foreign) == (1, 1)
+    assert "mismatched offsets 1 (content)" in report.to_text()
+
+
+def test_without_provenance_records_are_matched_by_content(stack: StackEndpoints, unique: str) -> None:
+    src = source_records(stack, unique)
+    records = [copy(r, f"{unique}.copy", with_provenance=False) for p in src for r in src[p] if (p, r.offset) != (0, 4)]
+    records.append({"topic": f"{unique}.copy", "partition": 1, "key": b"stranger", "value": b"not from the source"})
+    destination(stack, f"{unique}.copy", records)
+
+    report = check(stack, {unique: f"{unique}.copy"})
+
+    assert report.content_matching_used
+    assert any("content matching" in note for note in report.notes)
+    assert "content matching" in report.to_text()
+    assert (partition(report, 0).missing_offsets, partition(report, 1).ok) == ([4], True)
+    (dest,) = report.destinations
+    assert (dest.records, dest.content_matched, dest.unmatched) == (12, 11, 1)
+
+
+def test_the_verify_command_exit_codes(stack: StackEndpoints, unique: str) -> None:
+    src = source_records(stack, unique)
+    destination(stack, f"{unique}.good", [copy(r, f"{unique}.good") for p in src for r in src[p]])
+    destination(
+        stack, f"{unique}.bad", [copy(r, f"{unique}.bad") for p in src for r in src[p] if r.offset not in (1, 3)]
+    )
+    runner = CliRunner()
+    clusters = [
+        *("--source-bootstrap", stack.source_bootstrap_servers),
+        *("--destination-bootstrap", stack.destination_bootstrap_servers),
+        *("--idle-seconds", str(IDLE_S)),
+    ]
+
+    good = runner.invoke(verify, [*clusters, "--topic", f"{unique}:{unique}.good"])
+    bad = runner.invoke(verify, [*clusters, "--topic", f"{unique}:{unique}.bad"])
+    cut_short = runner.invoke(
+        verify, [*clusters, "--topic", f"{unique}:{unique}.good", "--json", "--timeout-seconds", "0"]
+    )
+    secret = runner.invoke(verify, [*clusters, "--topic", unique, "--source-config", "queued.min.messages=hunter2-pw"])
+
+    assert good.exit_code == 0, good.output
+    assert "result: OK" in good.output
+    assert bad.exit_code == 1, bad.output
+    assert bad.output.count("missing offsets 1, 3") == 2  # both partitions
+    assert cut_short.exit_code == 2, cut_short.output
+    assert json.loads(cut_short.stdout)["complete"] is False
+    assert secret.exit_code == 2 and "queued.min.messages" in secret.output
+    assert "hunter2-pw" not in secret.output
