@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from mirus_dagster.demo import traffic
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackError
 from mirus_dagster.verify_command import verify
@@ -123,22 +124,37 @@ def task_run(connector: str, task_id: int) -> None:
 @main.command("dev")
 @click.option("--port", default=3000, show_default=True, help="Dagster webserver port.")
 @click.option("--keep-stack", is_flag=True, help="Leave the embedded stack running when dagster dev exits.")
-def dev(port: int, keep_stack: bool) -> None:
+@click.option("--demo/--no-demo", default=True, show_default=True, help="Register the demo connector and traffic.")
+def dev(port: int, keep_stack: bool, demo: bool) -> None:
     """Start the embedded stack, migrate the database and run the Dagster UI on it."""
+    from importlib.resources import files
+
+    from mirus_dagster.demo import DEMO_TOPIC, register_demo
+    from replicator.database import make_engine, upgrade
+    from replicator.store import Store
+
     local = _stack()
     try:
         endpoints = local.up()
     except StackError as exc:
         raise click.ClickException(str(exc)) from exc
     _print_endpoints(local)
-
-    from replicator.database import make_engine, upgrade
-
-    upgrade(make_engine(endpoints.database_url))
+    engine = make_engine(endpoints.database_url)
+    upgrade(engine)
 
     dagster_home = local.state_dir / "dagster-home"
     dagster_home.mkdir(parents=True, exist_ok=True)
+    (dagster_home / "dagster.yaml").write_text(files("mirus_dagster").joinpath("dagster.yaml").read_text())
     env = {**os.environ, **endpoints.as_env(), "DAGSTER_HOME": str(dagster_home)}
+    children = []
+    if demo:
+        register_demo(endpoints, Store(engine))
+        click.echo(f"demo: connector orders-mirror copies {DEMO_TOPIC} to {DEMO_TOPIC}.mirror; traffic is running")
+        traffic = [sys.executable, "-m", "mirus_dagster.cli", "demo", "traffic",
+                   "--bootstrap-servers", endpoints.source_bootstrap_servers]  # fmt: skip
+        children.append(subprocess.Popen(traffic, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    engine.dispose()
+
     argv = [sys.executable, "-m", "dagster", "dev", "-m", "mirus_dagster.definitions", "-p", str(port)]
     click.echo(f"Dagster UI: http://127.0.0.1:{port}")
     # The child must handle SIGINT even when we were started with it ignored (e.g. from a background shell).
@@ -150,9 +166,22 @@ def dev(port: int, keep_stack: bool) -> None:
     try:
         dagster.wait()
     finally:
+        for child in children:
+            child.terminate()
+            child.wait(10)
         if not keep_stack:
             local.down()
     sys.exit(dagster.returncode)
 
 
+@main.group()
+def demo() -> None:
+    """The demo data set."""
+
+
+demo.add_command(traffic)
 main.add_command(verify)
+
+
+if __name__ == "__main__":
+    main()

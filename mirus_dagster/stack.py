@@ -91,6 +91,8 @@ def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 def _port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As servers do: connections of a just-stopped process in TIME_WAIT must not count, a listener must.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

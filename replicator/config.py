@@ -233,9 +233,9 @@ class ConnectorConfig(BaseModel):
     # The task never blocks longer than TASK_MAX_POLL_BLOCK_MS in one poll, whatever this says, so that a stop,
     # a lost lease or a new assignment is noticed within a second; see `task_poll_timeout_ms`.
     poll_timeout_ms: int = Field(default=1000, ge=1, le=60000)
-    # 5 s rather than Mirus's 60 s (and MM2's 10 min): new topics and partitions start replicating within
+    # 2 s rather than Mirus's 60 s (and MM2's 10 min): new topics and partitions start replicating within
     # seconds, and a metadata request every few seconds costs a cluster nothing.
-    monitor_poll_wait_ms: int = Field(default=5000, ge=100)
+    monitor_poll_wait_ms: int = Field(default=2000, ge=100)
     commit_failure_restart_ms: int = Field(default=300000, ge=1000)
     offset_commit_interval_ms: int = Field(default=1000, ge=100)
     provenance_headers: bool = True
@@ -792,7 +792,7 @@ class _Parser:
         out: dict[str, Any] = {
             "partition_matching": self.boolean("enable.partition.matching"),
             "poll_timeout_ms": self.integer("poll.timeout.ms", 1000, 1, 60000),
-            "monitor_poll_wait_ms": self.integer("monitor.poll.wait.ms", 5000, 100),
+            "monitor_poll_wait_ms": self.integer("monitor.poll.wait.ms", 2000, 100),
             "commit_failure_restart_ms": self.integer("commit.failure.restart.ms", 300000, 1000),
             "offset_commit_interval_ms": self.integer("offset.flush.interval.ms", 1000, 100),
         }

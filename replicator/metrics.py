@@ -7,7 +7,7 @@ everything below the first bound) with finer ones below five minutes where a hea
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_right
 from datetime import UTC, datetime
 
 from replicator.store import MetricRow
@@ -32,19 +32,24 @@ class PartitionCounters:
         self.latency_count = 0
         self.buckets = [0] * len(BUCKET_LABELS)
 
-    def add(self, size: int, latency_ms: int | None) -> None:
-        self.records += 1
-        self.bytes += size
-        if latency_ms is None:  # the source record carried no timestamp
+    def add_many(self, latencies_ms: list[int], nbytes: int) -> None:
+        """Fold a batch of acknowledged records (one latency each) in C-speed passes, not per record."""
+        self.records += len(latencies_ms)
+        self.bytes += nbytes
+        if not latencies_ms:
             return
-        latency_ms = max(latency_ms, 0)  # clocks of two clusters are never perfectly in step
-        self.latency_sum += latency_ms
-        self.latency_count += 1
-        if self.latency_min is None or latency_ms < self.latency_min:
-            self.latency_min = latency_ms
-        if self.latency_max is None or latency_ms > self.latency_max:
-            self.latency_max = latency_ms
-        self.buckets[bisect_left(LATENCY_BUCKETS_MS, latency_ms)] += 1
+        latencies_ms.sort()
+        low = max(latencies_ms[0], 0)  # clocks of two clusters are never perfectly in step
+        self.latency_min = low if self.latency_min is None else min(self.latency_min, low)
+        self.latency_max = max(latencies_ms[-1], 0, self.latency_max or 0)
+        self.latency_sum += max(sum(latencies_ms), 0)
+        self.latency_count += len(latencies_ms)
+        start = 0
+        for i, bound in enumerate(LATENCY_BUCKETS_MS):
+            end = bisect_right(latencies_ms, bound, lo=start)
+            self.buckets[i] += end - start
+            start = end
+        self.buckets[-1] += len(latencies_ms) - start
 
     def cumulative_histogram(self) -> dict[str, int]:
         """Count of records at or below each upper bound (Prometheus-style), '+Inf' last."""

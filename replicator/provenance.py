@@ -1,9 +1,12 @@
 """Provenance headers: where a replicated record came from.
 
-Appended to every replicated record unless turned off. `mirus.origin.cluster` names the cluster where the
-record was first produced and is carried unchanged across hops (it stops cycles); the `mirus.source.*` headers
-name this hop's source topic, partition and offset (they make resume, verification and consumer-offset
-translation exact). Values are UTF-8 text.
+Two headers are appended to every replicated record unless turned off:
+- `mirus.origin`: the alias of the cluster where the record was first produced, carried unchanged across hops;
+  a record whose origin is the destination cluster is never written back (cycle guard).
+- `mirus.source`: this hop's `<source cluster alias>/<topic>/<partition>/<offset>`; topic names cannot contain
+  `/`, so it parses from the right. It makes resume, verification and consumer-offset translation exact.
+
+Two headers rather than one per field: every header costs per record on the hot path.
 """
 
 from __future__ import annotations
@@ -12,11 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 PREFIX = "mirus."
-ORIGIN_CLUSTER = "mirus.origin.cluster"
-SOURCE_CLUSTER = "mirus.source.cluster"
-SOURCE_TOPIC = "mirus.source.topic"
-SOURCE_PARTITION = "mirus.source.partition"
-SOURCE_OFFSET = "mirus.source.offset"
+ORIGIN = "mirus.origin"
+SOURCE = "mirus.source"
 
 Headers = Sequence[tuple[str, bytes | None]]
 
@@ -33,7 +33,7 @@ class Provenance:
 def origin_cluster(headers: Headers | None) -> str | None:
     """The cluster a record was first produced on, if an earlier hop recorded it."""
     for name, value in headers or ():
-        if name == ORIGIN_CLUSTER and value is not None:
+        if name == ORIGIN and value is not None:
             return value.decode()
     return None
 
@@ -43,30 +43,34 @@ def user_headers(headers: Headers | None) -> list[tuple[str, bytes | None]]:
     return [(n, v) for n, v in headers or () if not n.startswith(PREFIX)]
 
 
+def source_prefix(source_cluster: str, topic: str, partition: int) -> bytes:
+    """The constant part of a partition's `mirus.source` value; the offset is appended per record."""
+    return f"{source_cluster}/{topic}/{partition}/".encode()
+
+
 def with_provenance(
     headers: Headers | None, origin: str, source_cluster: str, topic: str, partition: int, offset: int
 ) -> list[tuple[str, bytes | None]]:
     """The user's headers followed by this hop's provenance headers."""
     return [
         *user_headers(headers),
-        (ORIGIN_CLUSTER, origin.encode()),
-        (SOURCE_CLUSTER, source_cluster.encode()),
-        (SOURCE_TOPIC, topic.encode()),
-        (SOURCE_PARTITION, str(partition).encode()),
-        (SOURCE_OFFSET, str(offset).encode()),
+        (ORIGIN, origin.encode()),
+        (SOURCE, source_prefix(source_cluster, topic, partition) + b"%d" % offset),
     ]
 
 
 def parse(headers: Headers | None) -> Provenance | None:
-    """The provenance of a replicated record, or None for a record without (complete) provenance headers."""
-    found = {n: v.decode() for n, v in headers or () if n.startswith(PREFIX) and v is not None}
+    """The provenance of a replicated record, or None for a record without (valid) provenance headers."""
+    origin = source = None
+    for name, value in headers or ():
+        if name == ORIGIN and value is not None:
+            origin = value.decode()
+        elif name == SOURCE and value is not None:
+            source = value.decode()
+    if origin is None or source is None:
+        return None
     try:
-        return Provenance(
-            origin_cluster=found[ORIGIN_CLUSTER],
-            source_cluster=found[SOURCE_CLUSTER],
-            source_topic=found[SOURCE_TOPIC],
-            source_partition=int(found[SOURCE_PARTITION]),
-            source_offset=int(found[SOURCE_OFFSET]),
-        )
-    except (KeyError, ValueError):
+        cluster, topic, partition, offset = source.rsplit("/", 3)
+        return Provenance(origin, cluster, topic, int(partition), int(offset))
+    except ValueError:
         return None

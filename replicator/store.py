@@ -251,6 +251,16 @@ class Store:
         except FencedError:
             pass  # the newer instance owns the row now
 
+    def record_restart(self, connector: str, task_id: int) -> int:
+        """Count a restart of the task (Mirus's restart-attempt metrics); returns the task's total."""
+        with Session(self.engine) as s, s.begin():
+            stmt = insert(TaskLease).values(connector=connector, task_id=task_id, restart_attempts=1)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[TaskLease.connector, TaskLease.task_id],
+                set_={"restart_attempts": TaskLease.restart_attempts + 1},
+            ).returning(TaskLease.restart_attempts)
+            return s.execute(stmt).scalar_one()
+
     def lease_of(self, connector: str, task_id: int) -> dict[str, Any] | None:
         with self.engine.connect() as conn:
             row = conn.execute(
@@ -362,9 +372,29 @@ class Store:
 
     def record_snapshot(
         self, connector: str | None, cluster: str, topics: Mapping[str, int], error: str | None
-    ) -> None:
+    ) -> bool:
+        """Keep what a monitor saw, only when it differs from the previous observation. Returns whether stored."""
         with Session(self.engine) as s, s.begin():
+            last = s.execute(
+                select(MetadataSnapshot.topics, MetadataSnapshot.error)
+                .where(MetadataSnapshot.connector == connector, MetadataSnapshot.cluster == cluster)
+                .order_by(MetadataSnapshot.id.desc())
+                .limit(1)
+            ).one_or_none()
+            if last is not None and last.topics == dict(topics) and last.error == error:
+                return False
             s.add(MetadataSnapshot(connector=connector, cluster=cluster, topics=dict(topics), error=error))
+            return True
+
+    def latest_snapshot(self, connector: str, cluster: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(MetadataSnapshot)
+                .where(MetadataSnapshot.connector == connector, MetadataSnapshot.cluster == cluster)
+                .order_by(MetadataSnapshot.id.desc())
+                .limit(1)
+            ).one_or_none()
+        return dict(row._mapping) if row else None
 
 
 def _record(row: Connector, config: dict[str, Any]) -> ConnectorRecord:

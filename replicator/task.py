@@ -57,27 +57,36 @@ class PartitionState:
     """What the task knows about one owned source partition."""
 
     __slots__ = (
-        "acked_early", "committed", "destination_partition", "destination_topic", "failures",
-        "in_flight", "partition", "paused_reason", "pending", "position", "retry_at", "topic", "tp",
+        "acked_bytes", "acked_early", "committed", "destination_partition", "destination_topic", "failed_at",
+        "failures", "fifo", "in_flight", "latencies", "partition", "paused_reason", "pending", "position",
+        "retry_at", "source_prefix", "topic", "tp",
     )  # fmt: skip
 
-    def __init__(self, tp: SourcePartition, start: int | None, destination_topic: str) -> None:
+    def __init__(self, tp: SourcePartition, start: int | None, destination_topic: str, source_alias: str) -> None:
         self.tp = tp
         self.topic, self.partition = tp
         self.destination_topic = destination_topic
         self.destination_partition = UNASSIGNED_PARTITION
+        self.fifo: deque[PartitionState] | None = None  # acknowledgement order of the destination partition
+        self.source_prefix = provenance.source_prefix(source_alias, self.topic, self.partition)
         self.pending: deque[int] = deque()  # offsets produced and not yet acknowledged, in send order
         self.acked_early: set[int] = set()  # acknowledged while an earlier offset is still pending
         self.position = start  # next source offset to forward; None until the first record arrives
         self.committed: int | None = start
+        self.failed_at: int | None = None  # first offset the destination refused since the last resume
         self.in_flight = 0
         self.failures = 0
         self.paused_reason: str | None = None
         self.retry_at = 0.0
+        self.latencies: list[int] = []  # acknowledged since the last metrics fold, in ms
+        self.acked_bytes = 0
 
     def committable(self) -> int | None:
         """The first source offset not yet replicated: everything before it is acknowledged."""
-        return self.pending[0] if self.pending else self.position
+        head = self.pending[0] if self.pending else self.position
+        if self.failed_at is not None and (head is None or self.failed_at < head):
+            return self.failed_at
+        return head
 
 
 class ReplicationTask:
@@ -108,6 +117,10 @@ class ReplicationTask:
         self.version = 0
         self.restart_marker: object = None
         self.fatal_producer_error: KafkaError | None = None
+        # Per destination partition, the states whose records await acknowledgement, in produce order: an
+        # idempotent producer acknowledges a partition's records in order, so one shared callback suffices.
+        self.fifos: dict[tuple[str, int], deque[PartitionState]] = {}
+        self.now_ms = 0
         self.delivered_since_commit = 0
         self.last_commit_ok = time.monotonic()
         self.next_commit = 0.0
@@ -175,6 +188,7 @@ class ReplicationTask:
                 self._source_error(msg)
             else:
                 self._forward(msg)
+        self.now_ms = time.time_ns() // 1_000_000  # acknowledgement time of everything this poll serves
         self.producer.poll(0)
         if self.fatal_producer_error is not None:
             self._recreate_producer()
@@ -186,40 +200,54 @@ class ReplicationTask:
         offset = msg.offset()
         state.position = offset + 1
         headers = msg.headers()
-        if provenance.origin_cluster(headers) == self.config.target_alias:
-            return  # cycle guard: the record was first produced on the destination cluster
-        if self.config.provenance_headers:
-            headers = provenance.with_provenance(
-                headers,
-                provenance.origin_cluster(headers) or self.config.source_alias,
-                self.config.source_alias, state.topic, state.partition, offset,
-            )  # fmt: skip
+        if headers is not None:
+            origin = provenance.origin_cluster(headers)
+            if origin == self.config.target_alias:
+                return  # cycle guard: the record was first produced on the destination cluster
+            if self.config.provenance_headers:
+                headers = provenance.user_headers(headers)
+                headers.append((provenance.ORIGIN, origin.encode() if origin else self.origin))
+                headers.append((provenance.SOURCE, state.source_prefix + b"%d" % offset))
+        elif self.config.provenance_headers:
+            headers = [(provenance.ORIGIN, self.origin), (provenance.SOURCE, state.source_prefix + b"%d" % offset)]
         ts_type, ts = msg.timestamp()
-        value, key = msg.value(), msg.key()
-        size = (len(value) if value else 0) + (len(key) if key else 0)
-        callback = partial(self._delivered, state, offset, ts if ts_type else None, size)
         state.pending.append(offset)
         state.in_flight += 1
+        fifo = state.fifo
+        value, key, timestamp = msg.value(), msg.key(), ts if ts_type else 0
         while True:
             try:
-                self.producer.produce(  # type: ignore[union-attr]
-                    state.destination_topic, value, key, partition=state.destination_partition,
-                    on_delivery=callback, timestamp=ts if ts_type else 0, headers=headers,
-                )  # fmt: skip
+                if fifo is not None:
+                    self.producer.produce(  # type: ignore[union-attr]
+                        state.destination_topic, value, key, state.destination_partition,
+                        timestamp=timestamp, headers=headers,
+                    )  # fmt: skip
+                    fifo.append(state)
+                else:  # the partitioner picks the partition: acknowledgements may come in any order
+                    self.producer.produce(  # type: ignore[union-attr]
+                        state.destination_topic, value, key, timestamp=timestamp, headers=headers,
+                        on_delivery=partial(self._delivered_any_order, state, offset),
+                    )  # fmt: skip
                 return
             except BufferError:
                 self.producer.poll(0.05)  # type: ignore[union-attr]  # local queue full: serve acknowledgements
 
     # -- acknowledge ------------------------------------------------------------------------------------
 
-    def _delivered(self, state: PartitionState, offset: int, ts: int | None, size: int, err: KafkaError | None,
-                   _msg: Message) -> None:  # fmt: skip
+    def _delivered(self, err: KafkaError | None, msg: Message) -> None:
+        """The destination acknowledged (or refused) the oldest record awaiting it on that partition."""
+        state = self.fifos[(msg.topic(), msg.partition())].popleft()
+        offset = state.pending.popleft()
         state.in_flight -= 1
         if err is not None:
-            if err.fatal():
-                self.fatal_producer_error = err
-            if state.paused_reason is None:
-                self._pause(state, f"destination refused offset {offset}: {err.str()} ({err.name()})")
+            self._refused(state, offset, err)
+            return
+        self._acknowledged(state, msg)
+
+    def _delivered_any_order(self, state: PartitionState, offset: int, err: KafkaError | None, msg: Message) -> None:
+        state.in_flight -= 1
+        if err is not None:
+            self._refused(state, offset, err)
             return
         pending = state.pending
         if pending and pending[0] == offset:
@@ -229,9 +257,23 @@ class ReplicationTask:
                 early.discard(pending.popleft())
         else:
             state.acked_early.add(offset)
+        self._acknowledged(state, msg)
+
+    def _acknowledged(self, state: PartitionState, msg: Message) -> None:
+        ts_type, ts = msg.timestamp()
+        if ts_type:
+            state.latencies.append(self.now_ms - ts)
+        key = msg.key()
+        state.acked_bytes += len(msg) + (len(key) if key else 0)
         self.delivered_since_commit += 1
-        counters = self.metrics.counters_for(state.tp)
-        counters.add(size, None if ts is None else int(time.time() * 1000) - ts)
+
+    def _refused(self, state: PartitionState, offset: int, err: KafkaError) -> None:
+        if err.fatal():
+            self.fatal_producer_error = err
+        if state.failed_at is None or offset < state.failed_at:
+            state.failed_at = offset
+        if state.paused_reason is None:
+            self._pause(state, f"destination refused offset {offset}: {err.str()} ({err.name()})")
 
     # -- commit -----------------------------------------------------------------------------------------
 
@@ -262,6 +304,7 @@ class ReplicationTask:
         if now >= self.next_commit:
             self.next_commit = now + self.config.offset_commit_interval_ms / 1000
             self._commit()
+            self._fold_metrics()
             watchdog_s = self.config.commit_failure_restart_ms / 1000
             if self.delivered_since_commit and now - self.last_commit_ok > watchdog_s:
                 raise CommitWatchdogError(
@@ -313,9 +356,11 @@ class ReplicationTask:
             self._commit()
             self.consumer.close()
         self.config = config
+        self.origin = config.source_alias.encode()
         self.version, self.restart_marker = record.version, restart_marker
         self.consumer = Consumer(self._consumer_settings())
         self.producer = Producer(self._producer_settings())
+        self.fifos = {}
         self.destination_admin = AdminClient(self._destination_settings())
         self.partitions = {}
         self._start(owned)
@@ -347,7 +392,8 @@ class ReplicationTask:
         reset = OFFSET_END if self.config.auto_offset_reset == "latest" else OFFSET_BEGINNING
         assign = []
         for tp in partitions:
-            state = PartitionState(tp, stored.get(tp), self.config.namer.destination_topic(tp[0]))
+            destination = self.config.namer.destination_topic(tp[0])
+            state = PartitionState(tp, stored.get(tp), destination, self.config.source_alias)
             self.partitions[tp] = state
             assign.append(TopicPartition(tp[0], tp[1], stored.get(tp, reset)))
         self.consumer.incremental_assign(assign)  # type: ignore[union-attr]
@@ -372,16 +418,21 @@ class ReplicationTask:
                 if state.paused_reason is None:
                     self._pause(state, f"destination topic {state.destination_topic!r} does not exist")
                 continue
-            if self.config.partition_matching is False:
-                state.destination_partition = UNASSIGNED_PARTITION
-            elif state.partition in topic.partitions:
-                state.destination_partition = state.partition
+            if self.config.partition_matching is not False and state.partition in topic.partitions:
+                self._route(state, state.partition)
             elif self.config.partition_matching:
                 if state.paused_reason is None:
                     self._pause(state, f"destination partition {state.destination_topic}[{state.partition}] "
                                        "does not exist (enable.partition.matching=true)")  # fmt: skip
             else:
-                state.destination_partition = UNASSIGNED_PARTITION
+                self._route(state, UNASSIGNED_PARTITION)
+
+    def _route(self, state: PartitionState, partition: int) -> None:
+        state.destination_partition = partition
+        if partition == UNASSIGNED_PARTITION or not self.ordered_acks:
+            state.fifo = None
+        else:
+            state.fifo = self.fifos.setdefault((state.destination_topic, partition), deque())
 
     def _source_error(self, msg: Message) -> None:
         err: KafkaError = msg.error()
@@ -415,6 +466,7 @@ class ReplicationTask:
         restart = state.committable()
         state.pending.clear()
         state.acked_early.clear()
+        state.failed_at = None
         state.position = restart
         tp = TopicPartition(state.topic, state.partition)
         if restart is not None:
@@ -434,17 +486,31 @@ class ReplicationTask:
         """An idempotent producer's fatal error ends that producer; rewind every partition and start a new one."""
         err, self.fatal_producer_error = self.fatal_producer_error, None
         self.on_event(f"producer failed fatally ({err}); recreating it")
-        self.producer.purge()  # type: ignore[union-attr]
-        self.producer.flush(0)  # type: ignore[union-attr]
-        self.producer = Producer(self._producer_settings())
+        producer = self.producer
+        producer.purge()  # type: ignore[union-attr]
+        while len(producer):  # type: ignore[arg-type]  # purged records come back as refusals: serve them
+            producer.poll(0.1)  # type: ignore[union-attr]
         for state in self.partitions.values():
-            state.in_flight = 0
             if state.paused_reason is None:
                 self._pause(state, f"producer restarted after fatal error: {err}")
+        self.fifos = {}
+        self.producer = Producer(self._producer_settings())
+        for state in self.partitions.values():
+            if state.destination_partition != UNASSIGNED_PARTITION:
+                self._route(state, state.destination_partition)
 
     # -- metrics ----------------------------------------------------------------------------------------
 
+    def _fold_metrics(self) -> None:
+        """Move per-record acknowledgement data into the interval's counters, in bulk."""
+        for state in self.partitions.values():
+            if state.latencies or state.acked_bytes:
+                self.metrics.counters_for(state.tp).add_many(state.latencies, state.acked_bytes)
+                state.latencies = []
+                state.acked_bytes = 0
+
     def _record_metrics(self) -> None:
+        self._fold_metrics()
         lags: dict[SourcePartition, int | None] = {}
         for state in self.partitions.values():
             _low, high = self.consumer.get_watermark_offsets(  # type: ignore[union-attr]
@@ -463,8 +529,6 @@ class ReplicationTask:
     def _consumer_settings(self) -> dict[str, Any]:
         return {
             "enable.partition.eof": False,
-            "fetch.wait.max.ms": 100,
-            "queued.min.messages": 20000,
             **self.config.source_client,
             # assign() only: the group id names our client, offsets live in Postgres, never in Kafka.
             "group.id": f"mirus-{self.connector}",
@@ -472,6 +536,11 @@ class ReplicationTask:
             "enable.auto.offset.store": False,
             "auto.offset.reset": self.config.auto_offset_reset,
         }
+
+    @property
+    def ordered_acks(self) -> bool:
+        """Whether acknowledgements arrive in produce order per destination partition (idempotent producer)."""
+        return str(self.config.producer_client.get("enable.idempotence", "true")).lower() == "true"
 
     def _producer_settings(self) -> dict[str, Any]:
         base = {k: v for k, v in self.config.destination_client.items() if k in _CONNECTION_SETTINGS
@@ -487,6 +556,7 @@ class ReplicationTask:
             "client.id": f"mirus-{self.connector}-{self.task_id}",
             **base,
             **self.config.producer_client,
+            "on_delivery": self._delivered,
         }
 
     def _destination_settings(self) -> dict[str, Any]:

@@ -93,7 +93,7 @@ def test_mirus_quickstart_parses() -> None:
     assert config.auto_offset_reset == "earliest"
     assert config.partition_matching is None
     assert config.destination_topic_checking is True
-    assert config.monitor_poll_wait_ms == 5000
+    assert config.monitor_poll_wait_ms == 2000
     assert config.poll_timeout_ms == 1000
     assert config.provenance_headers is True
 

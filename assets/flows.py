@@ -1,0 +1,45 @@
+"""Replication flows as assets: one dynamic partition per connector, so lineage shows each connector's flow."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from mirus_dagster.status import CONNECTORS_ASSET
+from replicator.monitor import MonitorResult
+
+connector_partitions = dg.DynamicPartitionsDefinition(name="connectors")
+
+FLOWS_ASSET = dg.AssetKey("replication_flows")
+
+connectors_spec = dg.AssetSpec(
+    CONNECTORS_ASSET,
+    description="Every connector with its state, config version (secrets masked), tasks and paused partitions. "
+    "Updated by the administration jobs and whenever the monitor sees a change.",
+    group_name="mirus",
+)
+
+flows_spec = dg.AssetSpec(
+    FLOWS_ASSET,
+    description="Per connector: which source topics flow to which destination topics, over how many tasks. "
+    "Recorded by the monitor each time a connector's assignment generation changes.",
+    group_name="mirus",
+    deps=[CONNECTORS_ASSET],
+    partitions_def=connector_partitions,
+)
+
+
+def flow_materialization(connector: str, result: MonitorResult) -> dg.AssetMaterialization:
+    topics = sorted({topic for topic, _ in result.plan.replicate})
+    return dg.AssetMaterialization(
+        asset_key=FLOWS_ASSET,
+        partition=connector,
+        description=f"assignment generation {result.generation}",
+        metadata={
+            "generation": result.generation,
+            "partitions": len(result.plan.replicate),
+            "tasks": len(result.tasks),
+            "topics": dg.MetadataValue.json(topics),
+            "missing at destination": dg.MetadataValue.json([f"{t}[{p}]" for t, p in result.plan.missing_destination]),
+            "cycles skipped": dg.MetadataValue.json(result.plan.cycles),
+        },
+    )

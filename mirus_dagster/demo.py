@@ -1,0 +1,71 @@
+"""The demo that `mirus dev` sets up: `orders` on the source cluster mirrored to `orders.mirror`, with traffic."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import click
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from mirus_dagster.stack import StackEndpoints
+from replicator.config import ConnectorConfig
+from replicator.store import Store, UnknownConnectorError
+
+DEMO_CONNECTOR = "orders-mirror"
+DEMO_TOPIC = "orders"
+DEMO_PARTITIONS = 3
+
+
+def _ensure_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    if topic in admin.list_topics(timeout=10).topics:
+        return
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(timeout=30)
+
+
+def register_demo(endpoints: StackEndpoints, store: Store) -> None:
+    """Create the demo topics and the Mirus-style demo connector unless they exist (idempotent)."""
+    _ensure_topic(endpoints.source_bootstrap_servers, DEMO_TOPIC, DEMO_PARTITIONS)
+    _ensure_topic(endpoints.destination_bootstrap_servers, f"{DEMO_TOPIC}.mirror", DEMO_PARTITIONS)
+    try:
+        store.get_connector(DEMO_CONNECTOR)
+        return
+    except UnknownConnectorError:
+        pass
+    config = ConnectorConfig.from_properties({
+        "name": DEMO_CONNECTOR,
+        "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+        "tasks.max": "2",
+        "topics.whitelist": DEMO_TOPIC,
+        "destination.topic.name.suffix": ".mirror",
+        "consumer.bootstrap.servers": endpoints.source_bootstrap_servers,
+        "consumer.client.id": "mirus-demo",
+        "destination.consumer.bootstrap.servers": endpoints.destination_bootstrap_servers,
+    })  # fmt: skip
+    store.put_connector(config.name, config.raw, config.tasks_max)
+
+
+@click.command("traffic")
+@click.option("--bootstrap-servers", required=True, help="Source cluster to write to.")
+@click.option("--topic", default=DEMO_TOPIC, show_default=True)
+@click.option("--rate", default=10.0, show_default=True, help="Records per second.")
+def traffic(bootstrap_servers: str, topic: str, rate: float) -> None:
+    """Write a steady stream of demo orders (keys, JSON values, headers) until interrupted."""
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "linger.ms": 20})
+    number = 0
+    try:
+        while True:
+            number += 1
+            customer = f"customer-{random.randint(1, 50)}"
+            order = {"order": number, "customer": customer, "amount": round(random.uniform(5, 500), 2)}
+            producer.produce(topic, json.dumps(order).encode(), customer.encode(), headers=[("source", b"demo")])
+            producer.poll(0)
+            time.sleep(1 / rate)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        producer.flush(5)

@@ -1,0 +1,36 @@
+"""Resources of the code location, configured from the environment (embedded stack by default)."""
+
+import threading
+
+import dagster as dg
+from pydantic import Field
+
+from replicator.database import make_engine, upgrade
+from replicator.store import Store
+
+_stores: dict[str, Store] = {}
+_lock = threading.Lock()
+
+
+class PlatformDatabase(dg.ConfigurableResource):
+    """The platform's Postgres: connectors, assignments, task leases, offsets, snapshots and metrics."""
+
+    database_url: str = Field(description="SQLAlchemy/libpq URL of the platform database (MIRUS_DATABASE_URL).")
+
+    def store(self) -> Store:
+        """One engine (connection pool) per process and URL; the schema is migrated on first use."""
+        with _lock:
+            store = _stores.get(self.database_url)
+            if store is None:
+                engine = make_engine(self.database_url)
+                upgrade(engine)
+                store = _stores[self.database_url] = Store(engine)
+            return store
+
+
+class SupervisorPolicy(dg.ConfigurableResource):
+    """How failed replicator tasks are restarted (Mirus: `mirus.task.auto.restart.enabled`)."""
+
+    auto_restart: bool = Field(default=True, description="Restart failed, crashed or silent tasks automatically.")
+    initial_backoff_s: float = Field(default=1.0, gt=0, description="Wait before the first restart of a task.")
+    max_backoff_s: float = Field(default=60.0, gt=0, description="Cap of the doubling wait between restarts.")

@@ -1,0 +1,77 @@
+"""Replicator runs as seen in the Dagster instance: one run per task, found by tags (not run keys)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import UTC, datetime
+
+import dagster as dg
+
+from sensors.decisions import TaskRunHistory
+
+JOB_NAME = "replicator"
+TAG_KIND = "mirus/kind"
+TAG_CONNECTOR = "mirus/connector"
+TAG_TASK = "mirus/task"
+TAG_REASON = "mirus/reason"
+LIVE = {
+    dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING,
+}  # fmt: skip
+HISTORY_LIMIT = 200
+
+
+def replicator_tags(connector: str, task_id: int) -> dict[str, str]:
+    return {TAG_KIND: "replicator", TAG_CONNECTOR: connector, TAG_TASK: str(task_id)}
+
+
+def run_request(connector: str, task_id: int, reason: str) -> dg.RunRequest:
+    return dg.RunRequest(
+        job_name=JOB_NAME,
+        run_config={"ops": {"replicate": {"config": {"connector": connector, "task_id": task_id}}}},
+        tags={**replicator_tags(connector, task_id), TAG_REASON: reason},
+    )
+
+
+def _ts(value: float | None) -> datetime | None:
+    return datetime.fromtimestamp(value, UTC) if value is not None else None
+
+
+def task_histories(instance: dg.DagsterInstance, connector: str) -> dict[int, TaskRunHistory]:
+    """Per task id of `connector`, its recent runs folded into a `TaskRunHistory`. One query per connector."""
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=JOB_NAME, tags={TAG_CONNECTOR: connector}), limit=HISTORY_LIMIT
+    )
+    by_task: dict[int, list[dg.RunRecord]] = defaultdict(list)
+    for record in records:  # newest first
+        task = record.dagster_run.tags.get(TAG_TASK)
+        if task is not None and task.isdigit():
+            by_task[int(task)].append(record)
+    histories = {}
+    for task_id, runs in by_task.items():
+        live = [r for r in runs if r.dagster_run.status in LIVE]
+        done = [r for r in runs if r.dagster_run.status not in LIVE]
+        failures = 0
+        for r in done:
+            if r.dagster_run.status != dg.DagsterRunStatus.FAILURE:
+                break
+            failures += 1
+        histories[task_id] = TaskRunHistory(
+            live=bool(live),
+            live_started_at=_ts(live[0].start_time) if live else None,
+            latest_status=done[0].dagster_run.status.value if done else None,
+            latest_ended_at=_ts(done[0].end_time or done[0].update_timestamp.timestamp()) if done else None,
+            consecutive_failures=failures,
+        )
+    return histories
+
+
+def live_runs(instance: dg.DagsterInstance, connector: str, task_id: int) -> list[dg.DagsterRun]:
+    return list(
+        instance.get_runs(
+            dg.RunsFilter(job_name=JOB_NAME, statuses=list(LIVE), tags=replicator_tags(connector, task_id))
+        )
+    )
+
+
+NEVER_RAN = TaskRunHistory(False, None, None, None, 0)

@@ -1,0 +1,65 @@
+"""What the sensors decide, as plain functions over plain views of runs and leases (no Dagster here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class TaskRunHistory:
+    """A task's runs as the sensors see them, newest first."""
+
+    live: bool  # a run is queued, starting or started
+    live_started_at: datetime | None  # when the live run started (None while queued)
+    latest_status: str | None  # SUCCESS, FAILURE, CANCELED, ... of the newest finished run; None if never run
+    latest_ended_at: datetime | None
+    consecutive_failures: int  # FAILURE runs in a row, newest first
+
+
+@dataclass(frozen=True)
+class Decision:
+    launch: bool
+    reason: str
+    replace_live_run: bool = False  # the live run is silent: report it failed, a new one fences it
+
+
+def start_decision(history: TaskRunHistory) -> Decision:
+    """The monitor's rule: an assigned task that has no run, or whose last run ended normally, gets one."""
+    if history.live:
+        return Decision(False, "running")
+    if history.latest_status is None:
+        return Decision(True, "assigned, never ran")
+    if history.latest_status in ("SUCCESS", "CANCELED"):
+        # Ended because it was removed, paused, fenced or terminated while still assigned: it should run.
+        return Decision(True, f"assigned, last run {history.latest_status.lower()}")
+    return Decision(False, f"last run {history.latest_status.lower()}: left to the supervisor")
+
+
+def restart_decision(
+    history: TaskRunHistory,
+    heartbeat_at: datetime | None,
+    now: datetime,
+    *,
+    lease_timeout_s: float,
+    initial_backoff_s: float,
+    max_backoff_s: float,
+) -> Decision:
+    """The supervisor's rule: failed tasks come back after a doubling, capped wait; silent ones are replaced."""
+    if history.live:
+        started = history.live_started_at
+        silent_since = max(d for d in (heartbeat_at, started) if d is not None) if started else None
+        if silent_since is not None and (now - silent_since).total_seconds() > lease_timeout_s:
+            return Decision(True, f"no heartbeat for {(now - silent_since).total_seconds():.0f}s", True)
+        return Decision(False, "running")
+    if history.latest_status != "FAILURE" or history.latest_ended_at is None:
+        return Decision(False, "not failed")
+    wait = restart_backoff_s(history.consecutive_failures, initial_backoff_s, max_backoff_s)
+    waited = (now - history.latest_ended_at).total_seconds()
+    if waited < wait:
+        return Decision(False, f"restart in {wait - waited:.0f}s")
+    return Decision(True, f"failed {history.consecutive_failures} time(s) in a row")
+
+
+def restart_backoff_s(consecutive_failures: int, initial_s: float, max_s: float) -> float:
+    return min(initial_s * 2 ** max(consecutive_failures - 1, 0), max_s)
