@@ -15,7 +15,7 @@ from replicator.monitor import KafkaMonitor, MetadataUnavailableError
 from replicator.store import RUNNING, UnknownConnectorError
 from sensors.decisions import start_decision
 
-EVALUATION_INTERVAL_S = 2
+EVALUATION_INTERVAL_S = 5  # the Dagster sensor daemon evaluates at most every 5 s anyway
 EVALUATION_BUDGET_S = 30.0  # far below Dagster's 60 s sensor timeout; the rest waits for the next tick
 MAX_BACKOFF_S = 64.0  # Mirus: retriable monitor errors back off 1, 2, 4 … 64 s
 

@@ -15,7 +15,7 @@ from sensors.decisions import restart_decision
 @dg.sensor(
     name="task_supervisor",
     job=replicator,
-    minimum_interval_seconds=3,
+    minimum_interval_seconds=5,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description=(
         "Restart replicator tasks whose run failed or crashed (doubling backoff, capped), and replace runs whose "

@@ -1,0 +1,227 @@
+"""Orchestration latency under a real `dagster dev`: how fast the sensors react, with default connector settings.
+
+    python benchmarks/orchestration_latency.py [--topics 5] [--kills 3]
+
+Starts a private embedded stack on ports 29192/29193/25532 (or uses MIRUS_SOURCE_BOOTSTRAP_SERVERS /
+MIRUS_DESTINATION_BOOTSTRAP_SERVERS / MIRUS_DATABASE_URL) and `dagster dev` on the code location (the helper in
+tests/dagster_dev.py), adds one connector through the GraphQL API with default settings (`topics.regex` only),
+and measures:
+
+(a) new topic → first copy: the destination topic is created, then the clock starts, the source topic matching
+    the connector's `topics.regex` is created and one record is written to it; the clock stops when a consumer on
+    the destination receives it. Path: monitor sensor tick → new assignment generation → the running task picks
+    it up (no new run) → record copied.
+(b) kill -9 → resumed replication: while a producer writes 50 records/s, the process of the connector's replicator
+    run (and its children) is killed; the clock stops at the first destination record whose source offset (from
+    its `mirus.source` provenance header) is above the highest offset acknowledged at the source when the process
+    was gone. Path: code server marks the run FAILURE → supervisor sensor tick (after its 1 s backoff) → run
+    queued → run coordinator dequeues → new run worker claims the task and resumes from the committed offsets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mirus_dagster.settings import PlatformSettings
+from mirus_dagster.stack import LocalStack, StackEndpoints
+from replicator import provenance
+from replicator.database import make_engine, upgrade
+from tests.dagster_dev import DagsterDev, RunInfo, dagster_dev
+
+PORTS = {"source_port": 29192, "destination_port": 29193, "postgres_port": 25532}
+TARGET_NEW_TOPIC_S = 10.0
+TARGET_KILL_S = 15.0
+CONNECTOR = "latency"
+TAGS = {"mirus/connector": CONNECTOR, "mirus/task": "0"}
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=30)
+    deadline = time.monotonic() + 30
+    while topic not in admin.list_topics(timeout=5).topics:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topic {topic} not visible after 30s")
+        time.sleep(0.05)
+
+
+def destination_reader(bootstrap: str, topic: str) -> Consumer:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-latency", "enable.auto.commit": False,
+                         "enable.partition.eof": False, "fetch.wait.max.ms": 10})  # fmt: skip
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    return consumer
+
+
+def first_record(consumer: Consumer, accept, timeout: float) -> float:  # type: ignore[no-untyped-def]
+    """Poll until a record satisfying `accept` arrives; returns the monotonic time it was received."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for msg in consumer.consume(100, 0.05):
+            if msg.error() is None and accept(msg):
+                return time.monotonic()
+    raise RuntimeError(f"no matching record within {timeout:.0f}s")
+
+
+def live_run(dev: DagsterDev, timeout: float = 120) -> RunInfo:
+    (run,) = dev.wait_for_runs(TAGS, statuses={"STARTED"}, job_name="replicator", timeout=timeout)
+    return run
+
+
+class Traffic:
+    """A producer writing `rate` records/s to partition 0 of `topic`, remembering the highest acknowledged offset."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: float) -> None:
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "enable.idempotence": True})
+        self.topic, self.interval = topic, 1.0 / rate
+        self.acked = -1
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _delivered(self, err: object, msg: Message) -> None:
+        if err is None:
+            self.acked = max(self.acked, msg.offset())
+
+    def _run(self) -> None:
+        i = 0
+        next_at = time.monotonic()
+        while not self.stopped.is_set():
+            self.producer.produce(self.topic, b"v%d" % i, b"k%d" % i, 0, on_delivery=self._delivered)
+            self.producer.poll(0)
+            i += 1
+            next_at += self.interval
+            self.stopped.wait(max(0.0, next_at - time.monotonic()))  # pacing
+        self.producer.flush(30)
+
+    def highest_acked(self) -> int:
+        """Highest acknowledged offset, after serving every acknowledgement already received."""
+        self.producer.poll(0)
+        return self.acked
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(60)
+        del self.producer  # its broker connections close now, not when the stack is already down
+
+
+def new_topic_latency(dev: DagsterDev, endpoints: StackEndpoints, topic: str) -> float:
+    src, dst = endpoints.source_bootstrap_servers, endpoints.destination_bootstrap_servers
+    create_topic(dst, topic)
+    reader = destination_reader(dst, topic)
+    producer = Producer({"bootstrap.servers": src, "linger.ms": 0})
+    producer.list_topics(timeout=10)  # connected before the clock starts
+    try:
+        started = time.monotonic()
+        create_topic(src, topic)
+        producer.produce(topic, b"first", b"k", 0)
+        producer.flush(10)
+        return first_record(reader, lambda msg: True, 60) - started
+    finally:
+        reader.close()
+
+
+def kill_latency(dev: DagsterDev, traffic: Traffic, reader: Consumer) -> tuple[float, str]:
+    """Kill the task's run worker; seconds until a record produced after the kill is copied, and a breakdown."""
+    victim = live_run(dev)
+    killed = dev.kill_run_worker(victim.run_id)  # returns once the worker and its children are gone
+    killed_at, killed_wall = killed.monotonic, killed.at  # the clock starts when SIGKILL was sent
+    # Everything acknowledged at the source by now may have been read by the dead process; what comes later not.
+    kill_point = traffic.highest_acked()
+
+    def after_kill(msg: Message) -> bool:
+        origin = provenance.parse(msg.headers())
+        return origin is not None and origin.source_offset > kill_point
+
+    latency = first_record(reader, after_kill, 120) - killed_at
+    failed = dev.wait_for_status(victim.run_id, {"FAILURE"}, timeout=30)
+    (new,) = dev.wait_for_runs(
+        TAGS, statuses={"STARTED"}, where=lambda r: r.run_id != victim.run_id, job_name="replicator", timeout=30
+    )
+    breakdown = (
+        f"run FAILURE +{(failed.end_time or killed_wall) - killed_wall:.1f}s, "
+        f"new run requested +{new.creation_time - killed_wall:.1f}s ({new.tags.get('dagster/sensor_name')}), "
+        f"started +{(new.start_time or killed_wall) - killed_wall:.1f}s"
+    )
+    return latency, breakdown
+
+
+def report(label: str, values: list[float], target: float) -> None:
+    median = statistics.median(values)
+    verdict = "met" if median <= target else "NOT MET"
+    print(f"{label}: median {median:.1f} s (target <= {target:.0f} s: {verdict}); max {max(values):.1f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--topics", type=int, default=5, help="new-topic repetitions (a)")
+    parser.add_argument("--kills", type=int, default=3, help="kill -9 repetitions (b)")
+    args = parser.parse_args()
+
+    settings = PlatformSettings.from_env()
+    with tempfile.TemporaryDirectory() as state:
+        stack = LocalStack(settings.model_copy(update={"state_dir": Path(state), **PORTS}))
+        endpoints = stack.up()
+        try:
+            engine = make_engine(endpoints.database_url)
+            upgrade(engine)
+            engine.dispose()
+            src, dst = endpoints.source_bootstrap_servers, endpoints.destination_bootstrap_servers
+            prefix = f"lat-{int(time.time())}"
+            print("starting dagster dev ...", flush=True)
+            with dagster_dev(endpoints.as_env(), Path(state) / "dagster-dev") as dev:
+                print(f"dagster dev on {dev.url} (log: {dev.log})", flush=True)
+                flow = f"{prefix}-flow"
+                create_topic(dst, flow)
+                create_topic(src, flow)
+                properties = {
+                    "name": CONNECTOR, "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+                    "consumer.bootstrap.servers": src, "destination.consumer.bootstrap.servers": dst,
+                    "topics.regex": f"{prefix}-.*",
+                }  # fmt: skip
+                put = dev.client.submit_job_execution(
+                    "put_connector", run_config={"ops": {"store_connector": {"config": {"properties": properties}}}}
+                )
+                dev.wait_for_status(put, {"SUCCESS"}, timeout=120)
+                traffic = Traffic(src, flow, rate=50)
+                reader = destination_reader(dst, flow)
+                try:
+                    live_run(dev)
+                    first_record(reader, lambda msg: True, 120)  # the connector is running and copying
+                    print(f"connector {CONNECTOR!r} running (default settings, topics.regex {prefix}-.*)", flush=True)
+
+                    print(f"\n(a) new topic -> first record at the destination, {args.topics} times", flush=True)
+                    created: list[float] = []
+                    for i in range(args.topics):
+                        created.append(new_topic_latency(dev, endpoints, f"{prefix}-new{i}"))
+                        print(f"  topic {i + 1}: {created[-1]:.1f} s", flush=True)
+
+                    print(f"\n(b) kill -9 of the replicator run -> resumed replication (50 records/s), "
+                          f"{args.kills} times", flush=True)  # fmt: skip
+                    resumed: list[float] = []
+                    for i in range(args.kills):
+                        latency, breakdown = kill_latency(dev, traffic, reader)
+                        resumed.append(latency)
+                        print(f"  kill {i + 1}: {latency:.1f} s  ({breakdown})", flush=True)
+                finally:
+                    traffic.stop()
+                    reader.close()
+                print()
+                report("(a) new topic -> first record", created, TARGET_NEW_TOPIC_S)
+                report("(b) kill -9 -> resumed replication", resumed, TARGET_KILL_S)
+        finally:
+            stack.down()
+
+
+if __name__ == "__main__":
+    main()

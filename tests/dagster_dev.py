@@ -1,0 +1,499 @@
+"""`dagster dev` on the platform's code location as a real subprocess, for end-to-end tests and benchmarks.
+
+Not a test module. `dagster_dev(env)` picks a free port, writes `DAGSTER_HOME/dagster.yaml` (the platform's own
+instance settings), starts `dagster dev -m mirus_dagster.definitions` in its own process group with its output
+in a log file, waits until the webserver answers and the code location is loaded, and yields a `DagsterDev`:
+a `dagster_graphql.DagsterGraphQLClient` plus helpers to list and wait for runs and to find a run's worker
+process. Leaving the `with` block shuts everything down (SIGINT to the process group, SIGKILL only for what is
+still alive after the grace period) and leaves no process behind.
+
+How run workers look under `dagster dev` (Dagster 1.13, DefaultRunLauncher): the code server starts each run in
+a `multiprocessing` "spawn" child, whose command line is the generic `multiprocessing.spawn` one and does not
+name the run. The run id is found instead in the run's own event log: the engine event
+"Started process for run (pid: N)" that the worker writes first. `run_worker` accepts a process whose command
+line contains the run id as well (other launchers), and in both cases only a descendant of this `dagster dev`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import requests
+from dagster_graphql import DagsterGraphQLClient
+from gql import Client, GraphQLRequest
+from gql.transport.exceptions import TransportError
+from gql.transport.requests import RequestsHTTPTransport
+
+CODE_LOCATION_MODULE = "mirus_dagster.definitions"
+START_TIMEOUT_S = 180.0
+SHUTDOWN_TIMEOUT_S = 60.0
+LOG_TAIL_LINES = 60
+FINISHED = frozenset({"SUCCESS", "FAILURE", "CANCELED"})
+
+T = TypeVar("T")
+
+WORKSPACE_QUERY = """
+query Workspace {
+  workspaceOrError {
+    __typename
+    ... on Workspace {
+      locationEntries {
+        name
+        loadStatus
+        locationOrLoadError {
+          __typename
+          ... on RepositoryLocation { name repositories { name jobs { name } } }
+          ... on PythonError { message stack }
+        }
+      }
+    }
+    ... on PythonError { message stack }
+  }
+}
+"""
+
+RUNS_QUERY = """
+query Runs($filter: RunsFilter, $limit: Int) {
+  runsOrError(filter: $filter, limit: $limit) {
+    __typename
+    ... on Runs {
+      results { runId jobName status creationTime startTime endTime tags { key value } }
+    }
+    ... on InvalidPipelineRunsFilterError { message }
+    ... on PythonError { message stack }
+  }
+}
+"""
+
+LOGS_QUERY = """
+query Logs($runId: ID!, $afterCursor: String) {
+  logsForRun(runId: $runId, afterCursor: $afterCursor) {
+    __typename
+    ... on EventConnection {
+      cursor
+      hasMore
+      events { __typename ... on MessageEvent { message timestamp } }
+    }
+    ... on RunNotFoundError { message }
+    ... on PythonError { message stack }
+  }
+}
+"""
+
+TICKS_QUERY = """
+query Ticks($selector: SensorSelector!, $after: Float) {
+  sensorOrError(sensorSelector: $selector) {
+    __typename
+    ... on Sensor { sensorState { status ticks(afterTimestamp: $after, limit: 100) { tickId status timestamp } } }
+    ... on SensorNotFoundError { message }
+    ... on PythonError { message stack }
+  }
+}
+"""
+
+_STARTED_PROCESS = re.compile(r"Started process for run \(pid: (\d+)\)")
+
+
+class DagsterDevError(RuntimeError):
+    """`dagster dev` did not start, did not answer, or a wait on it timed out (the message has its log tail)."""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run as the GraphQL API shows it."""
+
+    run_id: str
+    job_name: str
+    status: str  # QUEUED, STARTING, STARTED, SUCCESS, FAILURE, CANCELING, CANCELED, ...
+    tags: dict[str, str]
+    creation_time: float
+    start_time: float | None
+    end_time: float | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> RunInfo:
+        return cls(
+            run_id=data["runId"], job_name=data["jobName"], status=data["status"],
+            tags={t["key"]: t["value"] for t in data["tags"]}, creation_time=data["creationTime"],
+            start_time=data["startTime"], end_time=data["endTime"],
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KilledWorker:
+    """A run worker killed with SIGKILL: its pid, and when the signal was sent (Unix time and monotonic)."""
+
+    pid: int
+    at: float
+    monotonic: float
+
+
+@dataclass(frozen=True)
+class ShutdownReport:
+    """How `dagster dev` went away: its exit code, and the processes that had to be killed."""
+
+    exit_code: int | None
+    killed: list[str] = field(default_factory=list)  # "pid cmdline" of every process that needed SIGKILL
+    elapsed_s: float = 0.0
+
+    @property
+    def clean(self) -> bool:
+        return not self.killed
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"{proc.pid} {' '.join(proc.cmdline())[:160]}"
+    except psutil.Error:
+        return str(proc.pid)
+
+
+class DagsterDev:
+    """A running `dagster dev`: its GraphQL client, run queries and waits, and its shutdown."""
+
+    def __init__(self, process: subprocess.Popen[bytes], port: int, home: Path, log: Path) -> None:
+        self.process = process
+        self.port = port
+        self.home = home
+        self.log = log
+        self.url = f"http://127.0.0.1:{port}"
+        self.client = DagsterGraphQLClient("127.0.0.1", port_number=port, timeout=60)
+        self._gql = Client(transport=RequestsHTTPTransport(url=f"{self.url}/graphql", timeout=60))
+        self._root = psutil.Process(process.pid)
+        self._seen: dict[int, psutil.Process] = {}  # every descendant ever observed, for the shutdown check
+        self.shutdown_report: ShutdownReport | None = None
+        self._location: tuple[str, str] | None = None  # (code location, repository) once loaded
+
+    # -- raw access ---------------------------------------------------------------------------------------
+
+    def query(self, document: str, variables: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Run a GraphQL query or mutation against the webserver and return its data."""
+        return self._gql.execute(GraphQLRequest(document, variable_values=dict(variables or {})))
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return "(no log written)"
+        return "\n".join(text[-lines:]) or "(log is empty)"
+
+    def fail(self, message: str) -> DagsterDevError:
+        return DagsterDevError(f"{message}\n--- last lines of {self.log} ---\n{self.log_tail()}")
+
+    def until(self, condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
+        """Poll `condition` until it returns something truthy; on timeout, or if dagster dev exits, raise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = condition()
+            if result:
+                return result
+            if self.process.poll() is not None:
+                raise self.fail(f"dagster dev exited with code {self.process.returncode} while waiting for {what}")
+            if time.monotonic() > deadline:
+                raise self.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(interval)
+
+    # -- startup -----------------------------------------------------------------------------------------
+
+    def _server_info(self) -> bool:
+        try:
+            return requests.get(f"{self.url}/server_info", timeout=2).ok
+        except requests.RequestException:
+            return False
+
+    def _code_location_loaded(self) -> bool:
+        try:
+            data = self.query(WORKSPACE_QUERY)["workspaceOrError"]
+        except (requests.RequestException, TransportError):
+            return False  # the webserver is still starting
+        if data["__typename"] != "Workspace":
+            raise self.fail(f"workspace query failed: {data.get('message')}")
+        for entry in data["locationEntries"]:
+            location = entry["locationOrLoadError"]
+            if location and location["__typename"] == "PythonError":
+                raise self.fail(f"code location {entry['name']} failed to load: {location['message']}")
+            if entry["loadStatus"] != "LOADED" or not location:
+                return False
+            jobs = {job["name"] for repo in location["repositories"] for job in repo["jobs"]}
+            if "replicator" in jobs and "put_connector" in jobs:
+                self._location = (location["name"], location["repositories"][0]["name"])
+                return True
+        return False
+
+    def wait_until_ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        self.until(self._server_info, timeout, "the webserver to answer /server_info")
+        self.until(self._code_location_loaded, max(deadline - time.monotonic(), 1.0), "the code location to load")
+        self._remember_descendants()
+
+    # -- runs --------------------------------------------------------------------------------------------
+
+    def runs(
+        self,
+        tags: Mapping[str, str] | None = None,
+        job_name: str | None = None,
+        statuses: Iterable[str] | None = None,
+        limit: int = 500,
+    ) -> list[RunInfo]:
+        """Runs matching every given tag (and job, and status), newest first."""
+        run_filter: dict[str, Any] = {}
+        if tags:
+            run_filter["tags"] = [{"key": k, "value": v} for k, v in tags.items()]
+        if job_name:
+            run_filter["pipelineName"] = job_name
+        if statuses:
+            run_filter["statuses"] = sorted(statuses)
+        data = self.query(RUNS_QUERY, {"filter": run_filter, "limit": limit})["runsOrError"]
+        if data["__typename"] != "Runs":
+            raise self.fail(f"runs query failed: {data.get('message')}")
+        self._remember_descendants()
+        return [RunInfo.of(r) for r in data["results"]]
+
+    def run(self, run_id: str) -> RunInfo:
+        found = self._runs_by_id(run_id)
+        if not found:
+            raise self.fail(f"run {run_id} not found")
+        return found[0]
+
+    def _runs_by_id(self, run_id: str) -> list[RunInfo]:
+        data = self.query(RUNS_QUERY, {"filter": {"runIds": [run_id]}, "limit": 1})["runsOrError"]
+        if data["__typename"] != "Runs":
+            raise self.fail(f"runs query failed: {data.get('message')}")
+        return [RunInfo.of(r) for r in data["results"]]
+
+    def wait_for_runs(
+        self,
+        tags: Mapping[str, str] | None = None,
+        *,
+        statuses: Iterable[str] | None = None,
+        count: int = 1,
+        where: Callable[[RunInfo], bool] = lambda _run: True,
+        job_name: str | None = None,
+        timeout: float = 60.0,
+        what: str = "",
+    ) -> list[RunInfo]:
+        """Wait until at least `count` runs match the tags, statuses and `where`; returns all that match."""
+        wanted = set(statuses) if statuses is not None else None
+
+        def matching() -> list[RunInfo] | None:
+            found = [
+                r for r in self.runs(tags, job_name) if (wanted is None or r.status in wanted) and where(r)
+            ]  # fmt: skip
+            return found if len(found) >= count else None
+
+        description = what or f"{count} run(s) with tags {dict(tags or {})} and status in {sorted(wanted or [])}"
+        return self.until(matching, timeout, description)
+
+    def wait_for_status(self, run_id: str, statuses: Iterable[str], timeout: float = 60.0) -> RunInfo:
+        """Wait until run `run_id` has one of `statuses`; fails early if it finished with another."""
+        wanted = set(statuses)
+
+        def reached() -> RunInfo | None:
+            found = self._runs_by_id(run_id)
+            if not found:
+                return None
+            run = found[0]
+            if run.status in wanted:
+                return run
+            if run.finished:
+                raise self.fail(f"run {run_id} ended {run.status}, expected {sorted(wanted)}")
+            return None
+
+        return self.until(reached, timeout, f"run {run_id} to reach {sorted(wanted)}")
+
+    def sensor_ticks(self, sensor: str, after: float | None = None) -> list[tuple[float, str]]:
+        """(timestamp, status) of the sensor's ticks, newest first, optionally only those after a Unix time."""
+        if self._location is None:
+            raise self.fail("the code location is not loaded")
+        selector = {"repositoryLocationName": self._location[0], "repositoryName": self._location[1],
+                    "sensorName": sensor}  # fmt: skip
+        data = self.query(TICKS_QUERY, {"selector": selector, "after": after})["sensorOrError"]
+        if data["__typename"] != "Sensor":
+            raise self.fail(f"sensor {sensor}: {data.get('message')}")
+        return [(t["timestamp"], t["status"]) for t in data["sensorState"]["ticks"]]
+
+    def run_messages(self, run_id: str) -> list[str]:
+        """Every message of the run's event log, oldest first."""
+        messages: list[str] = []
+        cursor = None
+        while True:
+            data = self.query(LOGS_QUERY, {"runId": run_id, "afterCursor": cursor})["logsForRun"]
+            if data["__typename"] != "EventConnection":
+                raise self.fail(f"logs of run {run_id}: {data.get('message')}")
+            messages += [e["message"] for e in data["events"] if e.get("message")]
+            if not data["hasMore"] or data["cursor"] == cursor:
+                return messages
+            cursor = data["cursor"]
+
+    # -- processes ---------------------------------------------------------------------------------------
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return self._root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def _remember_descendants(self) -> None:
+        for proc in self.descendants():
+            self._seen.setdefault(proc.pid, proc)
+
+    def run_worker(self, run_id: str) -> psutil.Process | None:
+        """The process executing run `run_id`, if it is alive and belongs to this `dagster dev`.
+
+        First the pid the worker reported in the run's event log; else a process whose command line names the
+        run, other than the compute-log tailers (`tail -F .../<run id>/compute_logs/...`, children of the worker).
+        """
+        descendants = {p.pid: p for p in self.descendants()}
+        pids = [int(m.group(1)) for msg in self.run_messages(run_id) if (m := _STARTED_PROCESS.search(msg))]
+        for pid in reversed(pids):
+            if pid in descendants:
+                return descendants[pid]
+        for proc in descendants.values():
+            try:
+                cmdline = proc.cmdline()
+            except psutil.Error:
+                continue
+            if any(run_id in arg and "compute_logs" not in arg for arg in cmdline):
+                return proc
+        return None
+
+    def kill_run_worker(self, run_id: str, timeout: float = 60.0) -> KilledWorker:
+        """SIGKILL run `run_id`'s process and its children (once it has one) and wait until they are gone."""
+        worker = self.until(lambda: self.run_worker(run_id), timeout, f"the worker process of run {run_id}")
+        self._remember_descendants()
+        victims = [worker, *worker.children(recursive=True)]
+        at, monotonic = time.time(), time.monotonic()
+        for proc in victims:
+            with suppress(psutil.NoSuchProcess):
+                proc.kill()
+        _gone, alive = psutil.wait_procs(victims, timeout=10)
+        if alive:
+            raise self.fail(f"still alive after SIGKILL: {[_describe(p) for p in alive]}")
+        return KilledWorker(worker.pid, at, monotonic)
+
+    # -- shutdown ----------------------------------------------------------------------------------------
+
+    def _group(self) -> list[psutil.Process]:
+        """Live members of dagster dev's process group (ours alone: it was created for it), zombies excluded."""
+        members = []
+        for proc in psutil.process_iter():
+            try:
+                if os.getpgid(proc.pid) == self.process.pid and _alive(proc):
+                    members.append(proc)
+            except (psutil.Error, ProcessLookupError):
+                continue
+        return members
+
+    def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> ShutdownReport:
+        """SIGINT the process group, wait, then SIGKILL whatever is left. Idempotent; raises if anything survives.
+
+        Every descendant ever seen counts, and every member of the process group: a process that left the tree
+        (its parent died) is still found.
+        """
+        if self.shutdown_report is not None:
+            return self.shutdown_report
+        started = time.monotonic()
+        self._remember_descendants()
+        procs = {p.pid: p for p in [self._root, *self._seen.values(), *self._group()]}
+        with suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGINT)
+        with suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout)
+        # dagster dev waits for its children; stragglers (run workers ending their runs) get the rest of the time.
+        remaining = max(timeout - (time.monotonic() - started), 1.0)
+        _gone, alive = psutil.wait_procs(list(procs.values()), timeout=remaining)
+        alive += [p for p in self._group() if p.pid not in {a.pid for a in alive}]
+        killed = [_describe(p) for p in alive]
+        for proc in alive:
+            with suppress(psutil.NoSuchProcess):
+                proc.kill()
+        _gone, survivors = psutil.wait_procs(alive, timeout=10)
+        if self.process.poll() is None:
+            self.process.wait(10)
+        self.shutdown_report = ShutdownReport(self.process.returncode, killed, time.monotonic() - started)
+        leftovers = survivors + [p for p in self._group() if p not in survivors]
+        leftovers += [p for p in procs.values() if _alive(p) and p not in leftovers]
+        if leftovers:
+            raise self.fail(f"processes left behind after SIGKILL: {[_describe(p) for p in leftovers]}")
+        return self.shutdown_report
+
+
+def write_dagster_home(home: Path) -> Path:
+    """DAGSTER_HOME with the platform's instance settings, as `mirus dev` writes it."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text(files("mirus_dagster").joinpath("dagster.yaml").read_text())
+    return home
+
+
+def start_dagster_dev(
+    env: Mapping[str, str], workdir: Path | None = None, *, start_timeout: float = START_TIMEOUT_S
+) -> DagsterDev:
+    """Start `dagster dev` on the code location with `env` added to this process's environment; wait until ready.
+
+    `workdir` holds DAGSTER_HOME and the log (a new temporary directory when omitted).
+    """
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="dagster-dev-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    home = write_dagster_home(workdir / "dagster-home")
+    log = workdir / "dagster-dev.log"
+    port = free_port()
+    argv = [sys.executable, "-m", "dagster", "dev", "-m", CODE_LOCATION_MODULE, "-h", "127.0.0.1", "-p", str(port)]
+    child_env = {**os.environ, **env, "DAGSTER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            argv, env=child_env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: one signal reaches webserver, daemon and code server
+            # SIGINT must work even when we were started with it ignored (a background shell): exec keeps SIG_IGN.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
+    dev = DagsterDev(process, port, home, log)
+    try:
+        dev.wait_until_ready(start_timeout)
+    except BaseException:
+        with suppress(DagsterDevError):  # the startup failure is the error to report
+            dev.shutdown()
+        raise
+    return dev
+
+
+@contextmanager
+def dagster_dev(
+    env: Mapping[str, str], workdir: Path | None = None, *, start_timeout: float = START_TIMEOUT_S
+) -> Iterator[DagsterDev]:
+    """`dagster dev` for the duration of the block; always shut down (and checked for leftovers) at its end."""
+    dev = start_dagster_dev(env, workdir, start_timeout=start_timeout)
+    try:
+        yield dev
+    finally:
+        dev.shutdown()

@@ -1,0 +1,287 @@
+"""The platform as an operator runs it: a real `dagster dev` process on the code location, driven over GraphQL."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from sqlalchemy import Engine
+
+from mirus_dagster.stack import StackEndpoints
+from replicator import provenance
+from replicator.store import PAUSED, SourcePartition, Store
+from replicator.verify import VerifyReport, verify_replication
+from tests.dagster_dev import DagsterDev, RunInfo, dagster_dev
+from tests.engine_helpers import connector_properties
+from tests.kafka_helpers import Rec, consume_all, create_topics, produce, wait_for
+
+CONNECTOR = "mirus/connector"
+TASK = "mirus/task"
+SENSOR = "dagster/sensor_name"
+LIVE = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
+
+
+def record(topic: str, partition: int, i: int, phase: str) -> dict:
+    """Producer.produce() arguments: a key, a value and user headers that must arrive unchanged."""
+    return {
+        "topic": topic, "partition": partition, "key": f"{phase}-k{i}".encode(), "value": f"{phase}-v{i}".encode(),
+        "headers": [("phase", phase.encode()), ("seq", str(i).encode())],
+    }  # fmt: skip
+
+
+def assert_copied(stack: StackEndpoints, topic: str, partitions: int, count: int) -> None:
+    """Every source record is at the destination in the same partition and order, with its provenance."""
+    source = consume_all(stack.source_bootstrap_servers, topic, partitions, count)
+    copies = consume_all(stack.destination_bootstrap_servers, topic, partitions, count)
+    assert len(copies) == len(source) == count, f"{topic}: {len(source)} source records, {len(copies)} copies"
+
+    def user_view(recs: Iterable[Rec]) -> dict[int, list[tuple]]:
+        by_partition: dict[int, list[tuple]] = {}
+        for r in recs:
+            user = tuple(provenance.user_headers(r.headers))
+            by_partition.setdefault(r.partition, []).append((r.key, r.value, user, r.timestamp))
+        return by_partition
+
+    assert user_view(copies) == user_view(source)
+    for copy in copies:
+        origin = provenance.parse(copy.headers)
+        assert origin is not None and (origin.source_topic, origin.source_partition) == (topic, copy.partition)
+    by_partition = {p: sorted(provenance.parse(c.headers).source_offset for c in copies if c.partition == p)
+                    for p in range(partitions)}  # fmt: skip
+    assert by_partition == {p: sorted(r.offset for r in source if r.partition == p) for p in range(partitions)}
+
+
+class Traffic:
+    """A producer thread writing keyed records with headers to every partition, about `rate` per second."""
+
+    def __init__(self, bootstrap: str, topics: Mapping[str, int], phase: str, rate: float = 200.0) -> None:
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+        self.targets = [(t, p) for t, n in sorted(topics.items()) for p in range(n)]
+        self.phase = phase
+        self.interval = 1.0 / rate
+        self.acked: dict[SourcePartition, int] = {}  # highest acknowledged source offset per partition
+        self.errors: list[str] = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"traffic-{phase}")
+        self.thread.start()
+
+    def _on_delivery(self, err: object, msg: Message) -> None:
+        if err is not None:
+            self.errors.append(str(err))
+        else:
+            tp = (msg.topic(), msg.partition())
+            self.acked[tp] = max(self.acked.get(tp, -1), msg.offset())
+
+    def _run(self) -> None:
+        for i in itertools.count():
+            topic, partition = self.targets[i % len(self.targets)]
+            self.producer.produce(on_delivery=self._on_delivery, **record(topic, partition, i, self.phase))
+            self.producer.poll(0)
+            if self.stopped.wait(self.interval):  # pacing the producer, not waiting for a condition
+                break
+        if unacknowledged := self.producer.flush(30):
+            self.errors.append(f"{unacknowledged} records unacknowledged after 30s")
+
+    def snapshot(self) -> dict[SourcePartition, int]:
+        self.producer.poll(0)
+        return dict(self.acked)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive() and not self.errors, f"traffic {self.phase}: {self.errors[:3]}"
+
+
+class Replicated:
+    """Reads the destination as it fills: per source partition, the next source offset seen there (provenance)."""
+
+    def __init__(self, bootstrap: str, topics: Mapping[str, int]) -> None:
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tests-dagster-dev",
+                                  "enable.auto.commit": False, "enable.partition.eof": False})  # fmt: skip
+        self.consumer.assign([TopicPartition(t, p, 0) for t, n in topics.items() for p in range(n)])
+        self.next: dict[SourcePartition, int] = {}
+
+    def update(self) -> dict[SourcePartition, int]:
+        while batch := self.consumer.consume(1000, 0.2):
+            for msg in batch:
+                if msg.error():
+                    raise KafkaException(msg.error())
+                origin = provenance.parse(msg.headers())
+                assert origin is not None, f"a copy without provenance in {msg.topic()}[{msg.partition()}]"
+                tp = (origin.source_topic, origin.source_partition)
+                self.next[tp] = max(self.next.get(tp, 0), origin.source_offset + 1)
+        return self.next
+
+    def beyond(self, point: Mapping[SourcePartition, int], partitions: Iterable[SourcePartition]) -> bool:
+        """Whether, for each partition, a record with a source offset above `point` (per partition) has arrived."""
+        seen = self.update()
+        return all(seen.get(tp, 0) > point.get(tp, -1) + 1 for tp in partitions)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def live_runs_by_task(dev: DagsterDev, connector: str) -> dict[int, RunInfo]:
+    runs = dev.runs({CONNECTOR: connector}, job_name="replicator")
+    return {int(r.tags[TASK]): r for r in runs if r.status == "STARTED"}
+
+
+def wait_for_new_run(dev: DagsterDev, connector: str, task: int, previous: str) -> RunInfo:
+    """The task's next replicator run once it is STARTED (another run id, same `mirus/task` tag)."""
+    (run,) = dev.wait_for_runs(
+        {CONNECTOR: connector, TASK: str(task)}, statuses={"STARTED"}, where=lambda r: r.run_id != previous,
+        job_name="replicator", timeout=90, what=f"a new started run of task {connector}-{task}",
+    )  # fmt: skip
+    return run
+
+
+def verified(stack: StackEndpoints, topics: Iterable[str]) -> VerifyReport:
+    """`verify_replication` over `topics`, polled until it reports ok (replication may still be catching up)."""
+    reports: list[VerifyReport] = []
+
+    def check() -> bool:
+        report = verify_replication(
+            {"bootstrap.servers": stack.source_bootstrap_servers},
+            {"bootstrap.servers": stack.destination_bootstrap_servers},
+            {t: t for t in topics}, timeout_s=60, idle_s=2,
+        )  # fmt: skip
+        reports.append(report)
+        return report.ok
+
+    try:
+        wait_for(check, timeout=90, interval=0.5, what="verify_replication to report ok")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{reports[-1].to_text() if reports else ''}") from None
+    return reports[-1]
+
+
+def test_dagster_dev_replicates_supervises_terminates_and_pauses(
+    stack: StackEndpoints, db_engine: Engine, unique: str, tmp_path: Path
+) -> None:
+    """The slow real-process test (about two minutes): `dagster dev` with the platform's code location.
+
+    Only the GraphQL API is used to act on the platform: a connector is added with the `put_connector` job, the
+    `kafka_monitor` sensor launches its replicator runs, and then, without any other action, records (keys,
+    headers, several partitions) are replicated, a topic created later is picked up, a run killed with SIGKILL is
+    restarted by `task_supervisor` and nothing is lost or reordered, a terminated run ends CANCELED after
+    committing what it replicated and is started again by the monitor, and `pause_connector` ends every
+    replicator run of the connector for good. `dagster dev` is shut down cleanly, leaving no process behind.
+    """
+    src, dst = stack.source_bootstrap_servers, stack.destination_bootstrap_servers
+    store = Store(db_engine)
+    name = unique
+    topics = {f"{unique}-a": 3, f"{unique}-b": 2}
+    create_topics(dst, topics)
+    create_topics(src, topics)
+    produce(src, [record(t, i % n, i, "initial") for t, n in topics.items() for i in range(30)])
+
+    with dagster_dev(stack.as_env(), tmp_path / "dagster-dev") as dev:
+        # -- a connector added over GraphQL; the monitor sensor launches one run per task ---------------------
+        properties = connector_properties(
+            stack, name, **{"topics.regex": f"{unique}-.*", "tasks.max": "2", "monitor.poll.wait.ms": "1000"}
+        )
+        put = dev.client.submit_job_execution(
+            "put_connector", run_config={"ops": {"store_connector": {"config": {"properties": properties}}}}
+        )
+        dev.wait_for_status(put, {"SUCCESS"}, timeout=120)
+        started = dev.until(
+            lambda: (runs := live_runs_by_task(dev, name)).keys() == {0, 1} and runs, 90, "runs for tasks 0 and 1"
+        )
+        for run in started.values():
+            assert run.tags[SENSOR] == "kafka_monitor" and run.tags["mirus/kind"] == "replicator", run.tags
+        for topic, partitions in topics.items():
+            assert_copied(stack, topic, partitions, 30)
+
+        # -- a topic created later that matches topics.regex is replicated without any action -----------------
+        late = {f"{unique}-c": 2}
+        create_topics(dst, late)
+        create_topics(src, late)
+        produce(src, [record(t, i % n, i, "late") for t, n in late.items() for i in range(20)])
+        assert_copied(stack, f"{unique}-c", 2, 20)
+        topics |= late
+        assignment = store.read_assignment(name)
+        assert sorted(tp for tps in assignment.values() for tp in tps) == sorted(
+            (t, p) for t, n in topics.items() for p in range(n)
+        )
+        assert set(live_runs_by_task(dev, name)) == {0, 1}, "a new topic must not need new runs"
+
+        replicated = Replicated(dst, topics)
+        try:
+            # -- kill -9 a run worker while records flow: the supervisor starts a new run for the task ----------
+            copied = {tp: n - 1 for tp, n in replicated.update().items()}
+            traffic = Traffic(src, topics, "kill")
+            try:
+                wait_for(lambda: replicated.beyond(copied, assignment[0]), 60, what="traffic flowing through task 0")
+                victim = started[0]
+                kill_point = traffic.snapshot()
+                dev.kill_run_worker(victim.run_id)
+                dev.wait_for_status(victim.run_id, {"FAILURE"}, timeout=60)
+                restarted = wait_for_new_run(dev, name, 0, victim.run_id)
+                assert restarted.tags[SENSOR] == "task_supervisor", restarted.tags
+                assert restarted.tags["mirus/reason"].startswith("restart: failed"), restarted.tags
+                wait_for(
+                    lambda: replicated.beyond(kill_point, assignment[0]), 60,
+                    what="records produced after the kill to be replicated by the new run",
+                )  # fmt: skip
+            finally:
+                traffic.stop()
+            report = verified(stack, topics)
+            assert report.totals["source_records"] > sum(topics.values()) * 10, report.totals
+
+            # -- terminate a run: CANCELED, offsets committed, and the monitor starts the task again ------------
+            copied = {tp: n - 1 for tp, n in replicated.update().items()}
+            traffic = Traffic(src, topics, "terminate")
+            try:
+                wait_for(lambda: replicated.beyond(copied, assignment[1]), 60, what="traffic flowing through task 1")
+                victim = started[1]
+                before = dict(replicated.update())
+                dev.client.terminate_run(victim.run_id)
+                dev.wait_for_status(victim.run_id, {"CANCELED"}, timeout=60)
+                committed = store.load_offsets(name, assignment[1])
+                short = {
+                    tp: (committed.get(tp), before[tp]) for tp in assignment[1] if committed.get(tp, -1) < before[tp]
+                }
+                assert not short, f"committed offsets below what was replicated before termination: {short}"
+                assert any(m.startswith("stopped:") for m in dev.run_messages(victim.run_id)), "no final task event"
+                resumed = wait_for_new_run(dev, name, 1, victim.run_id)
+                assert resumed.tags[SENSOR] == "kafka_monitor", resumed.tags
+                assert resumed.tags["mirus/reason"] == "assigned, last run canceled", resumed.tags
+                resume_point = traffic.snapshot()
+                wait_for(
+                    lambda: replicated.beyond(resume_point, assignment[1]), 60,
+                    what="records produced after the termination to be replicated by the new run",
+                )  # fmt: skip
+            finally:
+                traffic.stop()
+            verified(stack, topics)
+        finally:
+            replicated.close()
+
+        # -- pause: every replicator run of the connector ends SUCCESS and none starts while paused -------------
+        running = live_runs_by_task(dev, name)
+        assert set(running) == {0, 1}
+        pause = dev.client.submit_job_execution(
+            "pause_connector", run_config={"ops": {"pause_connector_op": {"config": {"name": name}}}}
+        )
+        dev.wait_for_status(pause, {"SUCCESS"}, timeout=120)
+        for run in running.values():
+            dev.wait_for_status(run.run_id, {"SUCCESS"}, timeout=60)
+        after_pause = {r.run_id for r in dev.runs({CONNECTOR: name}, job_name="replicator")}
+        paused_at = max(dev.run(r.run_id).end_time or 0.0 for r in running.values())
+        dev.until(
+            lambda: all(len(dev.sensor_ticks(s, after=paused_at)) >= 3 for s in ("kafka_monitor", "task_supervisor")),
+            60, "three ticks of each sensor after the pause",
+        )  # fmt: skip
+        runs = dev.runs({CONNECTOR: name}, job_name="replicator")
+        assert {r.run_id for r in runs} == after_pause, "a replicator run was started while the connector is paused"
+        assert not [r for r in runs if r.status in LIVE]
+        head = store.connector_head(name)
+        assert head is not None and head.state == PAUSED
+
+        # -- clean shutdown (the context manager shuts down too, on any failure above) --------------------------
+        shutdown = dev.shutdown()
+        assert shutdown.clean, f"SIGKILL was needed for: {shutdown.killed}"
+        assert shutdown.exit_code == 0, shutdown
