@@ -13,7 +13,7 @@ from pydantic import Field
 
 from mirus_dagster.resources import PlatformDatabase
 from mirus_dagster.status import connectors_materialization
-from replicator.config import ConnectorConfig, ConnectorConfigError
+from replicator.config import ConnectorConfig, ConnectorConfigError, literal_secrets
 from replicator.store import PAUSED, RUNNING, UnknownConnectorError
 from replicator.task import ReplicationTask
 
@@ -69,6 +69,16 @@ def _fail(message: str) -> dg.Failure:
 
 @dg.op(description="Validate and store a connector configuration (a new version if the connector exists).")
 def store_connector(context: dg.OpExecutionContext, config: PutConnectorConfig, platform: PlatformDatabase) -> None:
+    literal = literal_secrets(config.properties)
+    if literal:
+        raise _fail(
+            "connector configuration rejected, nothing was stored:\n"
+            + "\n".join(
+                f"{name}: give secrets as a reference (${{env:NAME}} or ${{file:/path/file.properties:key}}) "
+                "so that they never enter Dagster's run history; then rotate the value typed here"
+                for name in literal
+            )
+        )
     try:
         parsed = ConnectorConfig.from_properties(config.properties)
     except ConnectorConfigError as exc:

@@ -10,8 +10,16 @@ reported at once, each as `<property>: <reason>`, so a config can be fixed in on
 Client settings are validated by librdkafka itself (the client the engine runs) without contacting any broker,
 so an unknown or malformed client setting fails when the config is submitted, not when a task starts.
 
-Secrets (see `is_secret_property`) never appear in `repr()`, in error messages or in `masked_properties()`;
-`raw` and the client dicts hold them in clear because the engine needs them.
+Values may contain Kafka Connect config provider references, `${env:NAME}`, `${file:/path.properties:key}` or
+`${file:/path}` (see `replicator.secrets`), so that secrets need not be stored with the config: they are resolved
+before validation, in every process that parses the config, and a reference that cannot be resolved is reported
+like any other problem. The typed fields and the client dicts hold resolved values; `raw` holds the properties
+exactly as submitted, references unresolved, and is what gets stored.
+
+Secrets (see `is_secret_property`) and every value that came from a reference never appear in `repr()` or in
+error messages; `masked_properties()` masks literal secrets but shows references as written (they hold no
+secret). `literal_secrets` lists secrets given in clear, for layers that want to refuse them. `raw` (literal
+secrets) and the client dicts (resolved secrets) hold secrets in clear because the engine needs them.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from replicator.naming import (
     ReplicationPolicy,
     TopicNamer,
 )
+from replicator.secrets import SecretReferenceError, has_reference, substitute_references
 from replicator.selection import TopicSelector, compile_java_regex, regex_list_pattern
 
 SECRET_MASK = "********"
@@ -53,8 +62,36 @@ def is_secret_property(name: str) -> bool:
 
 
 def mask_properties(props: Mapping[str, object]) -> dict[str, object]:
-    """`props` with every secret value replaced by `SECRET_MASK`: safe to return from an API or log."""
-    return {name: SECRET_MASK if is_secret_property(name) else value for name, value in props.items()}
+    """`props` with every literal secret value replaced by `SECRET_MASK`: safe to return from an API or log.
+
+    A secret value that contains a `${provider:...}` reference is shown as written: the secret is wherever the
+    reference points. Any text around the reference is shown too (e.g. a JAAS config's login module and user
+    name), so a secret must be entirely inside the referenced value. Only for submitted properties: resolved
+    values (the client dicts) must be masked by name alone.
+    """
+    return {
+        name: SECRET_MASK if is_secret_property(str(name)) and not has_reference(value) else value
+        for name, value in props.items()
+    }
+
+
+def literal_secrets(props: Mapping[str, object]) -> list[str]:
+    """Names of the secret properties (see `is_secret_property`) whose value is given in clear.
+
+    That is every secret property with a non-empty value containing no `${provider:...}` reference (values that
+    are not even strings count as literals); in `props` order. A layer that stores configs where they are shown
+    (e.g. Dagster's run history) uses this to insist on references.
+    """
+    return [
+        str(name)
+        for name, value in props.items()
+        if is_secret_property(str(name)) and value is not None and value != "" and not has_reference(value)
+    ]
+
+
+def _mask_resolved(settings: Mapping[str, str], hidden: frozenset[str]) -> dict[str, str]:
+    """Resolved client settings with secrets and values that came from references masked (by name only)."""
+    return {key: SECRET_MASK if is_secret_property(key) or key in hidden else value for key, value in settings.items()}
 
 
 class ConnectorConfigError(ValueError):
@@ -266,15 +303,29 @@ class ConnectorConfig(BaseModel):
         return {**self.destination_client, **self.producer_client}
 
     def masked_properties(self) -> dict[str, object]:
-        """The submitted properties with secret values replaced by `SECRET_MASK`."""
+        """The submitted properties with literal secret values replaced by `SECRET_MASK` (references shown)."""
         return mask_properties(self.raw)
 
+    def _referenced_client_keys(self, *prefixes: str) -> frozenset[str]:
+        """Settings of the client configured by `prefixes` whose value was resolved from a reference."""
+        keys: set[str] = set()
+        for name, value in self.raw.items():
+            if isinstance(name, str) and has_reference(value):
+                keys.update(name.removeprefix(prefix) for prefix in prefixes if name.startswith(prefix))
+        return frozenset(keys)
+
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
-        # The client dicts are excluded from pydantic's repr (repr=False) and shown here masked instead.
+        # The client dicts are excluded from pydantic's repr (repr=False) and shown here masked instead. They hold
+        # resolved values, so secrets and anything that came from a reference are masked by name.
         yield from super().__repr_args__()
-        yield "source_client", mask_properties(self.source_client)
-        yield "destination_client", mask_properties(self.destination_client)
-        yield "producer_client", mask_properties(self.producer_client)
+        source = self._referenced_client_keys(_SOURCE_CLUSTER_PREFIX, _CONSUMER_PREFIX)
+        producer = self._referenced_client_keys(_PRODUCER_PREFIX)
+        # `destination.bootstrap.servers` is Mirus's old spelling, and producer.bootstrap.servers may stand in.
+        destination = self._referenced_client_keys(_TARGET_CLUSTER_PREFIX, _DESTINATION_CONSUMER_PREFIX, "destination.")
+        destination |= producer & {"bootstrap.servers"}
+        yield "source_client", _mask_resolved(self.source_client, source)
+        yield "destination_client", _mask_resolved(self.destination_client, destination)
+        yield "producer_client", _mask_resolved(self.producer_client, producer)
 
 
 # --- parsing -------------------------------------------------------------------------------------------------
@@ -349,18 +400,38 @@ class _Parser:
     """Reads a property mapping into a `ConnectorConfig`, collecting every problem instead of stopping early."""
 
     def __init__(self, props: Mapping[str, object]) -> None:
-        self.props = props
+        self.submitted = props
+        self.props = props  # the same with references resolved, once `resolve` has run
         self.errors: list[tuple[str, str]] = []
+        # Properties whose submitted value holds a reference (name -> submitted value); the resolved value is
+        # never shown. Those that could not be resolved keep the submitted value and report nothing else.
+        self.referenced: dict[str, object] = {}
+        self.unresolved: set[str] = set()
+        self.substituted: set[str] = set()
 
     # -- reporting helpers --
 
     def fail(self, name: str, reason: str) -> None:
+        if name in self.unresolved:
+            return  # its value is still the reference text: any further complaint would be noise
         if (name, reason) not in self.errors:
             self.errors.append((name, reason))
 
+    def hidden(self, name: str) -> bool:
+        """Whether a property's value must not appear in messages: a secret, or resolved from a reference."""
+        return is_secret_property(name) or name in self.referenced
+
     def shown(self, name: str, value: object) -> str:
-        """A value as it may appear in an error message: secret values never do."""
-        return repr(SECRET_MASK) if is_secret_property(name) else repr(value)
+        """A value as it may appear in an error message: secret values and resolved values never do."""
+        if is_secret_property(name):
+            return repr(SECRET_MASK)
+        if name in self.referenced:
+            return f"{self.referenced[name]!r} (resolved value not shown)"
+        return repr(value)
+
+    def redact(self, name: str, message: str, value: object) -> str:
+        """`message` (which may quote `value` of property `name`) with the value shown as `shown` does."""
+        return message.replace(repr(value), self.shown(name, value)) if self.hidden(name) else message
 
     # -- typed readers (values were checked to be str/int/float/bool up front) --
 
@@ -426,7 +497,8 @@ class _Parser:
                 [("config", f"must be a JSON object of properties, got {_json_type(self.props)}")]
             )
         self.check_names_and_types()
-        fields: dict[str, Any] = {"raw": dict(self.props)}
+        self.props = self.resolve()
+        fields: dict[str, Any] = {"raw": dict(self.submitted)}
         fields.update(self.basics())
         fields.update(self.clients())
         fields["selector"] = self.selector()
@@ -441,20 +513,41 @@ class _Parser:
                     self.fail(_FIELD_PROPERTIES.get(field, field), str(problem["msg"]).removeprefix("Value error, "))
         raise ConnectorConfigError(self.sanitized_errors())
 
+    def resolve(self) -> dict[object, object]:
+        """The properties with references resolved; a reference that cannot be resolved is a problem."""
+        resolved: dict[object, object] = {}
+        for name, value in self.submitted.items():
+            if isinstance(name, str) and isinstance(value, str) and has_reference(value):
+                self.referenced[name] = value
+                try:
+                    value, substituted = substitute_references(value)
+                except SecretReferenceError as err:
+                    self.fail(name, str(err))
+                    self.unresolved.add(name)
+                else:
+                    self.substituted.update(substituted)
+            resolved[name] = value
+        return resolved
+
     def sanitized_errors(self) -> list[tuple[str, str]]:
-        """Errors with any secret value that slipped into a message (e.g. echoed by librdkafka) masked.
+        """Errors with any secret or resolved value that slipped into a message (e.g. echoed by librdkafka) masked.
 
         Values shorter than 4 characters are left alone: masking them would garble messages and such a
-        secret protects nothing anyway.
+        secret protects nothing anyway. A reference that could not be resolved is not masked: naming it is the
+        point of its error.
         """
-        secrets = sorted(
-            {str(v) for k, v in self.props.items() if is_secret_property(str(k)) and len(str(v)) >= 4},
-            key=len,
-            reverse=True,
-        )
+        hidden = {
+            str(v)
+            for k, v in self.props.items()
+            if (is_secret_property(str(k)) or k in self.referenced) and k not in self.unresolved
+        } | self.substituted
+        secrets: set[str] = set()
+        for value in hidden:
+            secrets.update({value, repr(value)[1:-1]})  # as is, and as quoted by repr() (escaped)
+        ordered = sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True)
         cleaned = []
         for name, reason in self.errors:
-            for secret in secrets:
+            for secret in ordered:
                 reason = reason.replace(secret, SECRET_MASK)
             cleaned.append((name, reason))
         return cleaned
@@ -478,7 +571,7 @@ class _Parser:
         if not name:
             self.fail("name", "required: the connector's name")
         elif not _NAME.fullmatch(name):
-            self.fail("name", f"must be 1-200 letters, digits, '.', '_' or '-', got {name!r}")
+            self.fail("name", f"must be 1-200 letters, digits, '.', '_' or '-', got {self.shown('name', name)}")
         else:
             out["name"] = name
         connector_class = self.stripped("connector.class")
@@ -489,7 +582,7 @@ class _Parser:
                 self.fail(
                     "connector.class",
                     f"must be {MIRUS_CONNECTOR_CLASS} or {MM2_CONNECTOR_CLASS} (or their short names), "
-                    f"got {connector_class!r}",
+                    f"got {self.shown('connector.class', connector_class)}",
                 )
         out["tasks_max"] = self.integer("tasks.max", 1, 1)
         for field, prop, default in (
@@ -507,7 +600,7 @@ class _Parser:
                 self.fail(
                     prop,
                     f"only org.apache.kafka.connect.converters.ByteArrayConverter is supported (records are "
-                    f"copied byte for byte), got {converter!r}",
+                    f"copied byte for byte), got {self.shown(prop, converter)}",
                 )
         return out
 
@@ -623,7 +716,7 @@ class _Parser:
                 mentioned = _SETTING_NAME.search(_CREATE_PREFIX.sub("", message))
                 name = prefix + (mentioned.group(0) if mentioned else "*")
             value = client.settings.get(key, "") if key is not None else ""
-            reason = _librdkafka_reason(message, key, value, secret=is_secret_property(name))
+            reason = _librdkafka_reason(message, key, value, secret=self.hidden(name))
             if reason not in reported:
                 self.fail(name, reason)
 
@@ -666,7 +759,7 @@ class _Parser:
         try:
             compile_one(pattern)
         except ValueError as err:
-            self.fail(prop, str(err))
+            self.fail(prop, self.redact(prop, str(err), pattern))
             return False
         return True
 
@@ -696,7 +789,9 @@ class _Parser:
             ok = True
             for prop, value in (("destination.topic.name.prefix", prefix), ("destination.topic.name.suffix", suffix)):
                 if value and not _TOPIC_CHARS.fullmatch(value):
-                    self.fail(prop, f"may only contain letters, digits, '.', '_' and '-', got {value!r}")
+                    self.fail(
+                        prop, f"may only contain letters, digits, '.', '_' and '-', got {self.shown(prop, value)}"
+                    )
                     ok = False
             return MirusNamingPolicy(prefix or "", suffix or "") if ok else None
 
@@ -712,15 +807,22 @@ class _Parser:
             if not separator or not _TOPIC_CHARS.fullmatch(separator):
                 self.fail(
                     "replication.policy.separator",
-                    f"must be non-empty and only contain letters, digits, '.', '_' and '-', got {separator!r}",
+                    "must be non-empty and only contain letters, digits, '.', '_' and '-', "
+                    f"got {self.shown('replication.policy.separator', separator)}",
                 )
                 return None
             for prop, alias in (("source.cluster.alias", source_alias), ("target.cluster.alias", target_alias)):
                 if separator in alias:
-                    self.fail(prop, f"must not contain the replication separator {separator!r}, got {alias!r}")
+                    shown_separator = self.shown("replication.policy.separator", separator)
+                    self.fail(
+                        prop,
+                        f"must not contain the replication separator {shown_separator}, got {self.shown(prop, alias)}",
+                    )
                     ok = False
                 elif not _TOPIC_CHARS.fullmatch(alias):
-                    self.fail(prop, f"may only contain letters, digits, '.', '_' and '-', got {alias!r}")
+                    self.fail(
+                        prop, f"may only contain letters, digits, '.', '_' and '-', got {self.shown(prop, alias)}"
+                    )
                     ok = False
             if not ok or mirus_props:
                 return None
@@ -730,7 +832,7 @@ class _Parser:
         self.fail(
             "replication.policy.class",
             f"only {_MM2_POLICY_PACKAGE}DefaultReplicationPolicy or {_MM2_POLICY_PACKAGE}IdentityReplicationPolicy "
-            f"(or their short names) are supported, got {policy_class!r}",
+            f"(or their short names) are supported, got {self.shown('replication.policy.class', policy_class)}",
         )
         return None
 
@@ -765,7 +867,8 @@ class _Parser:
             elif kind not in _REGEX_ROUTER_TYPES:
                 self.fail(
                     prefix + "type",
-                    f"only RegexRouter (org.apache.kafka.connect.transforms.RegexRouter) is supported, got {kind!r}",
+                    "only RegexRouter (org.apache.kafka.connect.transforms.RegexRouter) is supported, "
+                    f"got {self.shown(prefix + 'type', kind)}",
                 )
                 ok = False
                 continue
@@ -782,7 +885,8 @@ class _Parser:
             try:
                 routers.append(RegexRouter(regex, replacement))
             except ValueError as err:
-                self.fail(prefix + "replacement", str(err))
+                message = self.redact(prefix + "regex", str(err), regex)
+                self.fail(prefix + "replacement", self.redact(prefix + "replacement", message, replacement))
                 ok = False
         return tuple(routers) if ok else None
 

@@ -5,6 +5,7 @@ Pure unit tests: librdkafka validates client settings without any broker.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from replicator.config import (
     ConnectorConfig,
     ConnectorConfigError,
     is_secret_property,
+    literal_secrets,
     mask_properties,
 )
 from replicator.naming import DefaultReplicationPolicy, IdentityReplicationPolicy, MirusNamingPolicy
@@ -619,3 +621,218 @@ def test_unknown_secret_client_setting_is_named_without_its_value() -> None:
     reason = error_for("consumer.sasl.passwrd.secret", **{"consumer.sasl.passwrd.secret": "hunter2-typo"})
     assert reason.startswith("unknown client setting 'sasl.passwrd.secret'")
     assert "hunter2" not in reason
+
+
+# --- secret references -----------------------------------------------------------------------------------------
+
+REFERENCED: dict[str, object] = {
+    "consumer.security.protocol": "SASL_SSL",
+    "consumer.sasl.mechanism": "PLAIN",
+    "consumer.sasl.username": "alice",
+    "consumer.sasl.password": "${env:MIRUS_TEST_SOURCE_PW}",
+    "destination.consumer.security.protocol": "SASL_PLAINTEXT",
+    "destination.consumer.sasl.mechanism": "SCRAM-SHA-512",
+    "destination.consumer.sasl.username": "${env:MIRUS_TEST_DEST_USER}",
+    "destination.consumer.sasl.password": "dest-${env:MIRUS_TEST_DEST_USER}-${env:MIRUS_TEST_DEST_PW}",
+}
+
+
+@pytest.fixture
+def secret_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MIRUS_TEST_SOURCE_PW", "hunter2-source")
+    monkeypatch.setenv("MIRUS_TEST_DEST_USER", "bob")
+    monkeypatch.setenv("MIRUS_TEST_DEST_PW", "hunter2-destination")
+    monkeypatch.delenv("MIRUS_TEST_MISSING", raising=False)
+
+
+@pytest.mark.usefixtures("secret_env")
+def test_references_are_resolved_for_the_clients_but_raw_keeps_them() -> None:
+    config = parse(**REFERENCED)
+    assert config.source_client["sasl.password"] == "hunter2-source"
+    assert config.destination_client["sasl.username"] == "bob"
+    assert config.destination_client["sasl.password"] == "dest-bob-hunter2-destination"
+    assert config.producer_settings()["sasl.password"] == "dest-bob-hunter2-destination"
+    assert config.raw == {**BASE, **REFERENCED}  # exactly as submitted: this is what gets stored
+
+
+def test_file_references_reach_the_clients(tmp_path: Path) -> None:
+    secrets = tmp_path / "kafka.properties"
+    secrets.write_text("# source cluster\nsasl.password = hunter2-file\n", encoding="utf-8")
+    pem = tmp_path / "client.key.pem"
+    pem.write_text("-----BEGIN PRIVATE KEY-----\nabc\n-----END PRIVATE KEY-----\n", encoding="utf-8")
+    props = {
+        "consumer.sasl.password": f"${{file:{secrets}:sasl.password}}",
+        "producer.ssl.key.pem": f"${{file:{pem}}}",
+        "producer.ssl.key.password": f"${{file:{secrets}:sasl.password}}",
+    }
+    config = parse(**props)
+    assert config.source_client["sasl.password"] == "hunter2-file"
+    assert config.producer_client["ssl.key.pem"] == "-----BEGIN PRIVATE KEY-----\nabc\n-----END PRIVATE KEY-----"
+    assert config.raw == {**BASE, **props}
+
+
+def test_references_in_non_client_properties(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MIRUS_TEST_TASKS", "3")
+    monkeypatch.setenv("MIRUS_TEST_BOOTSTRAP", "kafka-a:9092")
+    config = parse(
+        **{"tasks.max": "${env:MIRUS_TEST_TASKS}", "consumer.bootstrap.servers": "${env:MIRUS_TEST_BOOTSTRAP}"}
+    )
+    assert config.tasks_max == 3
+    assert config.source_client["bootstrap.servers"] == "kafka-a:9092"
+    assert config.raw["tasks.max"] == "${env:MIRUS_TEST_TASKS}"
+
+
+def test_a_regex_router_group_reference_is_not_a_secret_reference() -> None:
+    config = parse(
+        **{
+            "transforms": "r",
+            "transforms.r.type": "RegexRouter",
+            "transforms.r.regex": "(?<t>.*)",
+            "transforms.r.replacement": "${t}.x",
+        }
+    )
+    assert config.namer.destination_topic("orders") == "orders.x"
+
+
+@pytest.mark.usefixtures("secret_env")
+def test_unresolvable_references_are_reported_per_property_all_at_once(tmp_path: Path) -> None:
+    secrets = tmp_path / "s.properties"
+    secrets.write_text("other=hunter2-other\n", encoding="utf-8")
+    missing_file = tmp_path / "missing"
+    err = errors_of(
+        {
+            **BASE,
+            "consumer.sasl.password": "${env:MIRUS_TEST_MISSING}",
+            "producer.sasl.password": f"${{file:{secrets}:password}}",
+            "destination.consumer.ssl.key.pem": f"${{file:{missing_file}}}",
+            "consumer.sasl.jaas.config": 'PlainLoginModule required password="${vault:kafka/pw}";',
+            "tasks.max": "x",
+        }
+    )
+    reasons = dict(err.errors)
+    assert reasons["consumer.sasl.password"] == (
+        "cannot resolve ${env:MIRUS_TEST_MISSING}: environment variable MIRUS_TEST_MISSING is not set"
+    )
+    assert reasons["producer.sasl.password"] == (
+        f"cannot resolve ${{file:{secrets}:password}}: {secrets} has no key 'password'"
+    )
+    assert reasons["destination.consumer.ssl.key.pem"] == (
+        f"cannot resolve ${{file:{missing_file}}}: cannot read {missing_file}: No such file or directory"
+    )
+    assert reasons["consumer.sasl.jaas.config"].startswith(
+        "cannot resolve ${vault:kafka/pw}: unknown config provider 'vault'"
+    )
+    assert reasons["tasks.max"] == "must be an integer >= 1, got 'x'"
+    # Each unresolved property is reported once: its reference text is not also judged as a value.
+    assert [name for name, _ in err.errors].count("consumer.sasl.jaas.config") == 1
+    assert f"consumer.sasl.password: {reasons['consumer.sasl.password']}" in str(err).splitlines()
+    assert "hunter2" not in str(err)
+
+
+@pytest.mark.usefixtures("secret_env")
+def test_librdkafka_judges_resolved_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MIRUS_TEST_PROTOCOL", "bogus-protocol")
+    reason = error_for("consumer.security.protocol", **{"consumer.security.protocol": "${env:MIRUS_TEST_PROTOCOL}"})
+    assert reason.startswith("rejected by librdkafka")
+    assert "bogus-protocol" not in reason  # a resolved value is never shown, secret or not
+    monkeypatch.setenv("MIRUS_TEST_PROTOCOL", "SASL_SSL")
+    # A resolved protocol needing credentials that are missing: librdkafka saw the resolved value.
+    assert "sasl.username and sasl.password must be set" in error_for(
+        "consumer.sasl.username",
+        **{"consumer.security.protocol": "${env:MIRUS_TEST_PROTOCOL}", "consumer.sasl.mechanism": "PLAIN"},
+    )
+
+
+def test_resolved_values_never_appear_in_error_messages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MIRUS_TEST_LEAK", "hunter2-leak")
+    monkeypatch.setenv("MIRUS_TEST_REGEX", "hunter2-(")
+    err = errors_of(
+        {
+            **BASE,
+            "tasks.max": "${env:MIRUS_TEST_LEAK}",
+            "name": "${env:MIRUS_TEST_LEAK} x",
+            "connector.class": "${env:MIRUS_TEST_LEAK}",
+            "enable.partition.matching": "${env:MIRUS_TEST_LEAK}",
+            "topics.regex": "${env:MIRUS_TEST_REGEX}",
+            "destination.topic.name.prefix": "${env:MIRUS_TEST_LEAK}/",
+            "consumer.sasl.jaas.config": 'x required password="${env:MIRUS_TEST_LEAK}";',
+            "consumer.security.protocol": "${env:MIRUS_TEST_LEAK}",
+        }
+    )
+    reasons = dict(err.errors)
+    assert set(reasons) >= {
+        "tasks.max",
+        "name",
+        "connector.class",
+        "enable.partition.matching",
+        "topics.regex",
+        "destination.topic.name.prefix",
+        "consumer.sasl.jaas.config",
+        "consumer.security.protocol",
+    }
+    assert reasons["tasks.max"] == "must be an integer >= 1, got '${env:MIRUS_TEST_LEAK}' (resolved value not shown)"
+    assert "'${env:MIRUS_TEST_REGEX}' (resolved value not shown)" in reasons["topics.regex"]
+    assert "hunter2" not in str(err)
+    assert "hunter2" not in repr(err.errors)
+
+
+@pytest.mark.usefixtures("secret_env")
+def test_masked_properties_show_references_and_mask_literals() -> None:
+    config = parse(**REFERENCED, **{"producer.ssl.key.password": "hunter2-literal"})
+    masked = config.masked_properties()
+    assert masked["consumer.sasl.password"] == "${env:MIRUS_TEST_SOURCE_PW}"
+    assert masked["destination.consumer.sasl.password"] == REFERENCED["destination.consumer.sasl.password"]
+    assert masked["producer.ssl.key.password"] == SECRET_MASK
+    assert masked["consumer.sasl.username"] == "alice"
+    assert "hunter2" not in repr(masked)
+    assert mask_properties(config.raw) == masked
+
+
+def test_mask_properties_masks_secrets_that_only_look_like_references() -> None:
+    masked = mask_properties(
+        {"a.password": "${env:X}", "b.password": "${unclosed", "c.password": "${group}", "d.password": 12345}
+    )
+    assert masked == {
+        "a.password": "${env:X}",
+        "b.password": SECRET_MASK,
+        "c.password": SECRET_MASK,
+        "d.password": SECRET_MASK,
+    }
+
+
+@pytest.mark.usefixtures("secret_env")
+def test_repr_hides_resolved_secrets_and_resolved_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MIRUS_TEST_CLIENT_ID", "client-from-env")
+    # A resolved secret that itself looks like a reference is still masked.
+    monkeypatch.setenv("MIRUS_TEST_SOURCE_PW", "hunter2-${env:X}")
+    config = parse(**REFERENCED, **{"consumer.client.id": "${env:MIRUS_TEST_CLIENT_ID}"})
+    assert config.source_client["sasl.password"] == "hunter2-${env:X}"
+    assert config.source_client["client.id"] == "client-from-env"
+    for text in (repr(config), str(config)):
+        assert "hunter2" not in text
+        assert "client-from-env" not in text
+        assert "bob" not in text  # the destination's user name came from a reference
+        assert "'sasl.username': 'alice'" in text  # the source's did not
+
+
+def test_literal_secrets() -> None:
+    props: dict[str, object] = {
+        **BASE,
+        "consumer.sasl.username": "alice",
+        "consumer.sasl.password": "hunter2",
+        "destination.consumer.sasl.password": "${env:DEST_PW}",
+        "destination.consumer.sasl.jaas.config": 'ScramLoginModule required username="u" password="${env:PW}";',
+        "producer.ssl.key.password": "",
+        "producer.ssl.key.pem": "${file:/run/secrets/client.key}",
+        "consumer.ssl.key.password": "${unclosed",
+        "consumer.sasl.oauthbearer.client.secret": 12345,
+        "target.cluster.SASL.PASSWORD": "p",
+    }
+    assert literal_secrets(props) == [
+        "consumer.sasl.password",
+        "consumer.ssl.key.password",
+        "consumer.sasl.oauthbearer.client.secret",
+        "target.cluster.SASL.PASSWORD",
+    ]
+    assert literal_secrets(BASE) == []
+    assert literal_secrets({**BASE, **REFERENCED}) == []

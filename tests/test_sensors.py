@@ -133,9 +133,28 @@ def test_a_rejected_config_fails_the_run_and_changes_nothing(
     assert record.version == 1 and record.properties == good
 
 
-def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
+def test_a_literal_secret_is_refused_from_the_launchpad(
     instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
 ) -> None:
+    properties = connector_properties(stack, unique, **{"topics.whitelist": unique, "consumer.sasl.password": "pw1"})
+
+    result = put(instance, resources, properties)
+
+    assert not result.success
+    failure = result.get_step_failure_events()[0].event_specific_data.error.message  # type: ignore[union-attr]
+    assert "consumer.sasl.password" in failure and "${env:NAME}" in failure and "pw1" not in failure
+    assert unique not in [c.name for c in Store(db_engine).list_connectors()]
+
+
+def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
+    instance: dg.DagsterInstance,
+    resources: dict,
+    stack: StackEndpoints,
+    db_engine: Engine,
+    unique: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TEST_SOURCE_PASSWORD", "hunter2-secret")
     store = Store(db_engine)
     first, second = f"{unique}-a", f"{unique}-b"
     create_topics(stack.source_bootstrap_servers, {first: 3})
@@ -144,14 +163,15 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
                                               "value": b"v%d" % i} for i in range(90)])  # fmt: skip
     properties = connector_properties(stack, unique, **{
         "tasks.max": "2", "topics.regex": f"{unique}-.*", "destination.topic.name.suffix": ".copy",
-        "monitor.poll.wait.ms": "100", "consumer.sasl.password": "hunter2-secret",
+        "monitor.poll.wait.ms": "100", "consumer.sasl.password": "${env:TEST_SOURCE_PASSWORD}",
         "consumer.security.protocol": "PLAINTEXT",
     })  # fmt: skip
     assert put(instance, resources, properties).success
-    # The connectors asset shows the connector with its secret masked.
+    # The connectors asset shows the connector; the secret appears only as its reference.
     materialization = instance.get_latest_materialization_event(CONNECTORS_ASSET).asset_materialization
     assert unique in str(materialization.metadata["connectors"].value)
-    assert "hunter2-secret" not in str(materialization.metadata) and "********" in str(materialization.metadata)
+    shown = str(materialization.metadata)
+    assert "hunter2-secret" not in shown and "${env:TEST_SOURCE_PASSWORD}" in shown
     assert unique in instance.get_dynamic_partitions("connectors")
 
     result = evaluate(kafka_monitor, instance, resources, None)

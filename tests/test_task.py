@@ -305,3 +305,31 @@ def test_the_commit_watchdog_fails_the_task_when_commits_stop(stack: StackEndpoi
     with pytest.raises(CommitWatchdogError, match=r"commit.failure.restart.ms"):
         runner.join(timeout=30)
     engine.dispose()
+
+
+def test_a_new_config_version_and_a_restart_apply_in_place(stack: StackEndpoints, store: Store, unique: str) -> None:
+    create_topics(stack.source_bootstrap_servers, {unique: 2})
+    create_topics(stack.destination_bootstrap_servers, {unique: 2, f"{unique}.v2": 2})
+    props = connector_properties(stack, unique, **{"topics.whitelist": unique})
+    create_connector(store, props, {0: [(unique, 0), (unique, 1)]})
+    produce(
+        stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"a%d" % i} for i in range(20)]
+    )
+    runner = TaskThread.start(store, unique)
+    wait_for(lambda: sum(_committed(store, unique).values()) == 20, what="first version replicating")
+
+    # Version 2 renames the destination: the same run continues from the committed offsets into the new topic.
+    store.put_connector(unique, {**props, "destination.topic.name.suffix": ".v2"}, 1)
+    wait_for(lambda: any("configuration version 2" in e for e in runner.events), what="clients rebuilt in place")
+    produce(
+        stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"b%d" % i} for i in range(10)]
+    )
+    renamed = consume_all(stack.destination_bootstrap_servers, f"{unique}.v2", 2, expected=10)
+    assert sorted(r.value for r in renamed) == sorted(b"b%d" % i for i in range(10))  # no replay of version 1
+
+    store.request_restart(unique)
+    wait_for(lambda: sum("restarting clients in place" in e for e in runner.events) == 2, what="restart in place")
+    produce(stack.source_bootstrap_servers, [{"topic": unique, "value": b"c"}])
+    wait_for(lambda: sum(_committed(store, unique).values()) == 31, what="replicating after the restart")
+    assert runner.thread.is_alive() and sum("claimed" in e for e in runner.events) == 1
+    assert runner.finish() is TaskExit.STOPPED
