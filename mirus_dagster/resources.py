@@ -32,5 +32,7 @@ class SupervisorPolicy(dg.ConfigurableResource):
     """How failed replicator tasks are restarted (Mirus: `mirus.task.auto.restart.enabled`)."""
 
     auto_restart: bool = Field(default=True, description="Restart failed, crashed or silent tasks automatically.")
-    initial_backoff_s: float = Field(default=1.0, gt=0, description="Wait before the first restart of a task.")
+    initial_backoff_s: float = Field(
+        default=1.0, gt=0, description="Wait before the second restart in a row; the first one is immediate."
+    )
     max_backoff_s: float = Field(default=60.0, gt=0, description="Cap of the doubling wait between restarts.")

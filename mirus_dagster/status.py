@@ -28,6 +28,11 @@ def connector_rows(store: Store) -> list[dict[str, object]]:
             tasks.append(f"{task_id}: {lease.get('state', 'UNASSIGNED')} ({len(assignment[task_id])} partitions, "
                          f"heartbeat {age}, restarts {lease.get('restart_attempts', 0)})")  # fmt: skip
         problems = [
+            f"{cluster} metadata: {snapshot['error']}"
+            for cluster in ("source", "destination")
+            if (snapshot := store.latest_snapshot(record.name, cluster)) and snapshot["error"]
+        ]
+        problems += [
             f"{topic}[{partition}] {status['state']}: {status['reason']}"
             for (topic, partition), status in sorted(store.partition_statuses(record.name).items())
             if status["state"] != "ACTIVE"
@@ -45,7 +50,7 @@ def connectors_markdown(rows: list[dict[str, object]]) -> str:
     if not rows:
         return "No connectors. Add one with the `put_connector` job."
     lines = [
-        "| connector | state | version | generation | partitions | tasks | restarts | paused / dropped |",
+        "| connector | state | version | generation | partitions | tasks | restarts | problems |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

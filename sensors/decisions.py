@@ -62,4 +62,7 @@ def restart_decision(
 
 
 def restart_backoff_s(consecutive_failures: int, initial_s: float, max_s: float) -> float:
-    return min(initial_s * 2 ** max(consecutive_failures - 1, 0), max_s)
+    """No wait after a first failure (a crash is usually a one-off), then initial, doubling, capped."""
+    if consecutive_failures <= 1:
+        return 0.0
+    return min(initial_s * 2 ** (consecutive_failures - 2), max_s)

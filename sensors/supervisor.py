@@ -15,7 +15,7 @@ from sensors.decisions import restart_decision
 @dg.sensor(
     name="task_supervisor",
     job=replicator,
-    minimum_interval_seconds=5,
+    minimum_interval_seconds=1,  # the daemon's 5 s loop is the real interval (see sensors/monitor.py)
     default_status=dg.DefaultSensorStatus.RUNNING,
     description=(
         "Restart replicator tasks whose run failed or crashed (doubling backoff, capped), and replace runs whose "

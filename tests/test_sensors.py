@@ -42,11 +42,13 @@ def test_the_monitor_starts_idle_tasks_and_leaves_failures_to_the_supervisor() -
 
 
 def test_the_supervisor_backs_off_doubling_up_to_a_cap() -> None:
-    assert [restart_backoff_s(n, 1.0, 60.0) for n in (1, 2, 3, 4, 7, 20)] == [1, 2, 4, 8, 60, 60]
+    assert [restart_backoff_s(n, 1.0, 60.0) for n in (1, 2, 3, 4, 8, 20)] == [0, 1, 2, 4, 60, 60]
     policy = {"lease_timeout_s": 30.0, "initial_backoff_s": 1.0, "max_backoff_s": 60.0}
     failed = history(latest_status="FAILURE", latest_ended_at=NOW, consecutive_failures=3)
-    assert not restart_decision(failed, None, NOW + timedelta(seconds=3), **policy).launch
-    assert restart_decision(failed, None, NOW + timedelta(seconds=4), **policy).launch
+    assert not restart_decision(failed, None, NOW + timedelta(seconds=1), **policy).launch
+    assert restart_decision(failed, None, NOW + timedelta(seconds=2), **policy).launch
+    once = history(latest_status="FAILURE", latest_ended_at=NOW, consecutive_failures=1)
+    assert restart_decision(once, None, NOW, **policy).launch
     assert not restart_decision(history(latest_status="SUCCESS", latest_ended_at=NOW), None, NOW, **policy).launch
 
 
@@ -225,6 +227,9 @@ def test_unreachable_source_backs_off_without_affecting_other_connectors(
     snapshot = Store(db_engine).latest_snapshot(broken, "source")
     assert snapshot is not None and "source cluster metadata unavailable" in snapshot["error"]
     assert '"failures":1' in result.cursor
+    # The reason is visible in the UI: the connectors asset lists it.
+    shown = next(e for e in result.asset_events if e.asset_key == CONNECTORS_ASSET)
+    assert "source metadata: source cluster metadata unavailable" in str(shown.metadata["connectors"].value)
     for name in (healthy, broken):
         admin(instance, resources, "delete", name)
 
