@@ -234,6 +234,18 @@ TASK_MAX_POLL_BLOCK_MS = 1000
 # --- the model -----------------------------------------------------------------------------------------------
 
 
+CONNECTION_SETTINGS = frozenset({
+    "bootstrap.servers", "security.protocol", "client.dns.lookup", "broker.address.family", "client.rack",
+    "socket.timeout.ms", "socket.keepalive.enable", "reconnect.backoff.ms", "reconnect.backoff.max.ms",
+})  # fmt: skip
+
+
+def connection_settings(client: Mapping[str, str]) -> dict[str, str]:
+    """What any client of a cluster needs (address, network, `ssl.*`, `sasl.*`), without role-specific settings
+    that another kind of client would reject or warn about (a consumer's `fetch.*` in a producer, say)."""
+    return {k: v for k, v in client.items() if k in CONNECTION_SETTINGS or k.startswith(("ssl.", "sasl."))}
+
+
 class ConnectorConfig(BaseModel):
     """A connector's validated configuration; build it with `from_properties`.
 
@@ -300,7 +312,11 @@ class ConnectorConfig(BaseModel):
 
     def producer_settings(self) -> dict[str, str]:
         """librdkafka settings for the destination producer: destination connection settings + `producer.*`."""
-        return {**self.destination_client, **self.producer_client}
+        return {**connection_settings(self.destination_client), **self.producer_client}
+
+    def admin_settings(self, cluster: Literal["source", "destination"]) -> dict[str, str]:
+        """librdkafka settings for metadata and admin calls on one of the connector's clusters."""
+        return connection_settings(self.source_client if cluster == "source" else self.destination_client)
 
     def masked_properties(self) -> dict[str, object]:
         """The submitted properties with literal secret values replaced by `SECRET_MASK` (references shown)."""

@@ -81,7 +81,7 @@ class KafkaMonitor:
         record = self.store.get_connector(connector)
         config = ConnectorConfig.from_properties(record.properties)
         try:
-            source = topic_partitions(_admin_settings(config.source_client), "source")
+            source = topic_partitions(config.admin_settings("source"), "source")
         except MetadataUnavailableError as exc:
             self.store.record_snapshot(connector, "source", {}, str(exc))
             raise
@@ -89,7 +89,7 @@ class KafkaMonitor:
         destination: dict[str, int] = {}
         if config.destination_topic_checking or config.partition_matching is not False:
             try:
-                destination = topic_partitions(_admin_settings(config.destination_client), "destination")
+                destination = topic_partitions(config.admin_settings("destination"), "destination")
             except MetadataUnavailableError as exc:
                 self.store.record_snapshot(connector, "destination", {}, str(exc))
                 raise
@@ -102,8 +102,3 @@ class KafkaMonitor:
         return MonitorResult(
             connector, current, generation is not None, tasks, plan, config.monitor_poll_wait_ms / 1000
         )
-
-
-def _admin_settings(client: Mapping[str, str]) -> dict[str, str]:
-    """Connection and security settings of a client, without consumer-only keys an admin client rejects."""
-    return {k: v for k, v in client.items() if not k.startswith(("fetch.", "queued.", "enable.auto", "isolation."))}

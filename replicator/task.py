@@ -366,7 +366,7 @@ class ReplicationTask:
         self.consumer = Consumer(self._consumer_settings())
         self.producer = Producer(self._producer_settings())
         self.fifos = {}
-        self.destination_admin = AdminClient(self._destination_settings())
+        self.destination_admin = AdminClient(self.config.admin_settings("destination"))
         self.partitions = {}
         self._start(owned)
 
@@ -548,8 +548,6 @@ class ReplicationTask:
         return str(self.config.producer_client.get("enable.idempotence", "true")).lower() == "true"
 
     def _producer_settings(self) -> dict[str, Any]:
-        base = {k: v for k, v in self.config.destination_client.items() if k in _CONNECTION_SETTINGS
-                or k.startswith(("ssl.", "sasl."))}  # fmt: skip
         return {
             # Idempotence keeps each partition's order across retries; acks=all means acknowledged = durable.
             "enable.idempotence": True,
@@ -559,20 +557,9 @@ class ReplicationTask:
             "linger.ms": 10,
             "batch.num.messages": 10000,
             "client.id": f"mirus-{self.connector}-{self.task_id}",
-            **base,
-            **self.config.producer_client,
+            **self.config.producer_settings(),
             "on_delivery": self._delivered,
         }
-
-    def _destination_settings(self) -> dict[str, Any]:
-        return {k: v for k, v in self.config.destination_client.items() if k in _CONNECTION_SETTINGS
-                or k.startswith(("ssl.", "sasl."))}  # fmt: skip
-
-
-_CONNECTION_SETTINGS = {
-    "bootstrap.servers", "security.protocol", "client.dns.lookup", "broker.address.family", "client.rack",
-    "socket.timeout.ms", "socket.keepalive.enable", "reconnect.backoff.ms", "reconnect.backoff.max.ms",
-}  # fmt: skip
 
 
 def _fmt(partitions: list[SourcePartition], limit: int = 8) -> str:

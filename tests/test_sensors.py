@@ -97,6 +97,11 @@ def evaluate(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, resource
     return sensor(context)
 
 
+def requests_for(result: dg.SensorResult, connector: str) -> list[dg.RunRequest]:
+    """This test's run requests: connectors of other tests share the database."""
+    return [r for r in result.run_requests if r.tags[TAG_CONNECTOR] == connector]
+
+
 class InProcessRun:
     """A replicator run executed in-process in a thread, as the run launcher would execute it."""
 
@@ -177,15 +182,16 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     assert unique in instance.get_dynamic_partitions("connectors")
 
     result = evaluate(kafka_monitor, instance, resources, None)
-    requests = result.run_requests
+    requests = requests_for(result, unique)
     assert sorted((r.tags[TAG_CONNECTOR], r.tags[TAG_TASK]) for r in requests) == [(unique, "0"), (unique, "1")]
     runs = [InProcessRun(instance, resources, r) for r in requests]
     copied = consume_all(stack.destination_bootstrap_servers, f"{first}.copy", 3, expected=90)
     assert sorted(r.value for r in copied) == sorted(b"v%d" % i for i in range(90))
 
     # Runs are live now: the monitor requests nothing more.
-    wait_for(lambda: len(instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))) == 2)
-    assert evaluate(kafka_monitor, instance, resources, result.cursor).run_requests == []
+    live = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={TAG_CONNECTOR: unique})
+    wait_for(lambda: len(instance.get_runs(live)) == 2)
+    assert requests_for(evaluate(kafka_monitor, instance, resources, result.cursor), unique) == []
 
     # A topic created at the source is assigned and replicated by the running tasks, without a restart.
     create_topics(stack.destination_bootstrap_servers, {f"{second}.copy": 1})
@@ -200,9 +206,9 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     assert admin(instance, resources, "pause", unique).success
     for run in runs:
         assert run.join().success
-    assert evaluate(kafka_monitor, instance, resources, cursor).run_requests == []  # paused: nothing starts
+    assert requests_for(evaluate(kafka_monitor, instance, resources, cursor), unique) == []  # paused
     assert admin(instance, resources, "resume", unique).success
-    assert len(evaluate(kafka_monitor, instance, resources, cursor).run_requests) == 2
+    assert len(requests_for(evaluate(kafka_monitor, instance, resources, cursor), unique)) == 2
     assert admin(instance, resources, "delete", unique).success
     assert unique not in instance.get_dynamic_partitions("connectors")
     assert admin(instance, resources, "pause", unique).success is False  # unknown now: a clear failure
@@ -221,9 +227,7 @@ def test_unreachable_source_backs_off_without_affecting_other_connectors(
 
     result = evaluate(kafka_monitor, instance, resources, None)
 
-    assert [r.tags[TAG_CONNECTOR] for r in result.run_requests if r.tags[TAG_CONNECTOR] in (healthy, broken)] == [
-        healthy
-    ]
+    assert [r.tags[TAG_CONNECTOR] for r in requests_for(result, healthy) + requests_for(result, broken)] == [healthy]
     snapshot = Store(db_engine).latest_snapshot(broken, "source")
     assert snapshot is not None and "source cluster metadata unavailable" in snapshot["error"]
     assert '"failures":1' in result.cursor
@@ -242,8 +246,7 @@ def test_the_supervisor_restarts_a_failed_task(
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
     properties = connector_properties(stack, unique, **{"topics.whitelist": unique})
     assert put(instance, resources, properties).success
-    request = evaluate(kafka_monitor, instance, resources, None).run_requests
-    request = next(r for r in request if r.tags[TAG_CONNECTOR] == unique)
+    request = requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
     # A real failure: the connector disappears under the run before it claims its task.
     assert admin(instance, resources, "delete", unique).success
     assert not InProcessRun(instance, resources, request).join().success
@@ -251,8 +254,7 @@ def test_the_supervisor_restarts_a_failed_task(
     evaluate(kafka_monitor, instance, resources, None)  # assignment again; the failed run is left alone
 
     restart = wait_for(
-        lambda: [r for r in evaluate(task_supervisor, instance, resources, None).run_requests
-                 if r.tags[TAG_CONNECTOR] == unique],
+        lambda: requests_for(evaluate(task_supervisor, instance, resources, None), unique),
         timeout=10, what="a restart after the first backoff",
     )  # fmt: skip
     assert restart[0].tags[TAG_TASK] == "0" and "restart" in restart[0].tags["mirus/reason"]
