@@ -1,28 +1,22 @@
-"""Replication flows as assets: one dynamic partition per connector, so lineage shows each connector's flow."""
+"""Replication flows as assets: one dynamic partition per connector, so lineage shows each connector's flow.
+
+The monitor sensor records `flow_materialization` events; it gets the function from `mirus_dagster.definitions`.
+"""
 
 from __future__ import annotations
 
 import dagster as dg
 
-from mirus_dagster.status import CONNECTORS_ASSET
+from mirus_dagster.constants import ASSET_GROUP, CONNECTOR_PARTITIONS, CONNECTORS_ASSET, FLOWS_ASSET
 from replicator.monitor import MonitorResult
 
-connector_partitions = dg.DynamicPartitionsDefinition(name="connectors")
-
-FLOWS_ASSET = dg.AssetKey("replication_flows")
-
-connectors_spec = dg.AssetSpec(
-    CONNECTORS_ASSET,
-    description="Every connector with its state, config version (secrets masked), tasks and paused partitions. "
-    "Updated by the administration jobs and whenever the monitor sees a change.",
-    group_name="mirus",
-)
+connector_partitions = dg.DynamicPartitionsDefinition(name=CONNECTOR_PARTITIONS)
 
 flows_spec = dg.AssetSpec(
     FLOWS_ASSET,
     description="Per connector: which source topics flow to which destination topics, over how many tasks. "
     "Recorded by the monitor each time a connector's assignment generation changes.",
-    group_name="mirus",
+    group_name=ASSET_GROUP,
     deps=[CONNECTORS_ASSET],
     partitions_def=connector_partitions,
 )

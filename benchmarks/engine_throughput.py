@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack
-from replicator.config import ConnectorConfig
+from replicator.config import validate_submission
 from replicator.database import make_engine, upgrade
 from replicator.store import Store
 from replicator.task import ReplicationTask
@@ -83,7 +83,7 @@ def engine_copy(
     provenance: bool,
 ) -> None:  # fmt: skip
     name = f"bench-{target}"
-    config = ConnectorConfig.from_properties({
+    config = validate_submission({
         "name": name, "consumer.bootstrap.servers": source, "destination.consumer.bootstrap.servers": destination,
         "topics.whitelist": topic, "destination.topic.name.suffix": target.removeprefix(topic),
         "provenance.headers.enabled": provenance,

@@ -129,7 +129,8 @@ def dev(port: int, keep_stack: bool, demo: bool) -> None:
     """Start the embedded stack, migrate the database and run the Dagster UI on it."""
     from importlib.resources import files
 
-    from mirus_dagster.demo import DEMO_TOPIC, register_demo
+    from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_TOPIC
+    from mirus_dagster.demo import register_demo
     from replicator.database import make_engine, upgrade
     from replicator.store import Store
 
@@ -149,7 +150,7 @@ def dev(port: int, keep_stack: bool, demo: bool) -> None:
     children = []
     if demo:
         register_demo(endpoints, Store(engine))
-        click.echo(f"demo: connector orders-mirror copies {DEMO_TOPIC} to {DEMO_TOPIC}.mirror; traffic is running")
+        click.echo(f"demo: connector {DEMO_CONNECTOR} copies {DEMO_TOPIC} to {DEMO_TOPIC}.mirror; traffic is running")
         traffic = [sys.executable, "-m", "mirus_dagster.cli", "demo", "traffic",
                    "--bootstrap-servers", endpoints.source_bootstrap_servers]  # fmt: skip
         children.append(subprocess.Popen(traffic, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))

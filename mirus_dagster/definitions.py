@@ -1,6 +1,8 @@
 """The code location: every asset, job, sensor and resource of the platform, assembled once.
 
-Resources come from the environment; unset, they point at the embedded local stack (`mirus dev`).
+The only module that imports `assets/` and `sensors/` (tests/test_layers.py checks it): jobs and sensors are
+built here from what they launch and the asset events they record, so imports run one way. Resources come from
+the environment; unset, they point at the embedded local stack (`mirus dev`).
 """
 
 from __future__ import annotations
@@ -9,13 +11,15 @@ import os
 
 import dagster as dg
 
-from assets.flows import connectors_spec, flows_spec
-from mirus_dagster.jobs import admin_jobs, replicator
+from assets.connectors import connectors_materialization, connectors_spec
+from assets.flows import flow_materialization, flows_spec
+from mirus_dagster.constants import ENV_DATABASE_URL, ENV_TASK_AUTO_RESTART
+from mirus_dagster.jobs import build_admin_jobs, replicator
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
-from mirus_dagster.settings import ENV_DATABASE_URL, PlatformSettings
+from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack
-from sensors.monitor import kafka_monitor
-from sensors.supervisor import task_supervisor
+from sensors.monitor import build_kafka_monitor
+from sensors.supervisor import build_task_supervisor
 
 
 def _database_url() -> str | dg.EnvVar:
@@ -25,6 +29,12 @@ def _database_url() -> str | dg.EnvVar:
     return LocalStack(PlatformSettings.from_env()).endpoints.database_url
 
 
+admin_jobs = build_admin_jobs(connectors_materialization)
+kafka_monitor = build_kafka_monitor(
+    replicator, connectors_event=connectors_materialization, flow_event=flow_materialization
+)
+task_supervisor = build_task_supervisor(replicator)
+
 defs = dg.Definitions(
     assets=[connectors_spec, flows_spec],
     jobs=[replicator, *admin_jobs],
@@ -32,7 +42,7 @@ defs = dg.Definitions(
     resources={
         "platform": PlatformDatabase(database_url=_database_url()),
         "supervisor": SupervisorPolicy(
-            auto_restart=os.environ.get("MIRUS_TASK_AUTO_RESTART", "true").lower() != "false",
+            auto_restart=os.environ.get(ENV_TASK_AUTO_RESTART, "true").lower() != "false",
         ),
     },
 )

@@ -10,13 +10,10 @@ import click
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_PARTITIONS, DEMO_TOPIC
 from mirus_dagster.stack import StackEndpoints
-from replicator.config import ConnectorConfig
+from replicator.config import validate_submission
 from replicator.store import Store, UnknownConnectorError
-
-DEMO_CONNECTOR = "orders-mirror"
-DEMO_TOPIC = "orders"
-DEMO_PARTITIONS = 3
 
 
 def _ensure_topic(bootstrap: str, topic: str, partitions: int) -> None:
@@ -36,7 +33,7 @@ def register_demo(endpoints: StackEndpoints, store: Store) -> None:
         return
     except UnknownConnectorError:
         pass
-    config = ConnectorConfig.from_properties({
+    config = validate_submission({
         "name": DEMO_CONNECTOR,
         "connector.class": "com.salesforce.mirus.MirusSourceConnector",
         "tasks.max": "2",

@@ -1,21 +1,37 @@
 """Jobs: the long-running replicator (one run = one task) and the connector administration jobs.
 
-Administration jobs validate with the engine's model before anything is stored; a rejected config fails the run
-with the validation message and leaves the store as it was.
+Administration jobs run the submission checks before anything is stored; a rejected config fails the run with
+every problem listed and leaves the store as it was. They record the `connectors` asset with the function they
+are built with (`build_admin_jobs`), so this module never imports `assets/`.
 """
 
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
+from mirus_dagster.constants import (
+    CONNECTOR_PARTITIONS,
+    KIND_ADMIN,
+    KIND_REPLICATOR,
+    PUT_CONNECTOR_JOB,
+    REPLICATE_OP,
+    REPLICATOR_JOB,
+    STORE_CONNECTOR_OP,
+    TAG_KIND,
+    admin_job_name,
+    admin_op_name,
+)
 from mirus_dagster.resources import PlatformDatabase
-from mirus_dagster.status import connectors_materialization
-from replicator.config import ConnectorConfig, ConnectorConfigError, literal_secrets
-from replicator.store import PAUSED, RUNNING, UnknownConnectorError
+from replicator.config import ConnectorConfigError, validate_submission
+from replicator.store import ConnectorState, Store, UnknownConnectorError
 from replicator.task import ReplicationTask
+
+ConnectorsEvent = Callable[[Store, str], dg.AssetMaterialization]
+"""Builds the `connectors` asset's materialization from the store, with a reason (assets/connectors.py)."""
 
 # -- the replicator --------------------------------------------------------------------------------------
 
@@ -25,7 +41,8 @@ class ReplicatorTaskConfig(dg.Config):
     task_id: int = Field(ge=0, description="Task number within the connector (0 .. tasks.max - 1).")
 
 
-@dg.op(description="Replicate one task's source partitions until the task is removed, paused, deleted or fenced.")
+@dg.op(name=REPLICATE_OP, description="Replicate one task's source partitions until the task is removed, paused, "
+       "deleted or fenced.")  # fmt: skip
 def replicate(context: dg.OpExecutionContext, config: ReplicatorTaskConfig, platform: PlatformDatabase) -> None:
     owner = f"{socket.gethostname()}:{os.getpid()}:{context.run_id}"
     # Termination arrives as DagsterExecutionInterruptedError between bytecodes; the task's `finally` flushes,
@@ -36,10 +53,10 @@ def replicate(context: dg.OpExecutionContext, config: ReplicatorTaskConfig, plat
 
 
 @dg.job(
-    name="replicator",
+    name=REPLICATOR_JOB,
     description="One replicator task (a consumer and a producer). Started and kept alive by the sensors.",
     executor_def=dg.in_process_executor,
-    tags={"mirus/kind": "replicator"},
+    tags={TAG_KIND: KIND_REPLICATOR},
 )
 def replicator() -> None:
     replicate()
@@ -54,63 +71,14 @@ class PutConnectorConfig(dg.Config):
             "Connector properties exactly as for Kafka Connect (PUT /connectors/{name}/config): Mirus names "
             "(name, tasks.max, topics.whitelist, topics.regex, destination.topic.name.suffix, consumer.*, "
             "destination.consumer.*, producer.*, ...) or MirrorMaker 2 names (source.cluster.alias, topics, "
-            "replication.policy.class, ...). A new version replaces the running configuration live."
+            "replication.policy.class, ...); see docs/CONNECTOR-PROPERTIES.md. A new version replaces the running "
+            "configuration live."
         )
     )
 
 
 class ConnectorNameConfig(dg.Config):
     name: str = Field(description="Name of an existing connector.")
-
-
-def _fail(message: str) -> dg.Failure:
-    return dg.Failure(description=message, allow_retries=False)
-
-
-@dg.op(description="Validate and store a connector configuration (a new version if the connector exists).")
-def store_connector(context: dg.OpExecutionContext, config: PutConnectorConfig, platform: PlatformDatabase) -> None:
-    literal = literal_secrets(config.properties)
-    if literal:
-        raise _fail(
-            "connector configuration rejected, nothing was stored:\n"
-            + "\n".join(
-                f"{name}: give secrets as a reference (${{env:NAME}} or ${{file:/path/file.properties:key}}) "
-                "so that they never enter Dagster's run history; then rotate the value typed here"
-                for name in literal
-            )
-        )
-    try:
-        parsed = ConnectorConfig.from_properties(config.properties)
-    except ConnectorConfigError as exc:
-        raise _fail(f"connector configuration rejected, nothing was stored:\n{exc}") from None
-    store = platform.store()
-    version = store.put_connector(parsed.name, parsed.raw, parsed.tasks_max)
-    context.instance.add_dynamic_partitions("connectors", [parsed.name])
-    context.log.info(f"connector {parsed.name} stored as version {version}")
-    context.log_event(connectors_materialization(store, f"put {parsed.name} v{version}"))
-
-
-def _state_op(name: str, description: str, action: str) -> dg.OpDefinition:
-    @dg.op(name=name, description=description)
-    def _op(context: dg.OpExecutionContext, config: ConnectorNameConfig, platform: PlatformDatabase) -> None:
-        store = platform.store()
-        try:
-            if action == "pause":
-                store.set_connector_state(config.name, PAUSED)
-            elif action == "resume":
-                store.set_connector_state(config.name, RUNNING)
-            elif action == "restart":
-                store.request_restart(config.name)
-            elif action == "delete":
-                if not store.delete_connector(config.name):
-                    raise UnknownConnectorError(f"connector {config.name!r} does not exist")
-                context.instance.delete_dynamic_partition("connectors", config.name)
-        except UnknownConnectorError as exc:
-            raise _fail(str(exc)) from None
-        context.log.info(f"{action}: {config.name}")
-        context.log_event(connectors_materialization(store, f"{action} {config.name}"))
-
-    return _op
 
 
 _ADMIN = {
@@ -121,24 +89,62 @@ _ADMIN = {
 }
 
 
-def _admin_job(action: str, op: dg.OpDefinition) -> dg.JobDefinition:
-    @dg.job(name=f"{action}_connector", description=_ADMIN.get(action, op.description), tags={"mirus/kind": "admin"})
-    def _job() -> None:
-        op()
-
-    return _job
+def _fail(message: str) -> dg.Failure:
+    return dg.Failure(description=message, allow_retries=False)
 
 
-@dg.job(
-    name="put_connector",
-    description="Add a connector or update its configuration (validated; rejected configs change nothing).",
-    tags={"mirus/kind": "admin"},
-)
-def put_connector_job() -> None:
-    store_connector()
+def _put_connector_job(connectors_event: ConnectorsEvent) -> dg.JobDefinition:
+    @dg.op(name=STORE_CONNECTOR_OP, description="Validate and store a connector configuration (a new version if "
+           "the connector exists).")  # fmt: skip
+    def store_connector(context: dg.OpExecutionContext, config: PutConnectorConfig, platform: PlatformDatabase) -> None:
+        try:
+            parsed = validate_submission(config.properties)
+        except ConnectorConfigError as exc:
+            raise _fail(f"connector configuration rejected, nothing was stored:\n{exc}") from None
+        store = platform.store()
+        version = store.put_connector(parsed.name, parsed.raw, parsed.tasks_max)
+        context.instance.add_dynamic_partitions(CONNECTOR_PARTITIONS, [parsed.name])
+        context.log.info(f"connector {parsed.name} stored as version {version}")
+        context.log_event(connectors_event(store, f"put {parsed.name} v{version}"))
+
+    @dg.job(
+        name=PUT_CONNECTOR_JOB,
+        description="Add a connector or update its configuration (validated; rejected configs change nothing).",
+        tags={TAG_KIND: KIND_ADMIN},
+    )
+    def put_connector() -> None:
+        store_connector()
+
+    return put_connector
 
 
-admin_jobs = [put_connector_job] + [
-    _admin_job(action, _state_op(f"{action}_connector_op", description, action))
-    for action, description in _ADMIN.items()
-]
+def _state_job(action: str, connectors_event: ConnectorsEvent) -> dg.JobDefinition:
+    @dg.op(name=admin_op_name(action), description=_ADMIN[action])
+    def change_state(context: dg.OpExecutionContext, config: ConnectorNameConfig, platform: PlatformDatabase) -> None:
+        store = platform.store()
+        try:
+            if action == "pause":
+                store.set_connector_state(config.name, ConnectorState.PAUSED)
+            elif action == "resume":
+                store.set_connector_state(config.name, ConnectorState.RUNNING)
+            elif action == "restart":
+                store.request_restart(config.name)
+            elif action == "delete":
+                if not store.delete_connector(config.name):
+                    raise UnknownConnectorError(f"connector {config.name!r} does not exist")
+                context.instance.delete_dynamic_partition(CONNECTOR_PARTITIONS, config.name)
+        except UnknownConnectorError as exc:
+            raise _fail(str(exc)) from None
+        context.log.info(f"{action}: {config.name}")
+        context.log_event(connectors_event(store, f"{action} {config.name}"))
+
+    @dg.job(name=admin_job_name(action), description=_ADMIN[action], tags={TAG_KIND: KIND_ADMIN})
+    def state_job() -> None:
+        change_state()
+
+    return state_job
+
+
+def build_admin_jobs(connectors_event: ConnectorsEvent) -> list[dg.JobDefinition]:
+    """`put_connector` and the pause/resume/restart/delete jobs, recording the asset with `connectors_event`."""
+    return [_put_connector_job(connectors_event)] + [_state_job(action, connectors_event) for action in _ADMIN]

@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel
 
+from mirus_dagster.constants import ENV_DATABASE_URL, ENV_DESTINATION_BOOTSTRAP, ENV_SOURCE_BOOTSTRAP
 from mirus_dagster.settings import PlatformSettings
 
 START_TIMEOUT_S = 60.0
@@ -67,9 +68,9 @@ class StackEndpoints:
     def as_env(self) -> dict[str, str]:
         """Environment that points every platform process at this stack."""
         return {
-            "MIRUS_SOURCE_BOOTSTRAP_SERVERS": self.source_bootstrap_servers,
-            "MIRUS_DESTINATION_BOOTSTRAP_SERVERS": self.destination_bootstrap_servers,
-            "MIRUS_DATABASE_URL": self.database_url,
+            ENV_SOURCE_BOOTSTRAP: self.source_bootstrap_servers,
+            ENV_DESTINATION_BOOTSTRAP: self.destination_bootstrap_servers,
+            ENV_DATABASE_URL: self.database_url,
         }
 
 

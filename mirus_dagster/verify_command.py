@@ -12,7 +12,8 @@ import os
 
 import click
 
-from mirus_dagster.settings import ENV_DESTINATION_BOOTSTRAP, ENV_SOURCE_BOOTSTRAP, PlatformSettings
+from mirus_dagster.constants import ENV_DESTINATION_BOOTSTRAP, ENV_SOURCE_BOOTSTRAP
+from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack
 from replicator.verify import VerifyError, verify_replication
 

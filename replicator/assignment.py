@@ -61,14 +61,6 @@ def assign_partitions(
     return {task: sorted(owned) for task, owned in result.items()}
 
 
-def moved_partitions(
-    before: Mapping[int, Sequence[SourcePartition]], after: Mapping[int, Sequence[SourcePartition]]
-) -> int:
-    """How many partitions present in both assignments changed task (added or removed ones do not count)."""
-    owner_before = {p: task for task, owned in before.items() for p in owned}
-    return sum(1 for task, owned in after.items() for p in owned if p in owner_before and owner_before[p] != task)
-
-
 def _surviving(
     wanted: list[SourcePartition], n: int, previous: Mapping[int, Sequence[SourcePartition]]
 ) -> list[list[SourcePartition]]:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from confluent_kafka.admin import AdminClient
 
-from replicator.assignment import assign_partitions
-from replicator.config import ConnectorConfig
-from replicator.store import SourcePartition, Store
+from replicator.assignment import SourcePartition, assign_partitions
+from replicator.config import ConnectorConfig, load
+from replicator.store import Store
 
 METADATA_TIMEOUT_S = 5.0
 
@@ -79,7 +79,7 @@ class KafkaMonitor:
     def poll(self, connector: str) -> MonitorResult:
         """Read both clusters, apply the connector's rules, and store a new generation if membership changed."""
         record = self.store.get_connector(connector)
-        config = ConnectorConfig.from_properties(record.properties)
+        config = load(record.properties)
         try:
             source = topic_partitions(config.admin_settings("source"), "source")
         except MetadataUnavailableError as exc:

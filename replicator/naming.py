@@ -94,12 +94,6 @@ class DefaultReplicationPolicy:
             return None
         return topic[len(source) + len(self.separator) :]
 
-    def original_topic(self, topic: str) -> str:
-        """The topic's name on the cluster where it was first produced (every alias stripped)."""
-        while (upstream := self.upstream_topic(topic)) is not None:
-            topic = upstream
-        return topic
-
     def is_cycle(self, source_topic: str) -> bool:
         topic: str | None = source_topic
         while topic is not None:
@@ -203,11 +197,6 @@ class RegexRouter:
 
     def __post_init__(self) -> None:
         _compiled_router(self.regex, self.replacement)
-
-    @property
-    def python_replacement(self) -> str:
-        """The replacement as a Python `re` template (what `$1` became), for display and debugging."""
-        return _compiled_router(self.regex, self.replacement)[1]
 
     def route(self, topic: str) -> str:
         pattern, template = _compiled_router(self.regex, self.replacement)

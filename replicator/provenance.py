@@ -48,17 +48,6 @@ def source_prefix(source_cluster: str, topic: str, partition: int) -> bytes:
     return f"{source_cluster}/{topic}/{partition}/".encode()
 
 
-def with_provenance(
-    headers: Headers | None, origin: str, source_cluster: str, topic: str, partition: int, offset: int
-) -> list[tuple[str, bytes | None]]:
-    """The user's headers followed by this hop's provenance headers."""
-    return [
-        *user_headers(headers),
-        (ORIGIN, origin.encode()),
-        (SOURCE, source_prefix(source_cluster, topic, partition) + b"%d" % offset),
-    ]
-
-
 def parse(headers: Headers | None) -> Provenance | None:
     """The provenance of a replicated record, or None for a record without (valid) provenance headers."""
     origin = source = None

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Engine, and_, delete, func, or_, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from replicator.assignment import SourcePartition
 from replicator.schema import (
     Assignment,
     Connector,
@@ -27,10 +29,23 @@ from replicator.schema import (
     TaskLease,
 )
 
-SourcePartition = tuple[str, int]
 
-RUNNING = "RUNNING"
-PAUSED = "PAUSED"
+class ConnectorState(StrEnum):
+    """The operator's intent for a connector."""
+
+    RUNNING = "RUNNING"
+    PAUSED = "PAUSED"
+
+
+class PartitionHealth(StrEnum):
+    """A source partition as its task reports it: replicating, paused after a failure (retried), or gone."""
+
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+    DROPPED = "DROPPED"
+
+
+LEASE_HELD = "RUNNING"  # a lease's state while an instance holds it (see LeaseRow.state)
 
 
 class FencedError(RuntimeError):
@@ -45,7 +60,7 @@ class UnknownConnectorError(LookupError):
 class ConnectorRecord:
     name: str
     version: int
-    state: str
+    state: ConnectorState
     assignment_generation: int
     tasks_max: int
     properties: dict[str, Any]
@@ -58,7 +73,7 @@ class ConnectorHead:
     """The few columns a running task polls every second to notice changes."""
 
     version: int
-    state: str
+    state: ConnectorState
     assignment_generation: int
     restart_requested_at: datetime | None
 
@@ -68,6 +83,64 @@ class Lease:
     connector: str
     task_id: int
     epoch: int
+
+
+@dataclass(frozen=True)
+class LeaseRow:
+    """A task's lease: its current epoch and owner, how its last instance ended, heartbeats and restarts."""
+
+    connector: str
+    task_id: int
+    epoch: int
+    owner: str | None
+    state: str  # RUNNING while held; afterwards how the instance ended (STOPPED, FAILED, PAUSED, ...)
+    error: str | None
+    claimed_at: datetime | None
+    heartbeat_at: datetime | None
+    restart_attempts: int
+
+
+@dataclass(frozen=True)
+class PartitionStatusRow:
+    """Who owns a source partition (None: released) and its health, with the reason an operator sees."""
+
+    task_id: int | None
+    state: PartitionHealth
+    reason: str | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class SnapshotRow:
+    """What a monitor last saw on one cluster: topic -> partition count, or the error that stopped it."""
+
+    cluster: str
+    topics: dict[str, int]
+    error: str | None
+    taken_at: datetime
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    task_id: int
+    partitions: int
+    state: str  # the lease's state; UNASSIGNED before the task's first claim
+    heartbeat_at: datetime | None
+    restart_attempts: int
+
+
+@dataclass(frozen=True)
+class ConnectorStatus:
+    """One connector as an operator sees it: `Store.connector_statuses` reads all of them in one query."""
+
+    name: str
+    state: ConnectorState
+    version: int
+    assignment_generation: int
+    properties: dict[str, Any]
+    tasks: list[TaskStatus]
+    metadata_errors: dict[str, str]  # cluster -> error of its latest snapshot, if that one failed
+    unhealthy_partitions: dict[SourcePartition, PartitionStatusRow]  # not ACTIVE
 
 
 @dataclass(frozen=True)
@@ -98,7 +171,7 @@ class Store:
         with Session(self.engine) as s, s.begin():
             row = s.get(Connector, name, with_for_update=True)
             if row is None:
-                row = Connector(name=name, version=1, state=RUNNING, tasks_max=tasks_max)
+                row = Connector(name=name, version=1, state=ConnectorState.RUNNING, tasks_max=tasks_max)
                 s.add(row)
             else:
                 row.version += 1
@@ -136,9 +209,9 @@ class Store:
                 select(Connector.version, Connector.state, Connector.assignment_generation,
                        Connector.restart_requested_at).where(Connector.name == name)
             ).one_or_none()  # fmt: skip
-        return ConnectorHead(*row) if row else None
+        return ConnectorHead(row[0], ConnectorState(row[1]), *row[2:]) if row else None
 
-    def set_connector_state(self, name: str, state: str) -> None:
+    def set_connector_state(self, name: str, state: ConnectorState) -> None:
         with Session(self.engine) as s, s.begin():
             result = s.execute(
                 update(Connector).where(Connector.name == name).values(state=state, updated_at=func.now())
@@ -199,12 +272,12 @@ class Store:
             if s.get(Connector, connector) is None:
                 raise UnknownConnectorError(f"connector {connector!r} does not exist")
             stmt = insert(TaskLease).values(
-                connector=connector, task_id=task_id, epoch=1, owner=owner, state=RUNNING,
+                connector=connector, task_id=task_id, epoch=1, owner=owner, state=LEASE_HELD,
                 claimed_at=func.now(), heartbeat_at=func.now(),
             )  # fmt: skip
             stmt = stmt.on_conflict_do_update(
                 index_elements=[TaskLease.connector, TaskLease.task_id],
-                set_={"epoch": TaskLease.epoch + 1, "owner": owner, "state": RUNNING, "error": None,
+                set_={"epoch": TaskLease.epoch + 1, "owner": owner, "state": LEASE_HELD, "error": None,
                       "claimed_at": func.now(), "heartbeat_at": func.now()},
             ).returning(TaskLease.epoch)  # fmt: skip
             return Lease(connector, task_id, s.execute(stmt).scalar_one())
@@ -261,12 +334,10 @@ class Store:
             ).returning(TaskLease.restart_attempts)
             return s.execute(stmt).scalar_one()
 
-    def lease_of(self, connector: str, task_id: int) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(
-                select(TaskLease).where(TaskLease.connector == connector, TaskLease.task_id == task_id)
-            ).one_or_none()
-        return dict(row._mapping) if row else None
+    def lease_of(self, connector: str, task_id: int) -> LeaseRow | None:
+        with Session(self.engine) as s:
+            row = s.get(TaskLease, (connector, task_id))
+            return _row(LeaseRow, row) if row else None
 
     # -- offsets ----------------------------------------------------------------------------------------
 
@@ -281,15 +352,6 @@ class Store:
             query = query.where(tuple_(Offset.topic, Offset.partition).in_(wanted))
         with self.engine.connect() as conn:
             return {(t, p): o for t, p, o in conn.execute(query)}
-
-    def reset_offsets(self, connector: str, offsets: Mapping[SourcePartition, int | None]) -> None:
-        """Operator tool: set (or with None, forget) stored offsets. Running tasks must be stopped first."""
-        with Session(self.engine) as s, s.begin():
-            for (topic, partition), offset in offsets.items():
-                key = (Offset.connector == connector, Offset.topic == topic, Offset.partition == partition)
-                s.execute(delete(Offset).where(*key))
-                if offset is not None:
-                    s.add(Offset(connector=connector, topic=topic, partition=partition, offset=offset, epoch=0))
 
     # -- partition ownership and status -----------------------------------------------------------------
 
@@ -308,16 +370,21 @@ class Store:
             # The conflicting row's owner is referenced by name: a correlated subquery cannot be expressed here.
             owner_gone = text(
                 "NOT EXISTS (SELECT 1 FROM task_leases l WHERE l.connector = partition_status.connector"
-                " AND l.task_id = partition_status.task_id AND l.state = 'RUNNING'"
+                " AND l.task_id = partition_status.task_id AND l.state = :held"
                 " AND l.heartbeat_at > now() - :stale)"
-            ).bindparams(stale=stale_after)
+            ).bindparams(stale=stale_after, held=LEASE_HELD)
             stmt = insert(PartitionStatus).values(
-                [{"connector": lease.connector, "topic": t, "partition": p, "task_id": lease.task_id, "state": "ACTIVE"}
-                 for t, p in partitions]
+                [{"connector": lease.connector, "topic": t, "partition": p, "task_id": lease.task_id,
+                  "state": PartitionHealth.ACTIVE} for t, p in partitions]
             )  # fmt: skip
             stmt = stmt.on_conflict_do_update(
                 index_elements=[PartitionStatus.connector, PartitionStatus.topic, PartitionStatus.partition],
-                set_={"task_id": lease.task_id, "state": "ACTIVE", "reason": None, "updated_at": func.now()},
+                set_={
+                    "task_id": lease.task_id,
+                    "state": PartitionHealth.ACTIVE,
+                    "reason": None,
+                    "updated_at": func.now(),
+                },
                 where=or_(PartitionStatus.task_id.is_(None), PartitionStatus.task_id == lease.task_id, owner_gone),
             ).returning(PartitionStatus.topic, PartitionStatus.partition)
             return sorted((t, p) for t, p in s.execute(stmt))
@@ -335,8 +402,10 @@ class Store:
                 .values(task_id=None, updated_at=func.now())
             )  # fmt: skip
 
-    def set_partition_state(self, lease: Lease, partition: SourcePartition, state: str, reason: str | None) -> None:
-        """ACTIVE, PAUSED or DROPPED, with the reason an operator sees."""
+    def set_partition_state(
+        self, lease: Lease, partition: SourcePartition, state: PartitionHealth, reason: str | None
+    ) -> None:
+        """A partition's health, with the reason an operator sees."""
         with Session(self.engine) as s, s.begin():
             self._fence_check(s, lease)
             stmt = insert(PartitionStatus).values(
@@ -350,10 +419,34 @@ class Store:
                 )
             )
 
-    def partition_statuses(self, connector: str) -> dict[SourcePartition, dict[str, Any]]:
+    def partition_statuses(self, connector: str) -> dict[SourcePartition, PartitionStatusRow]:
+        with Session(self.engine) as s:
+            rows = s.scalars(select(PartitionStatus).where(PartitionStatus.connector == connector))
+            return {
+                (r.topic, r.partition): PartitionStatusRow(r.task_id, PartitionHealth(r.state), r.reason, r.updated_at)
+                for r in rows
+            }
+
+    def connector_statuses(self) -> list[ConnectorStatus]:
+        """Every connector with its tasks, leases, metadata errors and unhealthy partitions: one query."""
         with self.engine.connect() as conn:
-            rows = conn.execute(select(PartitionStatus).where(PartitionStatus.connector == connector))
-            return {(r.topic, r.partition): dict(r._mapping) for r in rows}
+            rows = conn.execute(_STATUS_QUERY).all()
+        return [
+            ConnectorStatus(
+                name=r.name, state=ConnectorState(r.state), version=r.version,
+                assignment_generation=r.assignment_generation, properties=r.config,
+                tasks=[TaskStatus(t["task_id"], t["partitions"], t["state"], _timestamp(t["heartbeat_at"]),
+                                  t["restart_attempts"]) for t in r.tasks],
+                metadata_errors=dict(r.metadata_errors),
+                unhealthy_partitions={
+                    (p["topic"], p["partition"]): PartitionStatusRow(
+                        p["task_id"], PartitionHealth(p["state"]), p["reason"], _timestamp(p["updated_at"])
+                    )
+                    for p in r.unhealthy
+                },
+            )
+            for r in rows
+        ]  # fmt: skip
 
     # -- observations -----------------------------------------------------------------------------------
 
@@ -386,20 +479,52 @@ class Store:
             s.add(MetadataSnapshot(connector=connector, cluster=cluster, topics=dict(topics), error=error))
             return True
 
-    def latest_snapshot(self, connector: str, cluster: str) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(
+    def latest_snapshot(self, connector: str, cluster: str) -> SnapshotRow | None:
+        with Session(self.engine) as s:
+            row = s.scalars(
                 select(MetadataSnapshot)
                 .where(MetadataSnapshot.connector == connector, MetadataSnapshot.cluster == cluster)
                 .order_by(MetadataSnapshot.id.desc())
                 .limit(1)
             ).one_or_none()
-        return dict(row._mapping) if row else None
+            return _row(SnapshotRow, row) if row else None
 
 
 def _record(row: Connector, config: dict[str, Any]) -> ConnectorRecord:
     return ConnectorRecord(
-        name=row.name, version=row.version, state=row.state, assignment_generation=row.assignment_generation,
-        tasks_max=row.tasks_max, properties=config, restart_requested_at=row.restart_requested_at,
+        name=row.name, version=row.version, state=ConnectorState(row.state),
+        assignment_generation=row.assignment_generation, tasks_max=row.tasks_max, properties=config,
+        restart_requested_at=row.restart_requested_at,
         updated_at=row.updated_at,
     )  # fmt: skip
+
+
+def _row(kind: type[Any], orm: object) -> Any:
+    """A typed row (dataclass `kind`) from an ORM object: the fields of `kind`, by name."""
+    return kind(**{name: getattr(orm, name) for name in kind.__dataclass_fields__})
+
+
+def _timestamp(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value is not None else None
+
+
+# Correlated JSON aggregates keep it to one round trip however many connectors there are.
+_STATUS_QUERY = text("""
+SELECT c.name, c.state, c.version, c.assignment_generation, cfg.config,
+  COALESCE((SELECT json_agg(json_build_object(
+        'task_id', a.task_id, 'partitions', jsonb_array_length(a.partitions),
+        'state', COALESCE(l.state, 'UNASSIGNED'), 'heartbeat_at', l.heartbeat_at,
+        'restart_attempts', COALESCE(l.restart_attempts, 0)) ORDER BY a.task_id)
+     FROM assignments a LEFT JOIN task_leases l ON l.connector = a.connector AND l.task_id = a.task_id
+     WHERE a.connector = c.name AND a.generation = c.assignment_generation), '[]'::json) AS tasks,
+  COALESCE((SELECT json_object_agg(s.cluster, s.error)
+     FROM (SELECT DISTINCT ON (m.cluster) m.cluster, m.error FROM metadata_snapshots m
+           WHERE m.connector = c.name ORDER BY m.cluster, m.id DESC) s
+     WHERE s.error IS NOT NULL), '{}'::json) AS metadata_errors,
+  COALESCE((SELECT json_agg(json_build_object(
+        'topic', p.topic, 'partition', p.partition, 'task_id', p.task_id, 'state', p.state, 'reason', p.reason,
+        'updated_at', p.updated_at) ORDER BY p.topic, p.partition)
+     FROM partition_status p WHERE p.connector = c.name AND p.state <> 'ACTIVE'), '[]'::json) AS unhealthy
+FROM connectors c JOIN connector_configs cfg ON cfg.connector = c.name AND cfg.version = c.version
+ORDER BY c.name
+""")

@@ -21,16 +21,16 @@ from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
-from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator import provenance
-from replicator.config import ConnectorConfig
+from replicator.assignment import SourcePartition
+from replicator.config import ConnectorConfig, load
 from replicator.metrics import TaskMetrics
-from replicator.store import PAUSED, FencedError, Lease, SourcePartition, Store
+from replicator.store import ConnectorState, FencedError, Lease, PartitionHealth, Store
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,9 @@ BATCH = 5000
 MAX_BLOCK_S = 1.0  # never block longer: a Dagster termination is delivered between bytecodes
 RETRY_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
 SOURCE_GONE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+# The task loop's periodic jobs besides committing (every offset.flush.interval.ms) and metrics (TaskMetrics).
+REFRESH_INTERVAL_S = 1.0  # "refreshing": pause, delete, restart, new config versions and assignment generations
+DESTINATION_CHECK_INTERVAL_S = 5.0  # "checking destinations": route or pause partitions by destination metadata
 
 
 class TaskExit(enum.Enum):
@@ -51,6 +54,23 @@ class TaskExit(enum.Enum):
 
 class CommitWatchdogError(RuntimeError):
     """Records flowed but no offset commit succeeded for `commit.failure.restart.ms`."""
+
+
+class Periodic:
+    """One named periodic job of the task loop (as MirrorMaker 2's `Scheduler` names its jobs)."""
+
+    __slots__ = ("name", "next_at")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.next_at = 0.0  # due at once
+
+    def due(self, now: float, interval_s: float) -> bool:
+        """Whether the job runs now; if so, the next run is `interval_s` from `now`."""
+        if now < self.next_at:
+            return False
+        self.next_at = now + interval_s
+        return True
 
 
 class PartitionState:
@@ -106,11 +126,13 @@ class ReplicationTask:
         self.owner = owner
         self.metrics = TaskMetrics(task_id, metrics_interval_s)
         self.on_event = on_event or (lambda message: log.info("%s-%d: %s", connector, task_id, message))
-        self.lease: Lease | None = None
+        # Set by `run` (lease) and `_rebuild` (config and clients) before anything uses them.
+        self.lease: Lease
         self.config: ConnectorConfig
-        self.consumer: Consumer | None = None
-        self.producer: Producer | None = None
-        self.destination_admin: AdminClient | None = None
+        self.consumer: Consumer
+        self.producer: Producer
+        self.destination_admin: AdminClient
+        self.clients_open = False
         self.partitions: dict[SourcePartition, PartitionState] = {}
         self.waiting: set[SourcePartition] = set()  # assigned to us, still owned by another live task
         self.generation = 0
@@ -123,9 +145,9 @@ class ReplicationTask:
         self.now_ms = 0
         self.uncommitted = False  # acknowledged progress that the last commit attempt could not store
         self.last_commit_ok = time.monotonic()
-        self.next_commit = 0.0
-        self.next_refresh = 0.0
-        self.next_destination_check = 0.0
+        self.committing = Periodic("committing offsets")
+        self.refreshing = Periodic("refreshing assignment and configuration")
+        self.checking_destinations = Periodic("checking destination partitions")
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -157,20 +179,20 @@ class ReplicationTask:
     def _shutdown(self, outcome: TaskExit | None, error: BaseException | None) -> None:
         fenced = outcome is TaskExit.FENCED
         try:
-            if self.producer is not None and not fenced:
+            if self.clients_open and not fenced:
                 self.producer.flush(10)
-            if not fenced and self.lease is not None:
+            if not fenced:
                 self._commit(final=True)
-                if self.consumer is not None:
+                if self.clients_open:
                     self._record_metrics()
         except FencedError:
             fenced = True
         except Exception as exc:  # the original outcome matters more than a failed final commit
             log.warning("final commit of %s-%d failed: %s", self.connector, self.task_id, exc)
         finally:
-            if self.consumer is not None:
+            if self.clients_open:
                 self.consumer.close()
-            if self.lease is not None and not fenced:
+            if not fenced:
                 state = "FAILED" if isinstance(error, Exception) else (outcome.value if outcome else "STOPPED")
                 self.store.finish_task(self.lease, state, f"{type(error).__name__}: {error}" if error else None)
             self.on_event(f"stopped: {outcome.value if outcome else type(error).__name__}")
@@ -178,7 +200,6 @@ class ReplicationTask:
     # -- fetch, map, produce ----------------------------------------------------------------------------
 
     def _poll_once(self) -> None:
-        assert self.consumer is not None and self.producer is not None
         timeout = min(self.config.poll_timeout_ms / 1000, MAX_BLOCK_S)
         if not self.partitions:
             time.sleep(min(timeout, 0.2))  # nothing assigned yet; housekeeping will pick work up
@@ -218,19 +239,19 @@ class ReplicationTask:
         while True:
             try:
                 if fifo is not None:
-                    self.producer.produce(  # type: ignore[union-attr]
+                    self.producer.produce(
                         state.destination_topic, value, key, state.destination_partition,
                         timestamp=timestamp, headers=headers,
                     )  # fmt: skip
                     fifo.append(state)
                 else:  # the partitioner picks the partition: acknowledgements may come in any order
-                    self.producer.produce(  # type: ignore[union-attr]
+                    self.producer.produce(
                         state.destination_topic, value, key, timestamp=timestamp, headers=headers,
                         on_delivery=partial(self._delivered_any_order, state, offset),
                     )  # fmt: skip
                 return
             except BufferError:
-                self.producer.poll(0.05)  # type: ignore[union-attr]  # local queue full: serve acknowledgements
+                self.producer.poll(0.05)  # local queue full: serve acknowledgements
 
     # -- acknowledge ------------------------------------------------------------------------------------
 
@@ -288,7 +309,7 @@ class ReplicationTask:
             if offset is not None and offset != state.committed:
                 offsets[state.tp] = offset
         try:
-            self.store.commit(self.lease, offsets)  # type: ignore[arg-type]
+            self.store.commit(self.lease, offsets)
         except FencedError:
             raise
         except SQLAlchemyError as exc:
@@ -306,8 +327,7 @@ class ReplicationTask:
 
     def _housekeeping(self) -> TaskExit | None:
         now = time.monotonic()
-        if now >= self.next_commit:
-            self.next_commit = now + self.config.offset_commit_interval_ms / 1000
+        if self.committing.due(now, self.config.offset_commit_interval_ms / 1000):
             self._commit()
             self._fold_metrics()
             watchdog_s = self.config.commit_failure_restart_ms / 1000
@@ -316,13 +336,11 @@ class ReplicationTask:
                     f"no offset commit succeeded for {now - self.last_commit_ok:.0f}s while "
                     "records were being replicated (commit.failure.restart.ms)"
                 )
-        if now >= self.next_refresh:
-            self.next_refresh = now + 1.0
+        if self.refreshing.due(now, REFRESH_INTERVAL_S):
             outcome = self._refresh()
             if outcome is not None:
                 return outcome
-        if now >= self.next_destination_check:
-            self.next_destination_check = now + 5.0
+        if self.checking_destinations.due(now, DESTINATION_CHECK_INTERVAL_S):
             self._check_destination()
         for state in list(self.partitions.values()):
             if state.paused_reason is not None and state.in_flight == 0 and now >= state.retry_at:
@@ -336,7 +354,7 @@ class ReplicationTask:
         head = self.store.connector_head(self.connector)
         if head is None:
             return TaskExit.DELETED
-        if head.state == PAUSED:
+        if head.state == ConnectorState.PAUSED:
             return TaskExit.PAUSED
         if force or head.version != self.version or head.restart_requested_at != self.restart_marker:
             self._rebuild(head.version, head.restart_requested_at)
@@ -353,20 +371,21 @@ class ReplicationTask:
     def _rebuild(self, version: int, restart_marker: object) -> None:
         """(Re)create clients for the current configuration, resuming every owned partition from its commit."""
         record = self.store.get_connector(self.connector)
-        config = ConnectorConfig.from_properties(record.properties)
+        config = load(record.properties)
         owned = sorted(self.partitions)
-        if self.consumer is not None:
+        if self.clients_open:
             self.on_event(f"configuration version {record.version}: restarting clients in place")
-            self.producer.flush(10)  # type: ignore[union-attr]
+            self.producer.flush(10)
             self._commit()
             self.consumer.close()
         self.config = config
         self.origin = config.source_alias.encode()
         self.version, self.restart_marker = record.version, restart_marker
-        self.consumer = Consumer(self._consumer_settings())
-        self.producer = Producer(self._producer_settings())
+        self.consumer = Consumer(config.consumer_settings())
+        self.producer = Producer({**config.producer_settings(self.task_id), "on_delivery": self._delivered})
         self.fifos = {}
-        self.destination_admin = AdminClient(self.config.admin_settings("destination"))
+        self.destination_admin = AdminClient(config.admin_settings("destination"))
+        self.clients_open = True
         self.partitions = {}
         self._start(owned)
 
@@ -374,18 +393,18 @@ class ReplicationTask:
         removed = [tp for tp in self.partitions if tp not in mine]
         if removed:
             # A partition moves only after everything read from it is acknowledged and committed.
-            self.producer.flush(30)  # type: ignore[union-attr]
+            self.producer.flush(30)
             self._commit()
-            self.consumer.incremental_unassign([TopicPartition(t, p) for t, p in removed])  # type: ignore[union-attr]
+            self.consumer.incremental_unassign([TopicPartition(t, p) for t, p in removed])
             for tp in removed:
                 del self.partitions[tp]
-            self.store.release_partitions(self.lease, removed)  # type: ignore[arg-type]
+            self.store.release_partitions(self.lease, removed)
             self.on_event(f"released {len(removed)} partition(s): {_fmt(removed)}")
         self.waiting = {tp for tp in mine if tp not in self.partitions}
 
     def _claim(self, wanted: list[SourcePartition]) -> None:
         stale = timedelta(milliseconds=self.config.lease_timeout_ms)
-        claimed = self.store.claim_partitions(self.lease, wanted, stale)  # type: ignore[arg-type]
+        claimed = self.store.claim_partitions(self.lease, wanted, stale)
         self.waiting.difference_update(claimed)
         self._start(claimed)
 
@@ -401,7 +420,7 @@ class ReplicationTask:
             state = PartitionState(tp, stored.get(tp), destination, self.config.source_alias)
             self.partitions[tp] = state
             assign.append(TopicPartition(tp[0], tp[1], stored.get(tp, reset)))
-        self.consumer.incremental_assign(assign)  # type: ignore[union-attr]
+        self.consumer.incremental_assign(assign)
         self._check_destination(partitions)
         self.on_event(f"replicating {len(partitions)} partition(s): {_fmt(partitions)}")
 
@@ -413,7 +432,7 @@ class ReplicationTask:
         if not states:
             return
         try:
-            metadata = self.destination_admin.list_topics(timeout=5)  # type: ignore[union-attr]
+            metadata = self.destination_admin.list_topics(timeout=5)
         except Exception as exc:
             log.warning("destination metadata unavailable for %s-%d: %s", self.connector, self.task_id, exc)
             return
@@ -434,7 +453,7 @@ class ReplicationTask:
 
     def _route(self, state: PartitionState, partition: int) -> None:
         state.destination_partition = partition
-        if partition == UNASSIGNED_PARTITION or not self.ordered_acks:
+        if partition == UNASSIGNED_PARTITION or not self.config.ordered_acks:
             state.fifo = None
         else:
             state.fifo = self.fifos.setdefault((state.destination_topic, partition), deque())
@@ -457,8 +476,8 @@ class ReplicationTask:
         state.paused_reason = reason
         state.failures += 1
         state.retry_at = time.monotonic() + RETRY_BACKOFF_S[min(state.failures - 1, len(RETRY_BACKOFF_S) - 1)]
-        self.consumer.pause([TopicPartition(state.topic, state.partition)])  # type: ignore[union-attr]
-        self.store.set_partition_state(self.lease, state.tp, "PAUSED", reason)  # type: ignore[arg-type]
+        self.consumer.pause([TopicPartition(state.topic, state.partition)])
+        self.store.set_partition_state(self.lease, state.tp, PartitionHealth.PAUSED, reason)
         self.on_event(f"paused {state.topic}[{state.partition}]: {reason}")
 
     def _resume(self, state: PartitionState) -> None:
@@ -476,15 +495,15 @@ class ReplicationTask:
         tp = TopicPartition(state.topic, state.partition)
         if restart is not None:
             tp.offset = restart
-            self.consumer.seek(tp)  # type: ignore[union-attr]
-        self.consumer.resume([TopicPartition(state.topic, state.partition)])  # type: ignore[union-attr]
-        self.store.set_partition_state(self.lease, state.tp, "ACTIVE", None)  # type: ignore[arg-type]
+            self.consumer.seek(tp)
+        self.consumer.resume([TopicPartition(state.topic, state.partition)])
+        self.store.set_partition_state(self.lease, state.tp, PartitionHealth.ACTIVE, None)
         self.on_event(f"resumed {state.topic}[{state.partition}] at offset {restart} (was: {reason})")
 
     def _drop(self, tp: SourcePartition, reason: str) -> None:
-        self.consumer.incremental_unassign([TopicPartition(*tp)])  # type: ignore[union-attr]
+        self.consumer.incremental_unassign([TopicPartition(*tp)])
         self.partitions.pop(tp, None)
-        self.store.set_partition_state(self.lease, tp, "DROPPED", reason)  # type: ignore[arg-type]
+        self.store.set_partition_state(self.lease, tp, PartitionHealth.DROPPED, reason)
         self.on_event(f"dropped {tp[0]}[{tp[1]}]: {reason}")
 
     def _recreate_producer(self) -> None:
@@ -492,14 +511,14 @@ class ReplicationTask:
         err, self.fatal_producer_error = self.fatal_producer_error, None
         self.on_event(f"producer failed fatally ({err}); recreating it")
         producer = self.producer
-        producer.purge()  # type: ignore[union-attr]
-        while len(producer):  # type: ignore[arg-type]  # purged records come back as refusals: serve them
-            producer.poll(0.1)  # type: ignore[union-attr]
+        producer.purge()
+        while len(producer):  # purged records come back as refusals: serve them
+            producer.poll(0.1)
         for state in self.partitions.values():
             if state.paused_reason is None:
                 self._pause(state, f"producer restarted after fatal error: {err}")
         self.fifos = {}
-        self.producer = Producer(self._producer_settings())
+        self.producer = Producer({**self.config.producer_settings(self.task_id), "on_delivery": self._delivered})
         for state in self.partitions.values():
             if state.destination_partition != UNASSIGNED_PARTITION:
                 self._route(state, state.destination_partition)
@@ -518,9 +537,7 @@ class ReplicationTask:
         self._fold_metrics()
         lags: dict[SourcePartition, int | None] = {}
         for state in self.partitions.values():
-            _low, high = self.consumer.get_watermark_offsets(  # type: ignore[union-attr]
-                TopicPartition(state.topic, state.partition), cached=True
-            )
+            _low, high = self.consumer.get_watermark_offsets(TopicPartition(state.topic, state.partition), cached=True)
             done = state.committable()
             # Watermarks are only a hint (some brokers report them wrongly): never negative, unknown when absent.
             lags[state.tp] = max(high - done, 0) if high >= 0 and done is not None else None
@@ -528,38 +545,6 @@ class ReplicationTask:
             self.store.record_metrics(self.connector, self.metrics.drain(lags))
         except SQLAlchemyError as exc:
             log.warning("metrics of %s-%d not recorded: %s", self.connector, self.task_id, exc)
-
-    # -- client settings --------------------------------------------------------------------------------
-
-    def _consumer_settings(self) -> dict[str, Any]:
-        return {
-            "enable.partition.eof": False,
-            **self.config.source_client,
-            # assign() only: the group id names our client, offsets live in Postgres, never in Kafka.
-            "group.id": f"mirus-{self.connector}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": self.config.auto_offset_reset,
-        }
-
-    @property
-    def ordered_acks(self) -> bool:
-        """Whether acknowledgements arrive in produce order per destination partition (idempotent producer)."""
-        return str(self.config.producer_client.get("enable.idempotence", "true")).lower() == "true"
-
-    def _producer_settings(self) -> dict[str, Any]:
-        return {
-            # Idempotence keeps each partition's order across retries; acks=all means acknowledged = durable.
-            "enable.idempotence": True,
-            "acks": "all",
-            # Never let a produce re-create a deleted destination topic with the broker's default layout.
-            "allow.auto.create.topics": False,
-            "linger.ms": 10,
-            "batch.num.messages": 10000,
-            "client.id": f"mirus-{self.connector}-{self.task_id}",
-            **self.config.producer_settings(),
-            "on_delivery": self._delivered,
-        }
 
 
 def _fmt(partitions: list[SourcePartition], limit: int = 8) -> str:

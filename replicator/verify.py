@@ -25,6 +25,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from replicator import provenance
+from replicator.masking import redact_settings
 
 SAMPLE_SIZE = 10
 """How many missing or mismatched offsets a report lists per partition (the counts are always complete)."""
@@ -41,8 +42,6 @@ _DIFFERENCE = {_CONTENT: "content", _TIMESTAMP: "timestamp", _CONTENT | _TIMESTA
 
 # Settings the check always overrides: it must never commit, whatever the caller's settings say.
 _FORCED = {"enable.auto.commit": False, "enable.auto.offset.store": False}
-# Settings that are safe to repeat in error messages; every other value is treated as a secret.
-_PUBLIC_SETTINGS = {"bootstrap.servers", "group.id", "client.id", "security.protocol", "sasl.mechanism"}
 
 
 class VerifyError(RuntimeError):
@@ -520,14 +519,7 @@ class _ClusterReader:
 
     def _redact(self, text: str) -> str:
         """librdkafka quotes rejected values in its messages: never let a password reach a log."""
-        for key, value in self.settings.items():
-            value = str(value)
-            if key in _PUBLIC_SETTINGS or not value:
-                continue
-            text = text.replace(f'"{value}"', '"***"')
-            if len(value) >= 4:
-                text = text.replace(value, "***")
-        return text
+        return redact_settings(text, self.settings)
 
 
 # -- small pure helpers ------------------------------------------------------------------------------------

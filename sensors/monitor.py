@@ -1,19 +1,23 @@
-"""The monitor sensor (Mirus's KafkaMonitor): cluster metadata → assignment generations → runs for idle tasks."""
+"""The monitor sensor (Mirus's KafkaMonitor): cluster metadata → assignment generations → runs for idle tasks.
+
+Built by `build_kafka_monitor` from what it launches (the replicator job) and the asset events it records, so
+that it imports neither `assets/` nor the jobs. A tick creates Kafka clients only for connectors whose
+`monitor.poll.wait.ms` has come round (one admin client per cluster it reads); nothing else touches Kafka.
+"""
 
 import time
+from collections.abc import Callable
 
 import dagster as dg
 from pydantic import BaseModel
 
-from assets.flows import flow_materialization
-from mirus_dagster.jobs import replicator
+from mirus_dagster.constants import CONNECTOR_PARTITIONS, MONITOR_SENSOR
 from mirus_dagster.resources import PlatformDatabase
-from mirus_dagster.status import connectors_materialization
-from mirus_dagster.task_runs import NEVER_RAN, run_request, task_histories
 from replicator.config import ConnectorConfigError
-from replicator.monitor import KafkaMonitor, MetadataUnavailableError
-from replicator.store import RUNNING, UnknownConnectorError
+from replicator.monitor import KafkaMonitor, MetadataUnavailableError, MonitorResult
+from replicator.store import ConnectorState, Store, UnknownConnectorError
 from sensors.decisions import start_decision
+from sensors.task_runs import NEVER_RAN, run_request, task_histories
 
 # Below the sensor daemon's own 5 s loop on purpose: an interval equal to it makes the daemon skip a tick whenever
 # the previous evaluation was due a few milliseconds late, which doubles discovery time.
@@ -33,19 +37,37 @@ class MonitorCursor(BaseModel):
     fingerprint: str = ""  # what the connectors table showed last; a change is reported to the asset
 
 
-@dg.sensor(
-    name="kafka_monitor",
-    job=replicator,
-    minimum_interval_seconds=EVALUATION_INTERVAL_S,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description=(
-        "Per connector, every monitor.poll.wait.ms: read source and destination metadata, apply selection, "
-        "naming and destination checking, write a new assignment generation when partition membership changed, "
-        "and start a replicator run for every assigned task that has none."
-    ),
-)
-def kafka_monitor(context: dg.SensorEvaluationContext, platform: PlatformDatabase) -> dg.SensorResult:
-    store = platform.store()
+def build_kafka_monitor(
+    job: dg.JobDefinition,
+    *,
+    connectors_event: Callable[[Store, str], dg.AssetMaterialization],
+    flow_event: Callable[[str, MonitorResult], dg.AssetMaterialization],
+) -> dg.SensorDefinition:
+    """The sensor launching `job` (the replicator) and recording `connectors_event` / `flow_event` changes."""
+
+    @dg.sensor(
+        name=MONITOR_SENSOR,
+        job=job,
+        minimum_interval_seconds=EVALUATION_INTERVAL_S,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=(
+            "Per connector, every monitor.poll.wait.ms: read source and destination metadata, apply selection, "
+            "naming and destination checking, write a new assignment generation when partition membership "
+            "changed, and start a replicator run for every assigned task that has none."
+        ),
+    )
+    def kafka_monitor(context: dg.SensorEvaluationContext, platform: PlatformDatabase) -> dg.SensorResult:
+        return _evaluate(context, platform.store(), connectors_event, flow_event)
+
+    return kafka_monitor
+
+
+def _evaluate(
+    context: dg.SensorEvaluationContext,
+    store: Store,
+    connectors_event: Callable[[Store, str], dg.AssetMaterialization],
+    flow_event: Callable[[str, MonitorResult], dg.AssetMaterialization],
+) -> dg.SensorResult:
     cursor = MonitorCursor.model_validate_json(context.cursor) if context.cursor else MonitorCursor()
     started = time.monotonic()
     monitor = KafkaMonitor(store)
@@ -53,7 +75,7 @@ def kafka_monitor(context: dg.SensorEvaluationContext, platform: PlatformDatabas
     asset_events: list[dg.AssetMaterialization] = []
     records = store.list_connectors()
     for record in records:
-        if record.state != RUNNING:
+        if record.state != ConnectorState.RUNNING:
             continue
         poll = cursor.polls.get(record.name, ConnectorPoll())
         now = time.time()
@@ -74,7 +96,7 @@ def kafka_monitor(context: dg.SensorEvaluationContext, platform: PlatformDatabas
                         f"{record.name}: generation {result.generation}, {len(result.plan.replicate)} partitions "
                         f"over {len(result.tasks)} tasks; missing at destination: {missing}"
                     )
-                    asset_events.append(flow_materialization(record.name, result))
+                    asset_events.append(flow_event(record.name, result))
             cursor.polls[record.name] = poll
         histories = task_histories(context.instance, record.name)
         for task_id in sorted(store.read_assignment(record.name)):
@@ -89,13 +111,13 @@ def kafka_monitor(context: dg.SensorEvaluationContext, platform: PlatformDatabas
     )
     if fingerprint != cursor.fingerprint:
         cursor.fingerprint = fingerprint
-        asset_events.append(connectors_materialization(store, "monitor saw a change"))
-    known = set(context.instance.get_dynamic_partitions("connectors"))
+        asset_events.append(connectors_event(store, "monitor saw a change"))
+    known = set(context.instance.get_dynamic_partitions(CONNECTOR_PARTITIONS))
     partitions = []
     if names - known:
-        partitions.append(dg.AddDynamicPartitionsRequest("connectors", sorted(names - known)))
+        partitions.append(dg.AddDynamicPartitionsRequest(CONNECTOR_PARTITIONS, sorted(names - known)))
     if known - names:
-        partitions.append(dg.DeleteDynamicPartitionsRequest("connectors", sorted(known - names)))
+        partitions.append(dg.DeleteDynamicPartitionsRequest(CONNECTOR_PARTITIONS, sorted(known - names)))
     return dg.SensorResult(
         run_requests=run_requests,
         cursor=cursor.model_dump_json(),

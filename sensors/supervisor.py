@@ -1,58 +1,67 @@
-"""The supervisor sensor: failed, crashed or silent replicator tasks get a new run, with backoff."""
+"""The supervisor sensor: failed, crashed or silent replicator tasks get a new run, with backoff.
+
+Built by `build_task_supervisor` from the job it launches. A tick reads the store and the Dagster instance only:
+stored configs are loaded (`replicator.config.load`) without creating any Kafka client.
+"""
 
 from datetime import UTC, datetime
 
 import dagster as dg
 
-from mirus_dagster.jobs import replicator
+from mirus_dagster.constants import ENV_TASK_AUTO_RESTART, SUPERVISOR_SENSOR
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
-from mirus_dagster.task_runs import live_runs, run_request, task_histories
-from replicator.config import ConnectorConfig, ConnectorConfigError
-from replicator.store import RUNNING
+from replicator.config import ConnectorConfigError, load
+from replicator.store import ConnectorState
 from sensors.decisions import restart_decision
+from sensors.task_runs import live_runs, run_request, task_histories
 
 
-@dg.sensor(
-    name="task_supervisor",
-    job=replicator,
-    minimum_interval_seconds=1,  # the daemon's 5 s loop is the real interval (see sensors/monitor.py)
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description=(
-        "Restart replicator tasks whose run failed or crashed (doubling backoff, capped), and replace runs whose "
-        "task stopped heartbeating; the new run's lease fences the old one. Restarts are counted per task."
-    ),
-)
-def task_supervisor(
-    context: dg.SensorEvaluationContext, platform: PlatformDatabase, supervisor: SupervisorPolicy
-) -> dg.SensorResult | dg.SkipReason:
-    if not supervisor.auto_restart:
-        return dg.SkipReason("automatic restarts are turned off (MIRUS_TASK_AUTO_RESTART=false)")
-    store = platform.store()
-    now = datetime.now(UTC)
-    run_requests = []
-    for record in store.list_connectors():
-        if record.state != RUNNING:
-            continue
-        try:
-            lease_timeout_s = ConnectorConfig.from_properties(record.properties).lease_timeout_ms / 1000
-        except ConnectorConfigError:
-            continue
-        histories = task_histories(context.instance, record.name)
-        for task_id in sorted(store.read_assignment(record.name)):
-            history = histories.get(task_id)
-            if history is None:
-                continue  # never ran: the monitor starts it
-            lease = store.lease_of(record.name, task_id) or {}
-            decision = restart_decision(
-                history, lease.get("heartbeat_at"), now, lease_timeout_s=lease_timeout_s,
-                initial_backoff_s=supervisor.initial_backoff_s, max_backoff_s=supervisor.max_backoff_s,
-            )  # fmt: skip
-            if not decision.launch:
+def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:
+    """The sensor restarting `job` (the replicator) runs of failed, crashed or silent tasks."""
+
+    @dg.sensor(
+        name=SUPERVISOR_SENSOR,
+        job=job,
+        minimum_interval_seconds=1,  # the daemon's 5 s loop is the real interval (see sensors/monitor.py)
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=(
+            "Restart replicator tasks whose run failed or crashed (doubling backoff, capped), and replace runs "
+            "whose task stopped heartbeating; the new run's lease fences the old one. Restarts are counted per task."
+        ),
+    )
+    def task_supervisor(
+        context: dg.SensorEvaluationContext, platform: PlatformDatabase, supervisor: SupervisorPolicy
+    ) -> dg.SensorResult | dg.SkipReason:
+        if not supervisor.auto_restart:
+            return dg.SkipReason(f"automatic restarts are turned off ({ENV_TASK_AUTO_RESTART}=false)")
+        store = platform.store()
+        now = datetime.now(UTC)
+        run_requests = []
+        for record in store.list_connectors():
+            if record.state != ConnectorState.RUNNING:
                 continue
-            if decision.replace_live_run:
-                for run in live_runs(context.instance, record.name, task_id):
-                    context.instance.report_run_failed(run, f"replaced by the supervisor: {decision.reason}")
-            attempts = store.record_restart(record.name, task_id)
-            context.log.info(f"restarting {record.name}-{task_id} (attempt {attempts}): {decision.reason}")
-            run_requests.append(run_request(record.name, task_id, f"restart: {decision.reason}"))
-    return dg.SensorResult(run_requests=run_requests)
+            try:
+                lease_timeout_s = load(record.properties).lease_timeout_ms / 1000
+            except ConnectorConfigError:
+                continue
+            histories = task_histories(context.instance, record.name)
+            for task_id in sorted(store.read_assignment(record.name)):
+                history = histories.get(task_id)
+                if history is None:
+                    continue  # never ran: the monitor starts it
+                lease = store.lease_of(record.name, task_id)
+                decision = restart_decision(
+                    history, lease.heartbeat_at if lease else None, now, lease_timeout_s=lease_timeout_s,
+                    initial_backoff_s=supervisor.initial_backoff_s, max_backoff_s=supervisor.max_backoff_s,
+                )  # fmt: skip
+                if not decision.launch:
+                    continue
+                if decision.replace_live_run:
+                    for run in live_runs(context.instance, record.name, task_id):
+                        context.instance.report_run_failed(run, f"replaced by the supervisor: {decision.reason}")
+                attempts = store.record_restart(record.name, task_id)
+                context.log.info(f"restarting {record.name}-{task_id} (attempt {attempts}): {decision.reason}")
+                run_requests.append(run_request(record.name, task_id, f"restart: {decision.reason}"))
+        return dg.SensorResult(run_requests=run_requests)
+
+    return task_supervisor

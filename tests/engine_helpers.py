@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mirus_dagster.stack import StackEndpoints
-from replicator.config import ConnectorConfig
-from replicator.store import SourcePartition, Store
+from replicator.assignment import SourcePartition
+from replicator.config import ConnectorConfig, validate_submission
+from replicator.store import Store
 from replicator.task import ReplicationTask, TaskExit
 
 
@@ -28,7 +29,7 @@ def connector_properties(stack: StackEndpoints, name: str, **extra: Any) -> dict
 def create_connector(
     store: Store, properties: Mapping[str, Any], assignment: Mapping[int, Sequence[SourcePartition]]
 ) -> ConnectorConfig:
-    config = ConnectorConfig.from_properties(properties)
+    config = validate_submission(properties)
     store.put_connector(config.name, config.raw, config.tasks_max)
     store.write_assignment(config.name, assignment)
     return config

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from replicator import provenance
+
 
 @dataclass(frozen=True)
 class Rec:
@@ -103,3 +105,19 @@ def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, time
     finally:
         consumer.close()
     return records
+
+
+def with_provenance(
+    headers: list[tuple[str, bytes | None]] | None,
+    origin: str,
+    source_cluster: str,
+    topic: str,
+    partition: int,
+    offset: int,
+) -> list[tuple[str, bytes | None]]:
+    """A record's headers as the engine writes them on a copy: the user's, then this hop's provenance."""
+    return [
+        *provenance.user_headers(headers),
+        (provenance.ORIGIN, origin.encode()),
+        (provenance.SOURCE, provenance.source_prefix(source_cluster, topic, partition) + b"%d" % offset),
+    ]  # fmt: skip

@@ -7,7 +7,16 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from replicator.assignment import SourcePartition, assign_partitions, moved_partitions
+from replicator.assignment import SourcePartition, assign_partitions
+
+
+def moved_partitions(
+    before: Mapping[int, Sequence[SourcePartition]], after: Mapping[int, Sequence[SourcePartition]]
+) -> int:
+    """How many partitions present in both assignments changed task (added or removed ones do not count)."""
+    owner_before = {p: task for task, owned in before.items() for p in owned}
+    return sum(1 for task, owned in after.items() for p in owned if p in owner_before and owner_before[p] != task)
+
 
 SCENARIOS = 400
 

@@ -12,7 +12,8 @@ from sqlalchemy import Engine
 
 from mirus_dagster.stack import StackEndpoints
 from replicator import provenance
-from replicator.store import PAUSED, SourcePartition, Store
+from replicator.assignment import SourcePartition
+from replicator.store import ConnectorState, Store
 from replicator.verify import VerifyReport, verify_replication
 from tests.dagster_dev import DagsterDev, RunInfo, dagster_dev
 from tests.engine_helpers import connector_properties
@@ -279,7 +280,7 @@ def test_dagster_dev_replicates_supervises_terminates_and_pauses(
         assert {r.run_id for r in runs} == after_pause, "a replicator run was started while the connector is paused"
         assert not [r for r in runs if r.status in LIVE]
         head = store.connector_head(name)
-        assert head is not None and head.state == PAUSED
+        assert head is not None and head.state == ConnectorState.PAUSED
 
         # -- clean shutdown (the context manager shuts down too, on any failure above) --------------------------
         shutdown = dev.shutdown()

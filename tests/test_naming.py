@@ -113,10 +113,6 @@ def test_topic_source_parsing(topic: str, source: str | None, upstream: str | No
     assert policy.upstream_topic(topic) == upstream
 
 
-def test_original_topic_strips_every_alias() -> None:
-    assert DefaultReplicationPolicy("X", "Y").original_topic("A.B.topic-1") == "topic-1"
-
-
 @pytest.mark.parametrize(
     ("source", "target", "separator"), [("A.1", "B", "."), ("A", "B.1", "."), ("", "B", "."), ("A", "B", "")]
 )
@@ -144,7 +140,7 @@ def test_policies_satisfy_the_protocol(policy: ReplicationPolicy) -> None:
 def test_regex_router_group_references() -> None:
     router = RegexRouter(r"(.*)-(.*)", "$2.$1")
     assert router.route("orders-eu") == "eu.orders"
-    assert router.python_replacement == r"\g<2>.\g<1>"
+    assert RegexRouter(r"(.*)-(.*)", "$2$1.x").route("ab-cd") == "cdab.x"
 
 
 def test_regex_router_only_renames_on_a_full_match() -> None:

@@ -1,22 +1,26 @@
 """Sensors, jobs and runs on a real Dagster instance with real clusters and Postgres (runs execute in-process)."""
 
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import dagster as dg
 import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine
 
-from mirus_dagster.jobs import admin_jobs, replicator
+from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET, TAG_CONNECTOR, TAG_REASON, TAG_TASK
+from mirus_dagster.definitions import admin_jobs, kafka_monitor, task_supervisor
+from mirus_dagster.jobs import replicator
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.stack import StackEndpoints
-from mirus_dagster.status import CONNECTORS_ASSET
-from mirus_dagster.task_runs import TAG_CONNECTOR, TAG_TASK
 from replicator.store import Store
 from sensors.decisions import TaskRunHistory, restart_backoff_s, restart_decision, start_decision
-from sensors.monitor import kafka_monitor
-from sensors.supervisor import task_supervisor
+from sensors.monitor import MonitorCursor
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import consume_all, create_topics, produce, wait_for
 
@@ -175,11 +179,11 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     })  # fmt: skip
     assert put(instance, resources, properties).success
     # The connectors asset shows the connector; the secret appears only as its reference.
-    materialization = instance.get_latest_materialization_event(CONNECTORS_ASSET).asset_materialization
+    materialization = instance.get_latest_materialization_event(dg.AssetKey(CONNECTORS_ASSET)).asset_materialization
     assert unique in str(materialization.metadata["connectors"].value)
     shown = str(materialization.metadata)
     assert "hunter2-secret" not in shown and "${env:TEST_SOURCE_PASSWORD}" in shown
-    assert unique in instance.get_dynamic_partitions("connectors")
+    assert unique in instance.get_dynamic_partitions(CONNECTOR_PARTITIONS)
 
     result = evaluate(kafka_monitor, instance, resources, None)
     requests = requests_for(result, unique)
@@ -210,7 +214,7 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     assert admin(instance, resources, "resume", unique).success
     assert len(requests_for(evaluate(kafka_monitor, instance, resources, cursor), unique)) == 2
     assert admin(instance, resources, "delete", unique).success
-    assert unique not in instance.get_dynamic_partitions("connectors")
+    assert unique not in instance.get_dynamic_partitions(CONNECTOR_PARTITIONS)
     assert admin(instance, resources, "pause", unique).success is False  # unknown now: a clear failure
 
 
@@ -229,10 +233,10 @@ def test_unreachable_source_backs_off_without_affecting_other_connectors(
 
     assert [r.tags[TAG_CONNECTOR] for r in requests_for(result, healthy) + requests_for(result, broken)] == [healthy]
     snapshot = Store(db_engine).latest_snapshot(broken, "source")
-    assert snapshot is not None and "source cluster metadata unavailable" in snapshot["error"]
+    assert snapshot is not None and "source cluster metadata unavailable" in snapshot.error
     assert '"failures":1' in result.cursor
     # The reason is visible in the UI: the connectors asset lists it.
-    shown = next(e for e in result.asset_events if e.asset_key == CONNECTORS_ASSET)
+    shown = next(e for e in result.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET))
     assert "source metadata: source cluster metadata unavailable" in str(shown.metadata["connectors"].value)
     for name in (healthy, broken):
         admin(instance, resources, "delete", name)
@@ -257,8 +261,52 @@ def test_the_supervisor_restarts_a_failed_task(
         lambda: requests_for(evaluate(task_supervisor, instance, resources, None), unique),
         timeout=10, what="a restart after the first backoff",
     )  # fmt: skip
-    assert restart[0].tags[TAG_TASK] == "0" and "restart" in restart[0].tags["mirus/reason"]
-    assert store.lease_of(unique, 0)["restart_attempts"] == 1
+    assert restart[0].tags[TAG_TASK] == "0" and "restart" in restart[0].tags[TAG_REASON]
+    assert store.lease_of(unique, 0).restart_attempts == 1
     disabled = {**resources, "supervisor": SupervisorPolicy(auto_restart=False)}
     assert isinstance(evaluate(task_supervisor, instance, disabled, None), dg.SkipReason)
+    admin(instance, resources, "delete", unique)
+
+
+@pytest.fixture
+def kafka_clients(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The kind of every Kafka client the platform's code creates from now on (the clients still work)."""
+    created: list[str] = []
+    for kind in (Consumer, Producer, AdminClient):
+
+        def counting(*args: Any, _kind: type = kind, **kwargs: Any) -> Any:
+            created.append(_kind.__name__)
+            return _kind(*args, **kwargs)
+
+        for module in list(sys.modules.values()):
+            name = getattr(module, "__name__", "")
+            if (
+                name.startswith(("replicator", "mirus_dagster", "sensors", "assets"))
+                and vars(module).get(kind.__name__) is kind
+            ):
+                monkeypatch.setattr(module, kind.__name__, counting)
+    return created
+
+
+def test_a_sensor_tick_creates_kafka_clients_only_to_poll_metadata(
+    instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, unique: str, kafka_clients: list[str]
+) -> None:
+    create_topics(stack.source_bootstrap_servers, {unique: 1})
+    create_topics(stack.destination_bootstrap_servers, {unique: 1})
+    assert put(instance, resources, connector_properties(stack, unique, **{"topics.whitelist": unique})).success
+    assert "Consumer" in kafka_clients  # the submission checks judged the client settings with librdkafka
+    kafka_clients.clear()
+
+    polled = evaluate(kafka_monitor, instance, resources, None)
+    assert requests_for(polled, unique)
+    # Metadata of both clusters, read with admin clients; the stored configs are not judged again.
+    assert kafka_clients and set(kafka_clients) == {"AdminClient"}
+    kafka_clients.clear()
+
+    cursor = MonitorCursor.model_validate_json(polled.cursor)
+    for poll in cursor.polls.values():
+        poll.next_poll_at = time.time() + 3600  # no connector is due: the tick only starts runs
+    assert requests_for(evaluate(kafka_monitor, instance, resources, cursor.model_dump_json()), unique)
+    evaluate(task_supervisor, instance, resources, None)
+    assert kafka_clients == []
     admin(instance, resources, "delete", unique)

@@ -21,7 +21,7 @@ from replicator.task import CommitWatchdogError, TaskExit
 from replicator.verify import verify_replication
 
 from .engine_helpers import TaskThread, connector_properties, create_connector
-from .kafka_helpers import Rec, consume_all, create_topics, delete_topics, produce, wait_for
+from .kafka_helpers import Rec, consume_all, create_topics, delete_topics, produce, wait_for, with_provenance
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_records_arrive_intact_with_partitions_headers_timestamps_and_provenance
             assert origin.origin_cluster == "source"
     ends = {(topic, p): src_by_p[p][-1].offset + 1 for p in range(partitions)}
     assert _committed(store, unique) == ends
-    assert store.lease_of(unique, 0)["state"] == "STOPPED"
+    assert store.lease_of(unique, 0).state == "STOPPED"
 
     samples = store.metric_samples(unique)
     assert sum(s["records"] for s in samples) == 800
@@ -97,7 +97,7 @@ def test_provenance_headers_can_be_turned_off_and_cycles_are_never_written_back(
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
     # The second record was itself replicated from the destination cluster ("target") earlier: a cycle.
-    looped = provenance.with_provenance([("h", b"x")], "target", "target", unique, 0, 41)
+    looped = with_provenance([("h", b"x")], "target", "target", unique, 0, 41)
     produce(stack.source_bootstrap_servers, [
         {"topic": unique, "value": b"local", "headers": [("h", b"1")]},
         {"topic": unique, "value": b"came-from-target", "headers": looped},
@@ -210,7 +210,7 @@ def test_a_second_instance_fences_the_first(stack: StackEndpoints, store: Store,
     )
     wait_for(lambda: sum(_committed(store, unique).values()) == 150, what="second instance replicating")
     lease = store.lease_of(unique, 0)
-    assert lease["owner"] == "second" and lease["epoch"] == 2
+    assert lease is not None and (lease.owner, lease.epoch) == ("second", 2)
     with store.engine.connect() as conn:
         epochs = set(conn.execute(text("SELECT epoch FROM offsets WHERE connector = :c"), {"c": unique}).scalars())
     assert epochs == {2}
@@ -233,7 +233,7 @@ def test_assignment_changes_apply_live(stack: StackEndpoints, store: Store, uniq
     wait_for(lambda: _committed(store, unique) == {(a, 0): 1, (a, 1): 1, (b, 0): 1}, what="added partitions")
 
     store.write_assignment(unique, {0: [(b, 0)], 1: [(a, 0), (a, 1)]})
-    wait_for(lambda: all(s["task_id"] is None for tp, s in store.partition_statuses(unique).items() if tp[0] == a),
+    wait_for(lambda: all(s.task_id is None for tp, s in store.partition_statuses(unique).items() if tp[0] == a),
              what="partitions of topic a released")  # fmt: skip
     produce(stack.source_bootstrap_servers, [{"topic": b, "value": b"y"}, {"topic": a, "partition": 0, "value": b"z"}])
     wait_for(lambda: _committed(store, unique)[(b, 0)] == 2, what="remaining partition keeps flowing")
@@ -243,7 +243,7 @@ def test_assignment_changes_apply_live(stack: StackEndpoints, store: Store, uniq
     # Task 0 is no longer part of the connector: it commits, releases everything and ends.
     store.write_assignment(unique, {1: [(a, 0), (a, 1), (b, 0)]})
     assert runner.join() is TaskExit.REMOVED
-    assert store.partition_statuses(unique)[(b, 0)]["task_id"] is None
+    assert store.partition_statuses(unique)[(b, 0)].task_id is None
     assert _committed(store, unique)[(b, 0)] == 2
 
 
@@ -263,12 +263,12 @@ def test_a_deleted_destination_topic_pauses_only_its_partition(
 
     def paused() -> dict | None:
         status = store.partition_statuses(unique)[(poisoned, 0)]
-        return status if status["state"] == "PAUSED" else None
+        return status if status.state == "PAUSED" else None
 
     # The task notices the missing destination itself. (Records written into the deletion window are refused by
     # Apache Kafka and pause the partition the same way; the test broker acknowledges them instead, so none are.)
     status = wait_for(paused, what="poisoned partition paused")
-    assert poisoned in status["reason"] and "does not exist" in status["reason"]
+    assert poisoned in status.reason and "does not exist" in status.reason
     produce(stack.source_bootstrap_servers, [{"topic": t, "value": b"2"} for t in (good, poisoned)])
     produce(stack.source_bootstrap_servers, [{"topic": good, "value": b"3"}])
     wait_for(lambda: _committed(store, unique)[(good, 0)] == 3, what="the healthy partition keeps flowing")
@@ -276,7 +276,7 @@ def test_a_deleted_destination_topic_pauses_only_its_partition(
 
     create_topics(stack.destination_bootstrap_servers, {poisoned: 1})
     wait_for(lambda: _committed(store, unique)[(poisoned, 0)] == 2, timeout=60, what="paused partition resumes")
-    assert store.partition_statuses(unique)[(poisoned, 0)]["state"] == "ACTIVE"
+    assert store.partition_statuses(unique)[(poisoned, 0)].state == "ACTIVE"
     runner.finish()
     assert [r.value for r in consume_all(stack.destination_bootstrap_servers, poisoned, 1, expected=1)] == [b"2"]
 

@@ -9,7 +9,6 @@ from click.testing import CliRunner
 
 from mirus_dagster.stack import StackEndpoints
 from mirus_dagster.verify_command import verify
-from replicator import provenance
 from replicator.verify import Mismatch, PartitionResult, VerifyReport, verify_replication
 
 from .kafka_helpers import Rec, create_topics, produce
@@ -43,7 +42,7 @@ def copy(
     rec: Rec, topic: str, partition: int | None = None, *, with_provenance: bool = True, **changes: object
 ) -> dict:
     """What the replicator would produce for `rec` (optionally altered), as Producer.produce() arguments."""
-    headers = provenance.with_provenance(rec.headers, "source", "source", rec.topic, rec.partition, rec.offset)
+    headers = with_provenance(rec.headers, "source", "source", rec.topic, rec.partition, rec.offset)
     args = {
         "topic": topic,
         "partition": rec.partition if partition is None else partition,

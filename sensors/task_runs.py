@@ -7,13 +7,17 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
+from mirus_dagster.constants import (
+    KIND_REPLICATOR,
+    REPLICATE_OP,
+    REPLICATOR_JOB,
+    TAG_CONNECTOR,
+    TAG_KIND,
+    TAG_REASON,
+    TAG_TASK,
+)
 from sensors.decisions import TaskRunHistory
 
-JOB_NAME = "replicator"
-TAG_KIND = "mirus/kind"
-TAG_CONNECTOR = "mirus/connector"
-TAG_TASK = "mirus/task"
-TAG_REASON = "mirus/reason"
 LIVE = {
     dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
     dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING,
@@ -22,13 +26,13 @@ HISTORY_LIMIT = 200
 
 
 def replicator_tags(connector: str, task_id: int) -> dict[str, str]:
-    return {TAG_KIND: "replicator", TAG_CONNECTOR: connector, TAG_TASK: str(task_id)}
+    return {TAG_KIND: KIND_REPLICATOR, TAG_CONNECTOR: connector, TAG_TASK: str(task_id)}
 
 
 def run_request(connector: str, task_id: int, reason: str) -> dg.RunRequest:
     return dg.RunRequest(
-        job_name=JOB_NAME,
-        run_config={"ops": {"replicate": {"config": {"connector": connector, "task_id": task_id}}}},
+        job_name=REPLICATOR_JOB,
+        run_config={"ops": {REPLICATE_OP: {"config": {"connector": connector, "task_id": task_id}}}},
         tags={**replicator_tags(connector, task_id), TAG_REASON: reason},
     )
 
@@ -40,7 +44,7 @@ def _ts(value: float | None) -> datetime | None:
 def task_histories(instance: dg.DagsterInstance, connector: str) -> dict[int, TaskRunHistory]:
     """Per task id of `connector`, its recent runs folded into a `TaskRunHistory`. One query per connector."""
     records = instance.get_run_records(
-        dg.RunsFilter(job_name=JOB_NAME, tags={TAG_CONNECTOR: connector}), limit=HISTORY_LIMIT
+        dg.RunsFilter(job_name=REPLICATOR_JOB, tags={TAG_CONNECTOR: connector}), limit=HISTORY_LIMIT
     )
     by_task: dict[int, list[dg.RunRecord]] = defaultdict(list)
     for record in records:  # newest first
@@ -69,7 +73,7 @@ def task_histories(instance: dg.DagsterInstance, connector: str) -> dict[int, Ta
 def live_runs(instance: dg.DagsterInstance, connector: str, task_id: int) -> list[dg.DagsterRun]:
     return list(
         instance.get_runs(
-            dg.RunsFilter(job_name=JOB_NAME, statuses=list(LIVE), tags=replicator_tags(connector, task_id))
+            dg.RunsFilter(job_name=REPLICATOR_JOB, statuses=list(LIVE), tags=replicator_tags(connector, task_id))
         )
     )
 
