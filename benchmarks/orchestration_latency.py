@@ -4,7 +4,7 @@
 
 Starts a private embedded stack on ports 29192/29193/25532 (or uses MIRUS_SOURCE_BOOTSTRAP_SERVERS /
 MIRUS_DESTINATION_BOOTSTRAP_SERVERS / MIRUS_DATABASE_URL) and `dagster dev` on the code location (the helper in
-tests/dagster_dev.py), adds one connector through the GraphQL API with default settings (`topics.regex` only),
+mirus_dagster/devserver.py), adds one connector through the GraphQL API with default settings (`topics.regex` only),
 and measures:
 
 (a) new topic → first copy: the destination topic is created, then the clock starts, the source topic matching
@@ -33,17 +33,18 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from mirus_dagster.constants import PUT_CONNECTOR_JOB, REPLICATOR_JOB, STORE_CONNECTOR_OP, TAG_CONNECTOR, TAG_TASK
+from mirus_dagster.devserver import DagsterDev, RunInfo, dagster_dev
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackEndpoints
 from replicator import provenance
 from replicator.database import make_engine, upgrade
-from tests.dagster_dev import DagsterDev, RunInfo, dagster_dev
 
 PORTS = {"source_port": 29192, "destination_port": 29193, "postgres_port": 25532}
 TARGET_NEW_TOPIC_S = 10.0
 TARGET_KILL_S = 15.0
 CONNECTOR = "latency"
-TAGS = {"mirus/connector": CONNECTOR, "mirus/task": "0"}
+TAGS = {TAG_CONNECTOR: CONNECTOR, TAG_TASK: "0"}
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
@@ -74,7 +75,7 @@ def first_record(consumer: Consumer, accept, timeout: float) -> float:  # type: 
 
 
 def live_run(dev: DagsterDev, timeout: float = 120) -> RunInfo:
-    (run,) = dev.wait_for_runs(TAGS, statuses={"STARTED"}, job_name="replicator", timeout=timeout)
+    (run,) = dev.wait_for_runs(TAGS, statuses={"STARTED"}, job_name=REPLICATOR_JOB, timeout=timeout)
     return run
 
 
@@ -146,7 +147,7 @@ def kill_latency(dev: DagsterDev, traffic: Traffic, reader: Consumer) -> tuple[f
     latency = first_record(reader, after_kill, 120) - killed_at
     failed = dev.wait_for_status(victim.run_id, {"FAILURE"}, timeout=30)
     (new,) = dev.wait_for_runs(
-        TAGS, statuses={"STARTED"}, where=lambda r: r.run_id != victim.run_id, job_name="replicator", timeout=30
+        TAGS, statuses={"STARTED"}, where=lambda r: r.run_id != victim.run_id, job_name=REPLICATOR_JOB, timeout=30
     )
     breakdown = (
         f"run FAILURE +{(failed.end_time or killed_wall) - killed_wall:.1f}s, "
@@ -190,7 +191,7 @@ def main() -> None:
                     "topics.regex": f"{prefix}-.*",
                 }  # fmt: skip
                 put = dev.client.submit_job_execution(
-                    "put_connector", run_config={"ops": {"store_connector": {"config": {"properties": properties}}}}
+                    PUT_CONNECTOR_JOB, run_config={"ops": {STORE_CONNECTOR_OP: {"config": {"properties": properties}}}}
                 )
                 dev.wait_for_status(put, {"SUCCESS"}, timeout=120)
                 traffic = Traffic(src, flow, rate=50)

@@ -127,10 +127,9 @@ def task_run(connector: str, task_id: int) -> None:
 @click.option("--demo/--no-demo", default=True, show_default=True, help="Register the demo connector and traffic.")
 def dev(port: int, keep_stack: bool, demo: bool) -> None:
     """Start the embedded stack, migrate the database and run the Dagster UI on it."""
-    from importlib.resources import files
-
     from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_TOPIC
     from mirus_dagster.demo import register_demo
+    from mirus_dagster.devserver import dagster_dev_command, write_dagster_home
     from replicator.database import make_engine, upgrade
     from replicator.store import Store
 
@@ -143,9 +142,7 @@ def dev(port: int, keep_stack: bool, demo: bool) -> None:
     engine = make_engine(endpoints.database_url)
     upgrade(engine)
 
-    dagster_home = local.state_dir / "dagster-home"
-    dagster_home.mkdir(parents=True, exist_ok=True)
-    (dagster_home / "dagster.yaml").write_text(files("mirus_dagster").joinpath("dagster.yaml").read_text())
+    dagster_home = write_dagster_home(local.state_dir / "dagster-home")
     env = {**os.environ, **endpoints.as_env(), "DAGSTER_HOME": str(dagster_home)}
     children = []
     if demo:
@@ -156,7 +153,7 @@ def dev(port: int, keep_stack: bool, demo: bool) -> None:
         children.append(subprocess.Popen(traffic, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     engine.dispose()
 
-    argv = [sys.executable, "-m", "dagster", "dev", "-m", "mirus_dagster.definitions", "-p", str(port)]
+    argv = dagster_dev_command(port)
     click.echo(f"Dagster UI: http://127.0.0.1:{port}")
     # The child must handle SIGINT even when we were started with it ignored (e.g. from a background shell).
     dagster = subprocess.Popen(argv, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

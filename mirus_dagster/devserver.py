@@ -1,11 +1,12 @@
-"""`dagster dev` on the platform's code location as a real subprocess, for end-to-end tests and benchmarks.
+"""`dagster dev` on the platform's code location: its command line and DAGSTER_HOME (used by `mirus dev`), and a
+driver that runs it as a real subprocess for end-to-end tests and benchmarks.
 
-Not a test module. `dagster_dev(env)` picks a free port, writes `DAGSTER_HOME/dagster.yaml` (the platform's own
-instance settings), starts `dagster dev -m mirus_dagster.definitions` in its own process group with its output
-in a log file, waits until the webserver answers and the code location is loaded, and yields a `DagsterDev`:
-a `dagster_graphql.DagsterGraphQLClient` plus helpers to list and wait for runs and to find a run's worker
-process. Leaving the `with` block shuts everything down (SIGINT to the process group, SIGKILL only for what is
-still alive after the grace period) and leaves no process behind.
+`dagster_dev(env)` picks a free port, writes `DAGSTER_HOME/dagster.yaml` (the platform's own instance settings),
+starts `dagster_dev_command` in its own process group with its output in a log file, waits until the webserver
+answers and the code location is loaded, and yields a `DagsterDev`: a `dagster_graphql.DagsterGraphQLClient`
+plus helpers to list and wait for runs and to find a run's worker process. Leaving the `with` block shuts
+everything down (SIGINT to the process group, SIGKILL only for what is still alive after the grace period) and
+leaves no process behind.
 
 How run workers look under `dagster dev` (Dagster 1.13, DefaultRunLauncher): the code server starts each run in
 a `multiprocessing` "spawn" child, whose command line is the generic `multiprocessing.spawn` one and does not
@@ -19,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +37,9 @@ from dagster_graphql import DagsterGraphQLClient
 from gql import Client, GraphQLRequest
 from gql.transport.exceptions import TransportError
 from gql.transport.requests import RequestsHTTPTransport
+
+from mirus_dagster.constants import PUT_CONNECTOR_JOB, REPLICATOR_JOB
+from mirus_dagster.stack import free_port, log_tail
 
 CODE_LOCATION_MODULE = "mirus_dagster.definitions"
 START_TIMEOUT_S = 180.0
@@ -159,12 +162,6 @@ class ShutdownReport:
         return not self.killed
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _alive(proc: psutil.Process) -> bool:
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
@@ -201,15 +198,8 @@ class DagsterDev:
         """Run a GraphQL query or mutation against the webserver and return its data."""
         return self._gql.execute(GraphQLRequest(document, variable_values=dict(variables or {})))
 
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            text = self.log.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            return "(no log written)"
-        return "\n".join(text[-lines:]) or "(log is empty)"
-
     def fail(self, message: str) -> DagsterDevError:
-        return DagsterDevError(f"{message}\n--- last lines of {self.log} ---\n{self.log_tail()}")
+        return DagsterDevError(f"{message}\n--- last lines of {self.log} ---\n{log_tail(self.log, LOG_TAIL_LINES)}")
 
     def until(self, condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
         """Poll `condition` until it returns something truthy; on timeout, or if dagster dev exits, raise."""
@@ -246,7 +236,7 @@ class DagsterDev:
             if entry["loadStatus"] != "LOADED" or not location:
                 return False
             jobs = {job["name"] for repo in location["repositories"] for job in repo["jobs"]}
-            if "replicator" in jobs and "put_connector" in jobs:
+            if REPLICATOR_JOB in jobs and PUT_CONNECTOR_JOB in jobs:
                 self._location = (location["name"], location["repositories"][0]["name"])
                 return True
         return False
@@ -450,10 +440,16 @@ class DagsterDev:
 
 
 def write_dagster_home(home: Path) -> Path:
-    """DAGSTER_HOME with the platform's instance settings, as `mirus dev` writes it."""
+    """DAGSTER_HOME with the platform's instance settings (mirus_dagster/dagster.yaml)."""
     home.mkdir(parents=True, exist_ok=True)
     (home / "dagster.yaml").write_text(files("mirus_dagster").joinpath("dagster.yaml").read_text())
     return home
+
+
+def dagster_dev_command(port: int, host: str | None = None) -> list[str]:
+    """`dagster dev` (webserver + daemon) on the platform's code location."""
+    argv = [sys.executable, "-m", "dagster", "dev", "-m", CODE_LOCATION_MODULE, "-p", str(port)]
+    return argv + (["-h", host] if host else [])
 
 
 def start_dagster_dev(
@@ -468,7 +464,7 @@ def start_dagster_dev(
     home = write_dagster_home(workdir / "dagster-home")
     log = workdir / "dagster-dev.log"
     port = free_port()
-    argv = [sys.executable, "-m", "dagster", "dev", "-m", CODE_LOCATION_MODULE, "-h", "127.0.0.1", "-p", str(port)]
+    argv = dagster_dev_command(port, "127.0.0.1")
     child_env = {**os.environ, **env, "DAGSTER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     with log.open("ab") as out:
         process = subprocess.Popen(

@@ -82,12 +82,20 @@ class PartStatus:
     pid: int | None = None
 
 
-def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` of a process's log file, for error messages."""
     try:
         text = path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return "(no log written)"
     return "\n".join(text[-lines:]) or "(log is empty)"
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _port_is_free(port: int) -> bool:
@@ -107,7 +115,7 @@ def _wait_until_ready(name: str, proc: subprocess.Popen[bytes], log: Path, ready
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise StackError(
-                f"{name} exited with code {proc.returncode} while starting. Last lines of {log}:\n{_log_tail(log)}"
+                f"{name} exited with code {proc.returncode} while starting. Last lines of {log}:\n{log_tail(log)}"
             )
         try:
             ready()
@@ -118,7 +126,7 @@ def _wait_until_ready(name: str, proc: subprocess.Popen[bytes], log: Path, ready
     _terminate(proc.pid)
     raise StackError(
         f"{name} did not become ready within {START_TIMEOUT_S:.0f}s ({last_error}). "
-        f"Last lines of {log}:\n{_log_tail(log)}"
+        f"Last lines of {log}:\n{log_tail(log)}"
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,14 +11,8 @@ import pytest
 from sqlalchemy import Engine
 
 from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack, StackEndpoints
+from mirus_dagster.stack import LocalStack, StackEndpoints, free_port
 from replicator.database import make_engine, upgrade
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def private_stack_settings(state_dir: Path) -> PlatformSettings:

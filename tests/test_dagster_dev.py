@@ -1,27 +1,46 @@
-"""The platform as an operator runs it: a real `dagster dev` process on the code location, driven over GraphQL."""
+"""The platform as an operator runs it: a real `dagster dev` process on the code location, driven over GraphQL.
+
+The slow real-process tests (about two minutes together). One `dagster dev` serves the whole module (the
+`platform` fixture adds a connector with the `put_connector` job); each scenario is its own test, in order, so a
+failing one does not hide the others. Only the GraphQL API is used to act on the platform.
+"""
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterable, Mapping
-from pathlib import Path
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
+import pytest
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 from sqlalchemy import Engine
 
+from mirus_dagster.constants import (
+    KIND_REPLICATOR,
+    MONITOR_SENSOR,
+    PUT_CONNECTOR_JOB,
+    REPLICATOR_JOB,
+    STORE_CONNECTOR_OP,
+    SUPERVISOR_SENSOR,
+    TAG_CONNECTOR,
+    TAG_KIND,
+    TAG_REASON,
+    TAG_SENSOR,
+    TAG_TASK,
+    admin_job_name,
+    admin_op_name,
+)
+from mirus_dagster.devserver import DagsterDev, RunInfo, dagster_dev
 from mirus_dagster.stack import StackEndpoints
 from replicator import provenance
 from replicator.assignment import SourcePartition
 from replicator.store import ConnectorState, Store
 from replicator.verify import VerifyReport, verify_replication
-from tests.dagster_dev import DagsterDev, RunInfo, dagster_dev
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import Rec, consume_all, create_topics, produce, wait_for
 
-CONNECTOR = "mirus/connector"
-TASK = "mirus/task"
-SENSOR = "dagster/sensor_name"
 LIVE = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
 
 
@@ -126,15 +145,15 @@ class Replicated:
 
 
 def live_runs_by_task(dev: DagsterDev, connector: str) -> dict[int, RunInfo]:
-    runs = dev.runs({CONNECTOR: connector}, job_name="replicator")
-    return {int(r.tags[TASK]): r for r in runs if r.status == "STARTED"}
+    runs = dev.runs({TAG_CONNECTOR: connector}, job_name=REPLICATOR_JOB)
+    return {int(r.tags[TAG_TASK]): r for r in runs if r.status == "STARTED"}
 
 
 def wait_for_new_run(dev: DagsterDev, connector: str, task: int, previous: str) -> RunInfo:
     """The task's next replicator run once it is STARTED (another run id, same `mirus/task` tag)."""
     (run,) = dev.wait_for_runs(
-        {CONNECTOR: connector, TASK: str(task)}, statuses={"STARTED"}, where=lambda r: r.run_id != previous,
-        job_name="replicator", timeout=90, what=f"a new started run of task {connector}-{task}",
+        {TAG_CONNECTOR: connector, TAG_TASK: str(task)}, statuses={"STARTED"}, where=lambda r: r.run_id != previous,
+        job_name=REPLICATOR_JOB, timeout=90, what=f"a new started run of task {connector}-{task}",
     )  # fmt: skip
     return run
 
@@ -159,130 +178,148 @@ def verified(stack: StackEndpoints, topics: Iterable[str]) -> VerifyReport:
     return reports[-1]
 
 
-def test_dagster_dev_replicates_supervises_terminates_and_pauses(
-    stack: StackEndpoints, db_engine: Engine, unique: str, tmp_path: Path
-) -> None:
-    """The slow real-process test (about two minutes): `dagster dev` with the platform's code location.
+@dataclass
+class Platform:
+    """`dagster dev` with one connector `name` replicating `topics` (topic -> partitions) over two tasks."""
 
-    Only the GraphQL API is used to act on the platform: a connector is added with the `put_connector` job, the
-    `kafka_monitor` sensor launches its replicator runs, and then, without any other action, records (keys,
-    headers, several partitions) are replicated, a topic created later is picked up, a run killed with SIGKILL is
-    restarted by `task_supervisor` and nothing is lost or reordered, a terminated run ends CANCELED after
-    committing what it replicated and is started again by the monitor, and `pause_connector` ends every
-    replicator run of the connector for good. `dagster dev` is shut down cleanly, leaving no process behind.
-    """
-    src, dst = stack.source_bootstrap_servers, stack.destination_bootstrap_servers
-    store = Store(db_engine)
-    name = unique
-    topics = {f"{unique}-a": 3, f"{unique}-b": 2}
-    create_topics(dst, topics)
-    create_topics(src, topics)
-    produce(src, [record(t, i % n, i, "initial") for t, n in topics.items() for i in range(30)])
+    dev: DagsterDev
+    stack: StackEndpoints
+    store: Store
+    name: str
+    topics: dict[str, int]
 
-    with dagster_dev(stack.as_env(), tmp_path / "dagster-dev") as dev:
-        # -- a connector added over GraphQL; the monitor sensor launches one run per task ---------------------
+
+@pytest.fixture(scope="module")
+def platform(stack: StackEndpoints, db_engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    """The connector is added over GraphQL with the `put_connector` job, once for every test of this module."""
+    name = f"dagster-dev-{uuid.uuid4().hex[:8]}"
+    topics = {f"{name}-a": 3, f"{name}-b": 2}
+    create_topics(stack.destination_bootstrap_servers, topics)
+    create_topics(stack.source_bootstrap_servers, topics)
+    produce(
+        stack.source_bootstrap_servers, [record(t, i % n, i, "initial") for t, n in topics.items() for i in range(30)]
+    )
+    with dagster_dev(stack.as_env(), tmp_path_factory.mktemp("dagster-dev")) as dev:
         properties = connector_properties(
-            stack, name, **{"topics.regex": f"{unique}-.*", "tasks.max": "2", "monitor.poll.wait.ms": "1000"}
+            stack, name, **{"topics.regex": f"{name}-.*", "tasks.max": "2", "monitor.poll.wait.ms": "1000"}
         )
         put = dev.client.submit_job_execution(
-            "put_connector", run_config={"ops": {"store_connector": {"config": {"properties": properties}}}}
+            PUT_CONNECTOR_JOB, run_config={"ops": {STORE_CONNECTOR_OP: {"config": {"properties": properties}}}}
         )
         dev.wait_for_status(put, {"SUCCESS"}, timeout=120)
-        started = dev.until(
-            lambda: (runs := live_runs_by_task(dev, name)).keys() == {0, 1} and runs, 90, "runs for tasks 0 and 1"
-        )
-        for run in started.values():
-            assert run.tags[SENSOR] == "kafka_monitor" and run.tags["mirus/kind"] == "replicator", run.tags
-        for topic, partitions in topics.items():
-            assert_copied(stack, topic, partitions, 30)
+        yield Platform(dev, stack, Store(db_engine), name, topics)
 
-        # -- a topic created later that matches topics.regex is replicated without any action -----------------
-        late = {f"{unique}-c": 2}
-        create_topics(dst, late)
-        create_topics(src, late)
-        produce(src, [record(t, i % n, i, "late") for t, n in late.items() for i in range(20)])
-        assert_copied(stack, f"{unique}-c", 2, 20)
-        topics |= late
-        assignment = store.read_assignment(name)
-        assert sorted(tp for tps in assignment.values() for tp in tps) == sorted(
-            (t, p) for t, n in topics.items() for p in range(n)
-        )
-        assert set(live_runs_by_task(dev, name)) == {0, 1}, "a new topic must not need new runs"
 
-        replicated = Replicated(dst, topics)
+def test_the_monitor_starts_one_run_per_task_and_records_are_replicated(platform: Platform) -> None:
+    dev, name = platform.dev, platform.name
+    started = dev.until(
+        lambda: (runs := live_runs_by_task(dev, name)).keys() == {0, 1} and runs, 90, "runs for tasks 0 and 1"
+    )
+    for run in started.values():
+        assert run.tags[TAG_SENSOR] == MONITOR_SENSOR and run.tags[TAG_KIND] == KIND_REPLICATOR, run.tags
+    for topic, partitions in platform.topics.items():
+        assert_copied(platform.stack, topic, partitions, 30)
+
+
+def test_a_topic_created_later_is_replicated_without_any_action(platform: Platform) -> None:
+    stack, name = platform.stack, platform.name
+    late = {f"{name}-c": 2}
+    create_topics(stack.destination_bootstrap_servers, late)
+    create_topics(stack.source_bootstrap_servers, late)
+    platform.topics |= late
+    produce(stack.source_bootstrap_servers, [record(t, i % n, i, "late") for t, n in late.items() for i in range(20)])
+    assert_copied(stack, f"{name}-c", 2, 20)
+    assignment = platform.store.read_assignment(name)
+    assert sorted(tp for tps in assignment.values() for tp in tps) == sorted(
+        (t, p) for t, n in platform.topics.items() for p in range(n)
+    )
+    assert set(live_runs_by_task(platform.dev, name)) == {0, 1}, "a new topic must not need new runs"
+
+
+def test_a_run_killed_with_sigkill_is_restarted_by_the_supervisor_without_loss(platform: Platform) -> None:
+    dev, name, src = platform.dev, platform.name, platform.stack.source_bootstrap_servers
+    assignment = platform.store.read_assignment(name)
+    victim = live_runs_by_task(dev, name)[0]
+    replicated = Replicated(platform.stack.destination_bootstrap_servers, platform.topics)
+    try:
+        copied = {tp: n - 1 for tp, n in replicated.update().items()}
+        traffic = Traffic(src, platform.topics, "kill")
         try:
-            # -- kill -9 a run worker while records flow: the supervisor starts a new run for the task ----------
-            copied = {tp: n - 1 for tp, n in replicated.update().items()}
-            traffic = Traffic(src, topics, "kill")
-            try:
-                wait_for(lambda: replicated.beyond(copied, assignment[0]), 60, what="traffic flowing through task 0")
-                victim = started[0]
-                kill_point = traffic.snapshot()
-                dev.kill_run_worker(victim.run_id)
-                dev.wait_for_status(victim.run_id, {"FAILURE"}, timeout=60)
-                restarted = wait_for_new_run(dev, name, 0, victim.run_id)
-                assert restarted.tags[SENSOR] == "task_supervisor", restarted.tags
-                assert restarted.tags["mirus/reason"].startswith("restart: failed"), restarted.tags
-                wait_for(
-                    lambda: replicated.beyond(kill_point, assignment[0]), 60,
-                    what="records produced after the kill to be replicated by the new run",
-                )  # fmt: skip
-            finally:
-                traffic.stop()
-            report = verified(stack, topics)
-            assert report.totals["source_records"] > sum(topics.values()) * 10, report.totals
-
-            # -- terminate a run: CANCELED, offsets committed, and the monitor starts the task again ------------
-            copied = {tp: n - 1 for tp, n in replicated.update().items()}
-            traffic = Traffic(src, topics, "terminate")
-            try:
-                wait_for(lambda: replicated.beyond(copied, assignment[1]), 60, what="traffic flowing through task 1")
-                victim = started[1]
-                before = dict(replicated.update())
-                dev.client.terminate_run(victim.run_id)
-                dev.wait_for_status(victim.run_id, {"CANCELED"}, timeout=60)
-                committed = store.load_offsets(name, assignment[1])
-                short = {
-                    tp: (committed.get(tp), before[tp]) for tp in assignment[1] if committed.get(tp, -1) < before[tp]
-                }
-                assert not short, f"committed offsets below what was replicated before termination: {short}"
-                assert any(m.startswith("stopped:") for m in dev.run_messages(victim.run_id)), "no final task event"
-                resumed = wait_for_new_run(dev, name, 1, victim.run_id)
-                assert resumed.tags[SENSOR] == "kafka_monitor", resumed.tags
-                assert resumed.tags["mirus/reason"] == "assigned, last run canceled", resumed.tags
-                resume_point = traffic.snapshot()
-                wait_for(
-                    lambda: replicated.beyond(resume_point, assignment[1]), 60,
-                    what="records produced after the termination to be replicated by the new run",
-                )  # fmt: skip
-            finally:
-                traffic.stop()
-            verified(stack, topics)
+            wait_for(lambda: replicated.beyond(copied, assignment[0]), 60, what="traffic flowing through task 0")
+            kill_point = traffic.snapshot()
+            dev.kill_run_worker(victim.run_id)
+            dev.wait_for_status(victim.run_id, {"FAILURE"}, timeout=60)
+            restarted = wait_for_new_run(dev, name, 0, victim.run_id)
+            assert restarted.tags[TAG_SENSOR] == SUPERVISOR_SENSOR, restarted.tags
+            assert restarted.tags[TAG_REASON].startswith("restart: failed"), restarted.tags
+            wait_for(
+                lambda: replicated.beyond(kill_point, assignment[0]), 60,
+                what="records produced after the kill to be replicated by the new run",
+            )  # fmt: skip
         finally:
-            replicated.close()
+            traffic.stop()
+    finally:
+        replicated.close()
+    report = verified(platform.stack, platform.topics)
+    assert report.totals["source_records"] > sum(platform.topics.values()) * 10, report.totals
 
-        # -- pause: every replicator run of the connector ends SUCCESS and none starts while paused -------------
-        running = live_runs_by_task(dev, name)
-        assert set(running) == {0, 1}
-        pause = dev.client.submit_job_execution(
-            "pause_connector", run_config={"ops": {"pause_connector_op": {"config": {"name": name}}}}
-        )
-        dev.wait_for_status(pause, {"SUCCESS"}, timeout=120)
-        for run in running.values():
-            dev.wait_for_status(run.run_id, {"SUCCESS"}, timeout=60)
-        after_pause = {r.run_id for r in dev.runs({CONNECTOR: name}, job_name="replicator")}
-        paused_at = max(dev.run(r.run_id).end_time or 0.0 for r in running.values())
-        dev.until(
-            lambda: all(len(dev.sensor_ticks(s, after=paused_at)) >= 3 for s in ("kafka_monitor", "task_supervisor")),
-            60, "three ticks of each sensor after the pause",
-        )  # fmt: skip
-        runs = dev.runs({CONNECTOR: name}, job_name="replicator")
-        assert {r.run_id for r in runs} == after_pause, "a replicator run was started while the connector is paused"
-        assert not [r for r in runs if r.status in LIVE]
-        head = store.connector_head(name)
-        assert head is not None and head.state == ConnectorState.PAUSED
 
-        # -- clean shutdown (the context manager shuts down too, on any failure above) --------------------------
-        shutdown = dev.shutdown()
-        assert shutdown.clean, f"SIGKILL was needed for: {shutdown.killed}"
-        assert shutdown.exit_code == 0, shutdown
+def test_a_terminated_run_commits_ends_canceled_and_is_started_again(platform: Platform) -> None:
+    dev, name, src = platform.dev, platform.name, platform.stack.source_bootstrap_servers
+    assignment = platform.store.read_assignment(name)
+    victim = live_runs_by_task(dev, name)[1]
+    replicated = Replicated(platform.stack.destination_bootstrap_servers, platform.topics)
+    try:
+        copied = {tp: n - 1 for tp, n in replicated.update().items()}
+        traffic = Traffic(src, platform.topics, "terminate")
+        try:
+            wait_for(lambda: replicated.beyond(copied, assignment[1]), 60, what="traffic flowing through task 1")
+            before = dict(replicated.update())
+            dev.client.terminate_run(victim.run_id)
+            dev.wait_for_status(victim.run_id, {"CANCELED"}, timeout=60)
+            committed = platform.store.load_offsets(name, assignment[1])
+            short = {tp: (committed.get(tp), before[tp]) for tp in assignment[1] if committed.get(tp, -1) < before[tp]}
+            assert not short, f"committed offsets below what was replicated before termination: {short}"
+            assert any(m.startswith("stopped:") for m in dev.run_messages(victim.run_id)), "no final task event"
+            resumed = wait_for_new_run(dev, name, 1, victim.run_id)
+            assert resumed.tags[TAG_SENSOR] == MONITOR_SENSOR, resumed.tags
+            assert resumed.tags[TAG_REASON] == "assigned, last run canceled", resumed.tags
+            resume_point = traffic.snapshot()
+            wait_for(
+                lambda: replicated.beyond(resume_point, assignment[1]), 60,
+                what="records produced after the termination to be replicated by the new run",
+            )  # fmt: skip
+        finally:
+            traffic.stop()
+    finally:
+        replicated.close()
+    verified(platform.stack, platform.topics)
+
+
+def test_pause_ends_every_replicator_run_and_none_starts_while_paused(platform: Platform) -> None:
+    dev, name = platform.dev, platform.name
+    running = dev.until(lambda: (runs := live_runs_by_task(dev, name)).keys() == {0, 1} and runs, 90, "both runs")
+    pause = dev.client.submit_job_execution(
+        admin_job_name("pause"), run_config={"ops": {admin_op_name("pause"): {"config": {"name": name}}}}
+    )
+    dev.wait_for_status(pause, {"SUCCESS"}, timeout=120)
+    for run in running.values():
+        dev.wait_for_status(run.run_id, {"SUCCESS"}, timeout=60)
+    after_pause = {r.run_id for r in dev.runs({TAG_CONNECTOR: name}, job_name=REPLICATOR_JOB)}
+    paused_at = max(dev.run(r.run_id).end_time or 0.0 for r in running.values())
+    dev.until(
+        lambda: all(len(dev.sensor_ticks(s, after=paused_at)) >= 3 for s in (MONITOR_SENSOR, SUPERVISOR_SENSOR)),
+        60, "three ticks of each sensor after the pause",
+    )  # fmt: skip
+    runs = dev.runs({TAG_CONNECTOR: name}, job_name=REPLICATOR_JOB)
+    assert {r.run_id for r in runs} == after_pause, "a replicator run was started while the connector is paused"
+    assert not [r for r in runs if r.status in LIVE]
+    head = platform.store.connector_head(name)
+    assert head is not None and head.state == ConnectorState.PAUSED
+
+
+def test_dagster_dev_shuts_down_cleanly(platform: Platform) -> None:
+    # The fixture shuts down too (on any failure above); this checks how it goes.
+    shutdown = platform.dev.shutdown()
+    assert shutdown.clean, f"SIGKILL was needed for: {shutdown.killed}"
+    assert shutdown.exit_code == 0, shutdown

@@ -15,11 +15,10 @@ from alembic.runtime.migration import MigrationContext
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, text
 
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.stack import StackEndpoints, free_port
 from replicator.database import current_revision, head_revision, upgrade
 from replicator.schema import Base
 
-from .conftest import free_port
 from .kafka_helpers import consume_all, create_topics, produce
 
 
