@@ -22,21 +22,15 @@ hold resolved values; `raw` holds the properties exactly as submitted and is wha
 from __future__ import annotations
 
 import difflib
-import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic.fields import FieldInfo
 
 from replicator.librdkafka_check import CREATE_PREFIX, SETTING_NAME, librdkafka_problems, librdkafka_reason
-from replicator.masking import SECRET_MASK, is_secret_property, literal_secrets, mask_properties, mask_settings, redact
+from replicator.masking import is_secret_property, literal_secrets, mask_properties, mask_settings, redact
 from replicator.naming import (
-    DefaultReplicationPolicy,
-    IdentityReplicationPolicy,
-    MirusNamingPolicy,
-    RegexRouter,
-    ReplicationPolicy,
     TopicNamer,
 )
 from replicator.properties import (
@@ -44,7 +38,6 @@ from replicator.properties import (
     FIELD_PROPERTIES,
     IGNORED_PREFIXES,
     IGNORED_PROPERTIES,
-    INT_MAX,
     KNOWN_PROPERTIES,
     PROPERTIES,
     SPECS,
@@ -52,8 +45,10 @@ from replicator.properties import (
     Kind,
     PropertySpec,
 )
+from replicator.property_reader import is_scalar
 from replicator.secrets import SecretReferenceError, has_reference, substitute_references
-from replicator.selection import TopicSelector, compile_java_regex, regex_list_pattern
+from replicator.selection import TopicSelector
+from replicator.topic_rules import TopicRules
 
 
 class ConnectorConfigError(ValueError):
@@ -67,12 +62,6 @@ class ConnectorConfigError(ValueError):
         return "\n".join(f"{name}: {reason}" for name, reason in self.errors)
 
 
-_MM2_POLICY_PACKAGE = "org.apache.kafka.connect.mirror."
-_DEFAULT_POLICY_NAMES = frozenset({_MM2_POLICY_PACKAGE + "DefaultReplicationPolicy", "DefaultReplicationPolicy"})
-_IDENTITY_POLICY_NAMES = frozenset({_MM2_POLICY_PACKAGE + "IdentityReplicationPolicy", "IdentityReplicationPolicy"})
-_REGEX_ROUTER_TYPES = frozenset({"org.apache.kafka.connect.transforms.RegexRouter", "RegexRouter"})
-_SELECTION_PROPERTIES = ("topics.whitelist", "topics.regex", "topics.regex.list", "topics")
-_TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]*")
 _CLIENT_PREFIX_NAMES = tuple(p.prefix for p in CLIENT_PREFIXES)
 
 # Java client settings librdkafka does not know that are meaningless when records are copied as bytes.
@@ -250,11 +239,6 @@ def _json_type(value: object) -> str:
     return "a list" if isinstance(value, list | tuple) else type(value).__name__
 
 
-def _is_scalar(value: object) -> bool:
-    """Kafka Connect configs are flat: every value is a string, number or boolean."""
-    return isinstance(value, str | int | float | bool)
-
-
 def _suggest(name: str) -> str:
     """A "did you mean" hint for an unknown property, also when the typo is in a client prefix."""
     candidates = set(KNOWN_PROPERTIES) | IGNORED_PROPERTIES
@@ -276,106 +260,14 @@ class _ClientSettings:
         self.origin: dict[str, str] = {}
 
 
-class _Parser:
+class _Parser(TopicRules):
     """Reads a property mapping into a `ConnectorConfig`, collecting every problem instead of stopping early."""
 
     def __init__(self, props: Mapping[str, object], *, submission: bool) -> None:
+        super().__init__(props)
         self.submitted = props
         self.submission = submission
-        self.props = props  # the same with references resolved, once `resolve` has run
-        self.errors: list[tuple[str, str]] = []
-        # Properties whose submitted value holds a reference (name -> submitted value); the resolved value is
-        # never shown. Those that could not be resolved keep the submitted value and report nothing else.
-        self.referenced: dict[str, object] = {}
-        self.unresolved: set[str] = set()
         self.substituted: set[str] = set()
-
-    # -- reporting helpers --
-
-    def fail(self, name: str, reason: str) -> None:
-        if name in self.unresolved:
-            return  # its value is still the reference text: any further complaint would be noise
-        if (name, reason) not in self.errors:
-            self.errors.append((name, reason))
-
-    def hidden(self, name: str) -> bool:
-        """Whether a property's value must not appear in messages: a secret, or resolved from a reference."""
-        return is_secret_property(name) or name in self.referenced
-
-    def shown(self, name: str, value: object) -> str:
-        """A value as it may appear in an error message: secret values and resolved values never do."""
-        if is_secret_property(name):
-            return repr(SECRET_MASK)
-        if name in self.referenced:
-            return f"{self.referenced[name]!r} (resolved value not shown)"
-        return repr(value)
-
-    def redact(self, name: str, message: str, value: object) -> str:
-        """`message` (which may quote `value` of property `name`) with the value shown as `shown` does."""
-        return message.replace(repr(value), self.shown(name, value)) if self.hidden(name) else message
-
-    # -- typed readers (values were checked to be str/int/float/bool up front) --
-
-    def text(self, name: str, default: str | None = None) -> str | None:
-        value = self.props.get(name)
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, float) and value.is_integer():
-            return str(int(value))
-        if isinstance(value, int | float):
-            return str(value)
-        return value if isinstance(value, str) else default
-
-    def stripped(self, name: str, default: str | None = None) -> str | None:
-        value = self.text(name)
-        return default if value is None else value.strip()
-
-    def comma_list(self, name: str) -> list[str]:
-        """Kafka's LIST type: comma-separated, whitespace around entries ignored, empty entries dropped."""
-        value = self.text(name)
-        return [] if value is None else [part.strip() for part in value.split(",") if part.strip()]
-
-    def read(self, spec: PropertySpec) -> object:
-        """The value of a table row with its checks (None when absent or wrong; a problem is then reported)."""
-        given = [n for n in spec.names if n in self.props]
-        if len(given) > 1 and len({repr(self.props[n]) for n in given}) > 1:
-            self.fail(given[1], f"conflicts with {given[0]}: both set {spec.name}; set only one")
-        name = given[0] if given else spec.name
-        raw = self.props.get(name)
-        if not given or not _is_scalar(raw):  # absent, or wrong JSON type (already reported)
-            if spec.required and not given:
-                self.fail(name, f"required: {spec.doc[0].lower()}{spec.doc[1:].rstrip('.')}")
-            return None
-        if spec.kind is Kind.INT:
-            value: int | None = None
-            # JSON numbers (not booleans, which Python counts as ints) and numeric strings, as Kafka Connect does.
-            if isinstance(raw, int) and not isinstance(raw, bool):
-                value = raw
-            elif (isinstance(raw, float) and raw.is_integer()) or (
-                isinstance(raw, str) and re.fullmatch(r"\s*[+-]?\d+\s*", raw)
-            ):
-                value = int(raw)
-            low, high = spec.minimum or -INT_MAX - 1, spec.maximum or INT_MAX
-            if value is None or not low <= value <= high:
-                self.fail(name, f"must be an integer {spec.bounds()}, got {self.shown(name, raw)}")
-                return None
-            return value
-        if spec.kind is Kind.BOOLEAN:
-            if isinstance(raw, bool):
-                return raw
-            if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
-                return raw.strip().lower() == "true"
-            self.fail(name, f"must be true or false, got {self.shown(name, raw)}")
-            return None
-        text = self.stripped(name) or ""
-        if not text:
-            self.fail(name, f"required: {spec.doc[0].lower()}{spec.doc[1:].rstrip('.')}" if spec.required
-                      else "must not be empty")  # fmt: skip
-            return None
-        if (spec.choices and text not in spec.choices) or (spec.pattern and not re.fullmatch(spec.pattern, text)):
-            self.fail(name, f"must be {spec.expected}, got {self.shown(name, text)}")
-            return None
-        return text
 
     # -- the whole config --
 
@@ -437,7 +329,7 @@ class _Parser:
             if not isinstance(name, str):
                 self.fail(str(name), "property names must be strings")
                 continue
-            if not _is_scalar(value):
+            if not is_scalar(value):
                 self.fail(name, f"must be a string, number or boolean, got {_json_type(value)}")
             if name in KNOWN_PROPERTIES or name in IGNORED_PROPERTIES or name.startswith(IGNORED_PREFIXES):
                 continue
@@ -543,173 +435,3 @@ class _Parser:
             reason = librdkafka_reason(message, key, value, secret=self.hidden(name))
             if reason not in reported:
                 self.fail(name, reason)
-
-    # -- selection and naming --
-
-    def selector(self) -> TopicSelector | None:
-        whitelist = self.comma_list("topics.whitelist")
-        regex = self.stripped("topics.regex") or None
-        regex_list = self.comma_list("topics.regex.list")
-        include = self.comma_list("topics")
-        exclude = self.comma_list("topics.exclude")
-        ok = True
-        if regex is not None:
-            ok &= self.check_regex("topics.regex", regex, compile_java_regex)
-        for pattern in regex_list:
-            ok &= self.check_regex("topics.regex.list", pattern, regex_list_pattern)
-        for prop, patterns in (("topics", include), ("topics.exclude", exclude)):
-            for pattern in patterns:
-                ok &= self.check_regex(prop, pattern, compile_java_regex)
-        if not (whitelist or regex or regex_list or include):
-            # Mirus accepts this and replicates nothing, silently; say so instead.
-            given = [p for p in _SELECTION_PROPERTIES if p in self.props]
-            detail = f" ({', '.join(given)} {'is' if len(given) == 1 else 'are'} empty)" if given else ""
-            self.fail(
-                "topics.whitelist",
-                "no topics selected; set topics.whitelist, topics.regex, topics.regex.list or topics" + detail,
-            )
-            return None
-        if not ok:
-            return None
-        return TopicSelector(
-            whitelist=frozenset(whitelist),
-            regex=regex,
-            regex_list=tuple(regex_list),
-            include=tuple(include),
-            exclude=tuple(exclude),
-        )
-
-    def check_regex(self, prop: str, pattern: str, compile_one: Callable[[str], object]) -> bool:
-        try:
-            compile_one(pattern)
-        except ValueError as err:
-            self.fail(prop, self.redact(prop, str(err), pattern))
-            return False
-        return True
-
-    def namer(self, source_alias: str, target_alias: str) -> TopicNamer | None:
-        policy = self.policy(source_alias, target_alias)
-        routers = self.routers()
-        if policy is None or routers is None:
-            return None
-        return TopicNamer(policy, routers)
-
-    def policy(self, source_alias: str, target_alias: str) -> ReplicationPolicy | None:
-        policy_class = self.stripped("replication.policy.class")
-        separator = self.text("replication.policy.separator")
-        prefix = self.stripped("destination.topic.name.prefix", "")
-        suffix = self.stripped("destination.topic.name.suffix", "")
-        mirus_props = [
-            p for p, v in (("destination.topic.name.prefix", prefix), ("destination.topic.name.suffix", suffix)) if v
-        ]
-
-        if policy_class is None and (mirus_props or "source.cluster.alias" not in self.props):
-            if separator is not None:
-                self.fail(
-                    "replication.policy.separator",
-                    "only applies with replication.policy.class DefaultReplicationPolicy (or source.cluster.alias "
-                    "without destination.topic.name.prefix/suffix)",
-                )
-            ok = True
-            for prop, value in (("destination.topic.name.prefix", prefix), ("destination.topic.name.suffix", suffix)):
-                if value and not _TOPIC_CHARS.fullmatch(value):
-                    self.fail(
-                        prop, f"may only contain letters, digits, '.', '_' and '-', got {self.shown(prop, value)}"
-                    )
-                    ok = False
-            return MirusNamingPolicy(prefix or "", suffix or "") if ok else None
-
-        for prop in mirus_props:  # only reachable with an explicit replication.policy.class
-            self.fail(
-                prop,
-                "cannot be combined with replication.policy.class: destination names would be ambiguous; "
-                "use either MM2 naming or Mirus prefix/suffix naming",
-            )
-        if policy_class is None or policy_class in _DEFAULT_POLICY_NAMES:
-            separator = "." if separator is None else separator
-            ok = True
-            if not separator or not _TOPIC_CHARS.fullmatch(separator):
-                self.fail(
-                    "replication.policy.separator",
-                    "must be non-empty and only contain letters, digits, '.', '_' and '-', "
-                    f"got {self.shown('replication.policy.separator', separator)}",
-                )
-                return None
-            for prop, alias in (("source.cluster.alias", source_alias), ("target.cluster.alias", target_alias)):
-                if separator in alias:
-                    shown_separator = self.shown("replication.policy.separator", separator)
-                    self.fail(
-                        prop,
-                        f"must not contain the replication separator {shown_separator}, got {self.shown(prop, alias)}",
-                    )
-                    ok = False
-                elif not _TOPIC_CHARS.fullmatch(alias):
-                    self.fail(
-                        prop, f"may only contain letters, digits, '.', '_' and '-', got {self.shown(prop, alias)}"
-                    )
-                    ok = False
-            if not ok or mirus_props:
-                return None
-            return DefaultReplicationPolicy(source_alias, target_alias, separator)
-        if policy_class in _IDENTITY_POLICY_NAMES:
-            return None if mirus_props else IdentityReplicationPolicy(source_alias, target_alias)
-        self.fail(
-            "replication.policy.class",
-            f"only {_MM2_POLICY_PACKAGE}DefaultReplicationPolicy or {_MM2_POLICY_PACKAGE}IdentityReplicationPolicy "
-            f"(or their short names) are supported, got {self.shown('replication.policy.class', policy_class)}",
-        )
-        return None
-
-    def routers(self) -> tuple[RegexRouter, ...] | None:
-        names = self.comma_list("transforms")
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            self.fail("transforms", f"duplicate transform names: {', '.join(duplicates)}")
-            return None
-        listed = set(names)
-        for prop in self.props:
-            if not isinstance(prop, str) or not prop.startswith("transforms."):
-                continue
-            alias, _, setting = prop.removeprefix("transforms.").rpartition(".")
-            if alias not in listed:
-                continue  # as in Kafka Connect, settings of transforms not listed in `transforms` are ignored
-            if setting in ("predicate", "negate"):
-                self.fail(prop, "conditional transforms (predicates) are not supported")
-            elif setting not in ("type", "regex", "replacement"):
-                self.fail(prop, "unknown RegexRouter setting; expected type, regex and replacement")
-
-        routers: list[RegexRouter] = []
-        ok = True
-        for alias in names:
-            prefix = f"transforms.{alias}."
-            kind = self.stripped(prefix + "type")
-            regex = self.text(prefix + "regex")
-            replacement = self.text(prefix + "replacement")
-            if kind is None:
-                self.fail(prefix + "type", "required: the transform's class (only RegexRouter is supported)")
-                ok = False
-            elif kind not in _REGEX_ROUTER_TYPES:
-                self.fail(
-                    prefix + "type",
-                    "only RegexRouter (org.apache.kafka.connect.transforms.RegexRouter) is supported, "
-                    f"got {self.shown(prefix + 'type', kind)}",
-                )
-                ok = False
-                continue
-            if regex is None:
-                self.fail(prefix + "regex", "required for RegexRouter")
-            if replacement is None:
-                self.fail(prefix + "replacement", "required for RegexRouter")
-            if regex is None or replacement is None:
-                ok = False
-                continue
-            if not self.check_regex(prefix + "regex", regex, compile_java_regex):
-                ok = False
-                continue
-            try:
-                routers.append(RegexRouter(regex, replacement))
-            except ValueError as err:
-                message = self.redact(prefix + "regex", str(err), regex)
-                self.fail(prefix + "replacement", self.redact(prefix + "replacement", message, replacement))
-                ok = False
-        return tuple(routers) if ok else None

@@ -11,6 +11,7 @@ import itertools
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -144,6 +145,20 @@ class Replicated:
         self.consumer.close()
 
 
+@contextmanager
+def traffic_through(platform: Platform, phase: str) -> Iterator[tuple[Replicated, Traffic]]:
+    """Traffic into every topic of the connector, and a reader of what reaches the destination."""
+    replicated = Replicated(platform.stack.destination_bootstrap_servers, platform.topics)
+    try:
+        traffic = Traffic(platform.stack.source_bootstrap_servers, platform.topics, phase)
+        try:
+            yield replicated, traffic
+        finally:
+            traffic.stop()
+    finally:
+        replicated.close()
+
+
 def live_runs_by_task(dev: DagsterDev, connector: str) -> dict[int, RunInfo]:
     runs = dev.runs({TAG_CONNECTOR: connector}, job_name=REPLICATOR_JOB)
     return {int(r.tags[TAG_TASK]): r for r in runs if r.status == "STARTED"}
@@ -237,62 +252,48 @@ def test_a_topic_created_later_is_replicated_without_any_action(platform: Platfo
 
 
 def test_a_run_killed_with_sigkill_is_restarted_by_the_supervisor_without_loss(platform: Platform) -> None:
-    dev, name, src = platform.dev, platform.name, platform.stack.source_bootstrap_servers
+    dev, name = platform.dev, platform.name
     assignment = platform.store.read_assignment(name)
     victim = live_runs_by_task(dev, name)[0]
-    replicated = Replicated(platform.stack.destination_bootstrap_servers, platform.topics)
-    try:
+    with traffic_through(platform, "kill") as (replicated, traffic):
         copied = {tp: n - 1 for tp, n in replicated.update().items()}
-        traffic = Traffic(src, platform.topics, "kill")
-        try:
-            wait_for(lambda: replicated.beyond(copied, assignment[0]), 60, what="traffic flowing through task 0")
-            kill_point = traffic.snapshot()
-            dev.kill_run_worker(victim.run_id)
-            dev.wait_for_status(victim.run_id, {"FAILURE"}, timeout=60)
-            restarted = wait_for_new_run(dev, name, 0, victim.run_id)
-            assert restarted.tags[TAG_SENSOR] == SUPERVISOR_SENSOR, restarted.tags
-            assert restarted.tags[TAG_REASON].startswith("restart: failed"), restarted.tags
-            wait_for(
-                lambda: replicated.beyond(kill_point, assignment[0]), 60,
-                what="records produced after the kill to be replicated by the new run",
-            )  # fmt: skip
-        finally:
-            traffic.stop()
-    finally:
-        replicated.close()
+        wait_for(lambda: replicated.beyond(copied, assignment[0]), 60, what="traffic flowing through task 0")
+        kill_point = traffic.snapshot()
+        dev.kill_run_worker(victim.run_id)
+        dev.wait_for_status(victim.run_id, {"FAILURE"}, timeout=60)
+        restarted = wait_for_new_run(dev, name, 0, victim.run_id)
+        assert restarted.tags[TAG_SENSOR] == SUPERVISOR_SENSOR, restarted.tags
+        assert restarted.tags[TAG_REASON].startswith("restart: failed"), restarted.tags
+        wait_for(
+            lambda: replicated.beyond(kill_point, assignment[0]), 60,
+            what="records produced after the kill to be replicated by the new run",
+        )  # fmt: skip
     report = verified(platform.stack, platform.topics)
     assert report.totals["source_records"] > sum(platform.topics.values()) * 10, report.totals
 
 
 def test_a_terminated_run_commits_ends_canceled_and_is_started_again(platform: Platform) -> None:
-    dev, name, src = platform.dev, platform.name, platform.stack.source_bootstrap_servers
+    dev, name = platform.dev, platform.name
     assignment = platform.store.read_assignment(name)
     victim = live_runs_by_task(dev, name)[1]
-    replicated = Replicated(platform.stack.destination_bootstrap_servers, platform.topics)
-    try:
+    with traffic_through(platform, "terminate") as (replicated, traffic):
         copied = {tp: n - 1 for tp, n in replicated.update().items()}
-        traffic = Traffic(src, platform.topics, "terminate")
-        try:
-            wait_for(lambda: replicated.beyond(copied, assignment[1]), 60, what="traffic flowing through task 1")
-            before = dict(replicated.update())
-            dev.client.terminate_run(victim.run_id)
-            dev.wait_for_status(victim.run_id, {"CANCELED"}, timeout=60)
-            committed = platform.store.load_offsets(name, assignment[1])
-            short = {tp: (committed.get(tp), before[tp]) for tp in assignment[1] if committed.get(tp, -1) < before[tp]}
-            assert not short, f"committed offsets below what was replicated before termination: {short}"
-            assert any(m.startswith("stopped:") for m in dev.run_messages(victim.run_id)), "no final task event"
-            resumed = wait_for_new_run(dev, name, 1, victim.run_id)
-            assert resumed.tags[TAG_SENSOR] == MONITOR_SENSOR, resumed.tags
-            assert resumed.tags[TAG_REASON] == "assigned, last run canceled", resumed.tags
-            resume_point = traffic.snapshot()
-            wait_for(
-                lambda: replicated.beyond(resume_point, assignment[1]), 60,
-                what="records produced after the termination to be replicated by the new run",
-            )  # fmt: skip
-        finally:
-            traffic.stop()
-    finally:
-        replicated.close()
+        wait_for(lambda: replicated.beyond(copied, assignment[1]), 60, what="traffic flowing through task 1")
+        before = dict(replicated.update())
+        dev.client.terminate_run(victim.run_id)
+        dev.wait_for_status(victim.run_id, {"CANCELED"}, timeout=60)
+        committed = platform.store.load_offsets(name, assignment[1])
+        short = {tp: (committed.get(tp), before[tp]) for tp in assignment[1] if committed.get(tp, -1) < before[tp]}
+        assert not short, f"committed offsets below what was replicated before termination: {short}"
+        assert any(m.startswith("stopped:") for m in dev.run_messages(victim.run_id)), "no final task event"
+        resumed = wait_for_new_run(dev, name, 1, victim.run_id)
+        assert resumed.tags[TAG_SENSOR] == MONITOR_SENSOR, resumed.tags
+        assert resumed.tags[TAG_REASON] == "assigned, last run canceled", resumed.tags
+        resume_point = traffic.snapshot()
+        wait_for(
+            lambda: replicated.beyond(resume_point, assignment[1]), 60,
+            what="records produced after the termination to be replicated by the new run",
+        )  # fmt: skip
     verified(platform.stack, platform.topics)
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 
-from replicator.store import FencedError, Store, UnknownConnectorError
+from replicator.store import ConnectorState, FencedError, PartitionHealth, Store, UnknownConnectorError
 
 
 @pytest.fixture
@@ -76,3 +76,46 @@ def test_a_partition_moves_only_when_released_or_its_owner_is_stale(store: Store
             {"c": unique},
         )
     assert store.claim_partitions(second, [("t", 1)], timedelta(seconds=30)) == [("t", 1)]
+
+
+def test_connector_statuses_reads_every_connector_in_one_query(store: Store, unique: str) -> None:
+    names = [f"{unique}-{i}" for i in range(3)]
+    for name in names:
+        store.put_connector(name, {"name": name, "consumer.sasl.password": "${env:PW}"}, 2)
+        store.write_assignment(name, {0: [("a", 0), ("a", 1)], 1: [("b", 0)]})
+        lease = store.claim_task(name, 0, "me")
+        store.claim_partitions(lease, [("a", 0), ("a", 1)], timedelta(seconds=30))
+        store.set_partition_state(lease, ("a", 1), PartitionHealth.PAUSED, "destination topic 'a' does not exist")
+        store.record_snapshot(name, "source", {}, "source cluster metadata unavailable")
+        store.record_snapshot(name, "destination", {}, "old error")
+        store.record_snapshot(name, "destination", {"a": 2}, None)
+    store.record_restart(names[0], 0)
+    statements: list[str] = []
+
+    def count(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        statements.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", count)
+    try:
+        statuses = {s.name: s for s in store.connector_statuses() if s.name in names}
+    finally:
+        event.remove(store.engine, "before_cursor_execute", count)
+
+    assert len(statements) == 1
+    assert sorted(statuses) == names
+    first = statuses[names[0]]
+    assert (first.state, first.version, first.assignment_generation) == (ConnectorState.RUNNING, 1, 1)
+    assert first.properties["consumer.sasl.password"] == "${env:PW}"
+    assert [(t.task_id, t.partitions, t.state, t.restart_attempts) for t in first.tasks] == [
+        (0, 2, "RUNNING", 1),
+        (1, 1, "UNASSIGNED", 0),
+    ]
+    assert first.tasks[0].heartbeat_at is not None and first.tasks[1].heartbeat_at is None
+    assert first.metadata_errors == {"source": "source cluster metadata unavailable"}
+    paused = first.unhealthy_partitions[("a", 1)]
+    assert (paused.task_id, paused.state, paused.reason) == (
+        0,
+        PartitionHealth.PAUSED,
+        "destination topic 'a' does not exist",
+    )
+    assert list(first.unhealthy_partitions) == [("a", 1)]
