@@ -202,13 +202,14 @@ def validate_submission(props: Mapping[str, object], *, allow_literal_secrets: b
 
     Literal secrets are refused unless `allow_literal_secrets` (callers that never store or show the config).
     """
-    errors = [] if allow_literal_secrets or not isinstance(props, Mapping) else literal_secrets(props)
+    literal = [] if allow_literal_secrets or not isinstance(props, Mapping) else literal_secrets(props)
+    refused = [(name, LITERAL_SECRET_REASON) for name in literal]
     try:
         config = _Parser(props, submission=True).parse()
     except ConnectorConfigError as exc:
-        raise ConnectorConfigError([(n, LITERAL_SECRET_REASON) for n in errors] + exc.errors) from None
-    if errors:
-        raise ConnectorConfigError([(n, LITERAL_SECRET_REASON) for n in errors])
+        raise ConnectorConfigError(refused + exc.errors) from None
+    if refused:
+        raise ConnectorConfigError(refused)
     return config
 
 
@@ -224,7 +225,7 @@ def _client_setting(name: str) -> tuple[Client | None, str]:
     """Which client a property configures, and the librdkafka setting it names (`(None, name)` if none)."""
     spec = SPECS.get(name)
     if spec is not None:
-        return (spec.client, "bootstrap.servers") if spec.client else (None, name)
+        return (spec.client, spec.setting) if spec.client else (None, name)
     for prefix in CLIENT_PREFIXES:
         if name.startswith(prefix.prefix):
             return prefix.client, name.removeprefix(prefix.prefix)

@@ -57,8 +57,9 @@ class PropertySpec:
     """One connector property.
 
     `field`: the `ConnectorConfig` attribute the generic reader sets from it (None for rows read by a `part`, or
-    checked only). `choices` / `pattern` restrict a STRING, described to users by `expected`. `required`: an
-    absent or empty value is an error. `secret`: the value is never shown (must agree with the masking rule).
+    checked only). `client` / `setting`: the property is that librdkafka setting of that client. `choices` /
+    `pattern` restrict a STRING, described to users by `expected`. `required`: an absent or empty value is an
+    error. `secret`: the value is never shown (must agree with the masking rule).
     """
 
     name: str
@@ -76,6 +77,7 @@ class PropertySpec:
     secret: bool = False
     part: Part | None = None
     client: Client | None = None
+    setting: str = ""
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -139,7 +141,7 @@ PROPERTIES: tuple[PropertySpec, ...] = (
                  "(`transforms.<name>.type`, `.regex`, `.replacement`).", part=Part.NAMING),
     # -- clients --
     PropertySpec("destination.bootstrap.servers", _S, "Mirus's deprecated spelling of "
-                 "destination.consumer.bootstrap.servers.", client=Client.DESTINATION),
+                 "destination.consumer.bootstrap.servers.", client=Client.DESTINATION, setting="bootstrap.servers"),
     # -- engine behaviour --
     PropertySpec("enable.partition.matching", _B, "true: each record goes to the destination partition with its "
                  "source partition's number, which must exist (Mirus). false: the producer's partitioner chooses. "

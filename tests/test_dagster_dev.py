@@ -146,13 +146,19 @@ class Replicated:
 
 
 @contextmanager
-def traffic_through(platform: Platform, phase: str) -> Iterator[tuple[Replicated, Traffic]]:
-    """Traffic into every topic of the connector, and a reader of what reaches the destination."""
+def traffic_through(
+    platform: Platform, task: int, phase: str
+) -> Iterator[tuple[Replicated, Traffic, list[SourcePartition]]]:
+    """Traffic into every topic of the connector, already reaching the destination through `task`'s partitions
+    when the block starts; yields a reader of the destination, the traffic and `task`'s partitions."""
+    partitions = platform.store.read_assignment(platform.name)[task]
     replicated = Replicated(platform.stack.destination_bootstrap_servers, platform.topics)
     try:
+        copied = {tp: n - 1 for tp, n in replicated.update().items()}
         traffic = Traffic(platform.stack.source_bootstrap_servers, platform.topics, phase)
         try:
-            yield replicated, traffic
+            wait_for(lambda: replicated.beyond(copied, partitions), 60, what=f"traffic flowing through task {task}")
+            yield replicated, traffic, partitions
         finally:
             traffic.stop()
     finally:
@@ -253,11 +259,8 @@ def test_a_topic_created_later_is_replicated_without_any_action(platform: Platfo
 
 def test_a_run_killed_with_sigkill_is_restarted_by_the_supervisor_without_loss(platform: Platform) -> None:
     dev, name = platform.dev, platform.name
-    assignment = platform.store.read_assignment(name)
     victim = live_runs_by_task(dev, name)[0]
-    with traffic_through(platform, "kill") as (replicated, traffic):
-        copied = {tp: n - 1 for tp, n in replicated.update().items()}
-        wait_for(lambda: replicated.beyond(copied, assignment[0]), 60, what="traffic flowing through task 0")
+    with traffic_through(platform, 0, "kill") as (replicated, traffic, partitions):
         kill_point = traffic.snapshot()
         dev.kill_run_worker(victim.run_id)
         dev.wait_for_status(victim.run_id, {"FAILURE"}, timeout=60)
@@ -265,7 +268,7 @@ def test_a_run_killed_with_sigkill_is_restarted_by_the_supervisor_without_loss(p
         assert restarted.tags[TAG_SENSOR] == SUPERVISOR_SENSOR, restarted.tags
         assert restarted.tags[TAG_REASON].startswith("restart: failed"), restarted.tags
         wait_for(
-            lambda: replicated.beyond(kill_point, assignment[0]), 60,
+            lambda: replicated.beyond(kill_point, partitions), 60,
             what="records produced after the kill to be replicated by the new run",
         )  # fmt: skip
     report = verified(platform.stack, platform.topics)
@@ -274,16 +277,13 @@ def test_a_run_killed_with_sigkill_is_restarted_by_the_supervisor_without_loss(p
 
 def test_a_terminated_run_commits_ends_canceled_and_is_started_again(platform: Platform) -> None:
     dev, name = platform.dev, platform.name
-    assignment = platform.store.read_assignment(name)
     victim = live_runs_by_task(dev, name)[1]
-    with traffic_through(platform, "terminate") as (replicated, traffic):
-        copied = {tp: n - 1 for tp, n in replicated.update().items()}
-        wait_for(lambda: replicated.beyond(copied, assignment[1]), 60, what="traffic flowing through task 1")
+    with traffic_through(platform, 1, "terminate") as (replicated, traffic, partitions):
         before = dict(replicated.update())
         dev.client.terminate_run(victim.run_id)
         dev.wait_for_status(victim.run_id, {"CANCELED"}, timeout=60)
-        committed = platform.store.load_offsets(name, assignment[1])
-        short = {tp: (committed.get(tp), before[tp]) for tp in assignment[1] if committed.get(tp, -1) < before[tp]}
+        committed = platform.store.load_offsets(name, partitions)
+        short = {tp: (committed.get(tp), before[tp]) for tp in partitions if committed.get(tp, -1) < before[tp]}
         assert not short, f"committed offsets below what was replicated before termination: {short}"
         assert any(m.startswith("stopped:") for m in dev.run_messages(victim.run_id)), "no final task event"
         resumed = wait_for_new_run(dev, name, 1, victim.run_id)
@@ -291,7 +291,7 @@ def test_a_terminated_run_commits_ends_canceled_and_is_started_again(platform: P
         assert resumed.tags[TAG_REASON] == "assigned, last run canceled", resumed.tags
         resume_point = traffic.snapshot()
         wait_for(
-            lambda: replicated.beyond(resume_point, assignment[1]), 60,
+            lambda: replicated.beyond(resume_point, partitions), 60,
             what="records produced after the termination to be replicated by the new run",
         )  # fmt: skip
     verified(platform.stack, platform.topics)
