@@ -107,7 +107,7 @@ def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, time
     return records
 
 
-def with_provenance(
+def replicated_headers(
     headers: list[tuple[str, bytes | None]] | None,
     origin: str,
     source_cluster: str,

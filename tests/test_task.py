@@ -21,7 +21,7 @@ from replicator.task import CommitWatchdogError, TaskExit
 from replicator.verify import verify_replication
 
 from .engine_helpers import TaskThread, connector_properties, create_connector
-from .kafka_helpers import Rec, consume_all, create_topics, delete_topics, produce, wait_for, with_provenance
+from .kafka_helpers import Rec, consume_all, create_topics, delete_topics, produce, replicated_headers, wait_for
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_provenance_headers_can_be_turned_off_and_cycles_are_never_written_back(
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
     # The second record was itself replicated from the destination cluster ("target") earlier: a cycle.
-    looped = with_provenance([("h", b"x")], "target", "target", unique, 0, 41)
+    looped = replicated_headers([("h", b"x")], "target", "target", unique, 0, 41)
     produce(stack.source_bootstrap_servers, [
         {"topic": unique, "value": b"local", "headers": [("h", b"1")]},
         {"topic": unique, "value": b"came-from-target", "headers": looped},

@@ -11,7 +11,7 @@ from mirus_dagster.stack import StackEndpoints
 from mirus_dagster.verify_command import verify
 from replicator.verify import Mismatch, PartitionResult, VerifyReport, verify_replication
 
-from .kafka_helpers import Rec, create_topics, produce
+from .kafka_helpers import Rec, create_topics, produce, replicated_headers
 
 IDLE_S = 1.5
 PER_PARTITION = 6
@@ -42,7 +42,7 @@ def copy(
     rec: Rec, topic: str, partition: int | None = None, *, with_provenance: bool = True, **changes: object
 ) -> dict:
     """What the replicator would produce for `rec` (optionally altered), as Producer.produce() arguments."""
-    headers = with_provenance(rec.headers, "source", "source", rec.topic, rec.partition, rec.offset)
+    headers = replicated_headers(rec.headers, "source", "source", rec.topic, rec.partition, rec.offset)
     args = {
         "topic": topic,
         "partition": rec.partition if partition is None else partition,
