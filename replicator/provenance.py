@@ -1,9 +1,10 @@
 """Provenance headers: where a replicated record came from.
 
 Two headers are appended to every replicated record unless turned off:
-- `mirus.origin`: the alias of the cluster where the record was first produced, carried unchanged across hops;
-  a record whose origin is the destination cluster is never written back (cycle guard).
-- `mirus.source`: this hop's `<source cluster alias>/<topic>/<partition>/<offset>`; topic names cannot contain
+- `mirus.origin`: the Kafka cluster id (`replicator.clusters`) of the cluster where the record was first
+  produced, carried unchanged across hops; a record whose origin is the destination cluster is never written back
+  (cycle guard). Ids, not aliases: two clusters may share an alias, never an id.
+- `mirus.source`: this hop's `<source cluster id>/<topic>/<partition>/<offset>`; topic names cannot contain
   `/`, so it parses from the right. It makes resume, verification and consumer-offset translation exact.
 
 Two headers rather than one per field: every header costs per record on the hot path.

@@ -28,6 +28,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from replicator import provenance
 from replicator.assignment import SourcePartition
+from replicator.clusters import cluster_id
 from replicator.config import ConnectorConfig, load
 from replicator.metrics import TaskMetrics
 from replicator.store import ConnectorState, FencedError, Lease, PartitionHealth, Store
@@ -82,13 +83,13 @@ class PartitionState:
         "retry_at", "source_prefix", "topic", "tp",
     )  # fmt: skip
 
-    def __init__(self, tp: SourcePartition, start: int | None, destination_topic: str, source_alias: str) -> None:
+    def __init__(self, tp: SourcePartition, start: int | None, destination_topic: str, source_cluster: str) -> None:
         self.tp = tp
         self.topic, self.partition = tp
         self.destination_topic = destination_topic
         self.destination_partition = UNASSIGNED_PARTITION
         self.fifo: deque[PartitionState] | None = None  # acknowledgement order of the destination partition
-        self.source_prefix = provenance.source_prefix(source_alias, self.topic, self.partition)
+        self.source_prefix = provenance.source_prefix(source_cluster, self.topic, self.partition)
         self.pending: deque[int] = deque()  # offsets produced and not yet acknowledged, in send order
         self.acked_early: set[int] = set()  # acknowledged while an earlier offset is still pending
         self.position = start  # next source offset to forward; None until the first record arrives
@@ -133,6 +134,7 @@ class ReplicationTask:
         self.producer: Producer
         self.destination_admin: AdminClient
         self.clients_open = False
+        self.source_cluster = self.destination_cluster = ""  # Kafka cluster ids, read by `_rebuild`
         self.partitions: dict[SourcePartition, PartitionState] = {}
         self.waiting: set[SourcePartition] = set()  # assigned to us, still owned by another live task
         self.generation = 0
@@ -223,7 +225,7 @@ class ReplicationTask:
         headers = msg.headers()
         if headers is not None:
             origin = provenance.origin_cluster(headers)
-            if origin == self.config.target_alias:
+            if origin == self.destination_cluster:
                 return  # cycle guard: the record was first produced on the destination cluster
             if self.config.provenance_headers:
                 headers = provenance.user_headers(headers)
@@ -379,13 +381,16 @@ class ReplicationTask:
             self._commit()
             self.consumer.close()
         self.config = config
-        self.origin = config.source_alias.encode()
         self.version, self.restart_marker = record.version, restart_marker
         self.consumer = Consumer(config.consumer_settings())
         self.producer = Producer({**config.producer_settings(self.task_id), "on_delivery": self._delivered})
         self.fifos = {}
         self.destination_admin = AdminClient(config.admin_settings("destination"))
         self.clients_open = True
+        # Clusters are known by their Kafka cluster id (aliases are display names that may coincide).
+        self.source_cluster = cluster_id(self.consumer, "source", config.source_alias)
+        self.destination_cluster = cluster_id(self.destination_admin, "destination", config.target_alias)
+        self.origin = self.source_cluster.encode()
         self.partitions = {}
         self._start(owned)
 
@@ -417,7 +422,7 @@ class ReplicationTask:
         assign = []
         for tp in partitions:
             destination = self.config.namer.destination_topic(tp[0])
-            state = PartitionState(tp, stored.get(tp), destination, self.config.source_alias)
+            state = PartitionState(tp, stored.get(tp), destination, self.source_cluster)
             self.partitions[tp] = state
             assign.append(TopicPartition(tp[0], tp[1], stored.get(tp, reset)))
         self.consumer.incremental_assign(assign)

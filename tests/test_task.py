@@ -11,6 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, text
 
 from mirus_dagster.stack import StackEndpoints
@@ -63,6 +64,7 @@ def test_records_arrive_intact_with_partitions_headers_timestamps_and_provenance
     runner = TaskThread.start(store, unique)
     copied = consume_all(stack.destination_bootstrap_servers, f"{topic}.mirror", partitions, expected=800)
     assert runner.finish() is TaskExit.STOPPED
+    source_id = AdminClient({"bootstrap.servers": stack.source_bootstrap_servers}).list_topics(timeout=10).cluster_id
 
     source = consume_all(stack.source_bootstrap_servers, topic, partitions, expected=800)
     assert len(copied) == 800
@@ -76,7 +78,7 @@ def test_records_arrive_intact_with_partitions_headers_timestamps_and_provenance
             origin = provenance.parse(dst.headers)
             assert origin is not None
             assert (origin.source_topic, origin.source_partition, origin.source_offset) == (topic, p, src.offset)
-            assert origin.origin_cluster == "source"
+            assert origin.origin_cluster == source_id
     ends = {(topic, p): src_by_p[p][-1].offset + 1 for p in range(partitions)}
     assert _committed(store, unique) == ends
     assert store.lease_of(unique, 0).state == "STOPPED"

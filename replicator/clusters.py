@@ -1,0 +1,32 @@
+"""Which Kafka cluster a client talks to: its cluster id, read from Metadata.
+
+An alias (`source.cluster.alias`, `target.cluster.alias`) is a display name that operators choose and often
+leave at its default, so two different clusters can share one. The cluster id is assigned by Kafka itself and
+identifies a cluster, so the cycle guard and the provenance headers use it: a bidirectional pair of connectors
+cannot loop whatever their naming policy and aliases.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from confluent_kafka import KafkaException
+
+METADATA_TIMEOUT_S = 5.0
+
+
+class ClusterIdentityError(RuntimeError):
+    """A cluster's id could not be read; records must not flow without it (the cycle guard depends on it)."""
+
+
+class MetadataClient(Protocol):
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> object: ...
+
+
+def cluster_id(client: MetadataClient, role: str, fallback: str) -> str:
+    """The cluster id reported in Metadata (Kafka >= 0.10.1), or `fallback` for a broker that reports none."""
+    try:
+        metadata = client.list_topics(timeout=METADATA_TIMEOUT_S)
+    except KafkaException as exc:
+        raise ClusterIdentityError(f"cannot identify the {role} cluster (metadata unavailable): {exc}") from exc
+    return getattr(metadata, "cluster_id", None) or fallback
