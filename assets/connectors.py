@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from mirus_dagster.constants import ASSET_GROUP, CONNECTORS_ASSET, PUT_CONNECTOR_JOB
+from replicator.heartbeats import liveness_s
 from replicator.masking import mask_properties
 from replicator.store import ConnectorStatus, PartitionHealth, Store
 
@@ -24,6 +25,7 @@ connectors_spec = dg.AssetSpec(
 
 def _problems(status: ConnectorStatus) -> list[str]:
     problems = [f"{cluster} metadata: {error}" for cluster, error in sorted(status.metadata_errors.items())]
+    problems += [f"{duty}: {reason}" for duty, reason in sorted(status.flow_problems.items())]
     return problems + [
         f"{topic}[{partition}] {row.state}: {row.reason}"
         for (topic, partition), row in sorted(status.unhealthy_partitions.items())
@@ -45,14 +47,18 @@ def connectors_markdown(statuses: list[ConnectorStatus]) -> str:
         return f"No connectors. Add one with the `{PUT_CONNECTOR_JOB}` job."
     now = datetime.now(UTC)
     lines = [
-        "| connector | state | version | generation | partitions | tasks | restarts | problems |",
-        "|---|---|---|---|---|---|---|---|",
+        "| connector | state | clusters (ids) | flow liveness | version | generation | partitions | tasks "
+        "| restarts | problems |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in statuses:
         tasks = "<br>".join(_tasks(s, now)) or "none assigned"
         problems = "<br>".join(_problems(s)) or "—"
         restarts = sum(t.restart_attempts for t in s.tasks)
-        lines.append(f"| {s.name} | {s.state} | {s.version} | {s.assignment_generation} "
+        clusters = " → ".join(cluster or "?" for cluster in s.cluster_ids)
+        age = liveness_s(s.heartbeats, s.heartbeats_committed)
+        liveness = "—" if age is None else f"{age:.0f}s"
+        lines.append(f"| {s.name} | {s.state} | {clusters} | {liveness} | {s.version} | {s.assignment_generation} "
                      f"| {sum(t.partitions for t in s.tasks)} | {tasks} | {restarts} | {problems} |")  # fmt: skip
     return "\n".join(lines)
 

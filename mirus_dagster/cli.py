@@ -10,6 +10,7 @@ import sys
 import click
 
 from mirus_dagster.demo import traffic
+from mirus_dagster.offsets_command import offsets
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackError
 from mirus_dagster.verify_command import verify
@@ -179,6 +180,7 @@ def demo() -> None:
 
 demo.add_command(traffic)
 main.add_command(verify)
+main.add_command(offsets)
 
 
 if __name__ == "__main__":

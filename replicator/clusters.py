@@ -8,7 +8,8 @@ cannot loop whatever their naming policy and aliases.
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaException
 
@@ -30,3 +31,39 @@ def cluster_id(client: MetadataClient, role: str, fallback: str) -> str:
     except KafkaException as exc:
         raise ClusterIdentityError(f"cannot identify the {role} cluster (metadata unavailable): {exc}") from exc
     return getattr(metadata, "cluster_id", None) or fallback
+
+
+class MetadataUnavailableError(RuntimeError):
+    """A cluster's metadata could not be read; the message names the cluster (never its credentials)."""
+
+
+@dataclass(frozen=True)
+class TopicLayout:
+    partitions: int
+    replication_factor: int  # replicas of partition 0
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """One Metadata response: the cluster's id, its broker count and its topics."""
+
+    cluster_id: str | None
+    brokers: int
+    topics: dict[str, TopicLayout]
+
+    def partition_counts(self) -> dict[str, int]:
+        return {name: layout.partitions for name, layout in self.topics.items()}
+
+
+def read_cluster(client: MetadataClient, role: str) -> ClusterView:
+    """Read a cluster's metadata; `role` ("source", "destination") names it in errors."""
+    try:
+        metadata: Any = client.list_topics(timeout=METADATA_TIMEOUT_S)
+    except KafkaException as exc:
+        raise MetadataUnavailableError(f"{role} cluster metadata unavailable: {exc}") from exc
+    topics = {
+        name: TopicLayout(len(t.partitions), len(t.partitions[0].replicas) if 0 in t.partitions else 1)
+        for name, t in metadata.topics.items()
+        if t.error is None
+    }
+    return ClusterView(metadata.cluster_id, len(metadata.brokers), topics)

@@ -47,7 +47,7 @@ from replicator.properties import (
 )
 from replicator.property_reader import is_scalar
 from replicator.secrets import SecretReferenceError, has_reference, substitute_references
-from replicator.selection import TopicSelector
+from replicator.selection import TopicSelector, compile_java_regex
 from replicator.topic_rules import TopicRules
 
 
@@ -89,6 +89,11 @@ LITERAL_SECRET_REASON = (
 )
 
 
+def split_list(value: str) -> tuple[str, ...]:
+    """Kafka's LIST type: comma-separated, whitespace around entries ignored, empty entries dropped."""
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
 def connection_settings(client: Mapping[str, str]) -> dict[str, str]:
     """What any client of a cluster needs (address, network, `ssl.*`, `sasl.*`), without role-specific settings
     that another kind of client would reject or warn about (a consumer's `fetch.*` in a producer, say)."""
@@ -120,6 +125,32 @@ class _ConnectorModel(BaseModel):
         if heartbeat is not None and lease <= 2 * heartbeat:
             raise ValueError(f"must be greater than 2 x task.heartbeat.interval.ms ({2 * heartbeat}), got {lease}")
         return lease
+
+    @field_validator("config_properties_exclude", "groups", "groups_exclude", check_fields=False)
+    @classmethod
+    def _java_regex_list(cls, value: str) -> str:
+        for pattern in split_list(value):
+            compile_java_regex(pattern)  # ValueError names the pattern and what is wrong
+        return value
+
+    # -- topic management and failover --
+
+    @property
+    def requires_destination_partition(self) -> bool:
+        """Whether a source partition is replicated only into the destination partition with its number.
+
+        True with `enable.partition.matching=true`, and by default while topic creation is on: the platform then
+        creates and grows destination topics itself, so a missing partition is waited for (and the reason shown),
+        never replaced by the partitioner (which would break partition preservation).
+        """
+        return self.partition_matching is True or (self.partition_matching is None and self.topic_creation)
+
+    @property
+    def checkpoint_interval_s(self) -> int:
+        """How often group offsets are translated: the shorter of the checkpoint and group-sync intervals in use."""
+        intervals = [self.emit_checkpoints_interval_s] if self.emit_checkpoints else []
+        intervals += [self.sync_group_offsets_interval_s] if self.sync_group_offsets else []
+        return min(intervals, default=self.emit_checkpoints_interval_s)
 
     # -- client settings: built here, once, for every client the platform creates --
 

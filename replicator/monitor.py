@@ -1,26 +1,32 @@
 """The monitor: cluster metadata in, an assignment generation out (Mirus's KafkaMonitor, without restarts).
 
 `plan_partitions` is the pure decision (selection, cycle rule, naming, destination checking); `KafkaMonitor`
-reads both clusters' metadata, records snapshots and writes a new assignment generation only when partition
-membership changed. Running tasks pick the new generation up live; nothing is restarted.
+reads both clusters' metadata, records snapshots, creates and grows destination topics and syncs their configs
+(`replicator.topic_sync`), and writes a new assignment generation only when partition membership changed.
+Partitions held back (destination missing, not creatable or not growable) are recorded PAUSED with the reason.
+Running tasks pick the new generation up live; nothing is restarted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from replicator import heartbeats
 from replicator.assignment import SourcePartition, assign_partitions
+from replicator.clusters import ClusterView, MetadataUnavailableError, read_cluster
 from replicator.config import ConnectorConfig, load
+from replicator.heartbeats import HEARTBEATS_TOPIC
+from replicator.offset_translation import TranslationError, sync_groups
 from replicator.store import Store
+from replicator.topic_sync import broker_reason, destination_topics, ensure_destination_topics, sync_topic_configs
 
-METADATA_TIMEOUT_S = 5.0
-
-
-class MetadataUnavailableError(RuntimeError):
-    """A cluster's metadata could not be read; the message names the cluster (never its credentials)."""
+__all__ = ["KafkaMonitor", "MetadataUnavailableError", "MonitorResult", "PartitionPlan", "plan_partitions"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,14 @@ class MonitorResult:
     poll_wait_s: float  # when to look again (monitor.poll.wait.ms)
 
 
+def replicated_topics(config: ConnectorConfig, source_topics: Mapping[str, int]) -> list[str]:
+    """The selected source topics, plus the source's heartbeats topic while heartbeats are emitted (as MM2)."""
+    topics = config.selector.select(source_topics)
+    if config.emit_heartbeats and HEARTBEATS_TOPIC in source_topics and HEARTBEATS_TOPIC not in topics:
+        topics = sorted([*topics, HEARTBEATS_TOPIC])
+    return topics
+
+
 def plan_partitions(
     config: ConnectorConfig, source_topics: Mapping[str, int], destination_topics: Mapping[str, int]
 ) -> PartitionPlan:
@@ -47,7 +61,7 @@ def plan_partitions(
     replicate: list[SourcePartition] = []
     missing: list[SourcePartition] = []
     cycles: list[str] = []
-    for topic in config.selector.select(source_topics):
+    for topic in replicated_topics(config, source_topics):
         if config.namer.is_cycle(topic):
             cycles.append(topic)
             continue
@@ -55,7 +69,7 @@ def plan_partitions(
         dest_partitions = destination_topics.get(destination)
         for partition in range(source_topics[topic]):
             if config.destination_topic_checking and (
-                dest_partitions is None or (config.partition_matching and partition >= dest_partitions)
+                dest_partitions is None or (config.requires_destination_partition and partition >= dest_partitions)
             ):
                 missing.append((topic, partition))
             else:
@@ -63,38 +77,70 @@ def plan_partitions(
     return PartitionPlan(replicate, missing, cycles)
 
 
-def topic_partitions(settings: Mapping[str, str], cluster: str) -> dict[str, int]:
-    """Topic name → partition count, read with the given client settings."""
-    try:
-        metadata = AdminClient(dict(settings)).list_topics(timeout=METADATA_TIMEOUT_S)
-    except Exception as exc:  # KafkaException on timeout or transport failure
-        raise MetadataUnavailableError(f"{cluster} cluster metadata unavailable: {exc}") from exc
-    return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+@dataclass(frozen=True)
+class Admins:
+    source: AdminClient
+    destination: AdminClient
+
+
+def ids(source: ClusterView, destination: ClusterView, config: ConnectorConfig) -> tuple[str, str]:
+    """Both clusters' ids; the aliases stand in for brokers that report none."""
+    return source.cluster_id or config.source_alias, destination.cluster_id or config.target_alias
+
+
+def held_reasons(
+    config: ConnectorConfig, missing: list[SourcePartition], blocked: Mapping[str, str]
+) -> dict[SourcePartition, str]:
+    """Why each held-back partition is not replicated: the broker's reason when creating or growing failed."""
+    out = {}
+    for topic, partition in missing:
+        destination = config.namer.destination_topic(topic)
+        out[(topic, partition)] = blocked.get(destination) or (
+            f"destination partition {destination}[{partition}] does not exist"
+            + ("" if config.topic_creation else " (topic.creation.enable=false)")
+        )
+    return out
 
 
 class KafkaMonitor:
     def __init__(self, store: Store) -> None:
         self.store = store
 
+    def _read(self, connector: str, admin: AdminClient, role: str) -> ClusterView:
+        try:
+            view = read_cluster(admin, role)
+        except MetadataUnavailableError as exc:
+            self.store.record_snapshot(connector, role, {}, str(exc))
+            raise
+        self.store.record_snapshot(connector, role, view.partition_counts(), None)
+        return view
+
     def poll(self, connector: str) -> MonitorResult:
         """Read both clusters, apply the connector's rules, and store a new generation if membership changed."""
         record = self.store.get_connector(connector)
         config = load(record.properties)
-        try:
-            source = topic_partitions(config.admin_settings("source"), "source")
-        except MetadataUnavailableError as exc:
-            self.store.record_snapshot(connector, "source", {}, str(exc))
-            raise
-        self.store.record_snapshot(connector, "source", source, None)
-        destination: dict[str, int] = {}
-        if config.destination_topic_checking or config.partition_matching is not False:
-            try:
-                destination = topic_partitions(config.admin_settings("destination"), "destination")
-            except MetadataUnavailableError as exc:
-                self.store.record_snapshot(connector, "destination", {}, str(exc))
-                raise
-            self.store.record_snapshot(connector, "destination", destination, None)
-        plan = plan_partitions(config, source, destination)
+        admins = Admins(AdminClient(config.admin_settings("source")), AdminClient(config.admin_settings("destination")))
+        source = self._read(connector, admins.source, "source")
+        destination = self._read(connector, admins.destination, "destination")
+        flow = self.store.flow(connector) or {}
+        updates: dict[str, object] = {}
+        seen = (source.cluster_id, destination.cluster_id)
+        if (flow.get("source_cluster_id"), flow.get("destination_cluster_id")) != seen:
+            updates.update(source_cluster_id=source.cluster_id, destination_cluster_id=destination.cluster_id)
+
+        selected = [t for t in replicated_topics(config, source.partition_counts()) if not config.namer.is_cycle(t)]
+        pairs = destination_topics(config, source, selected)
+        destination_counts, blocked = destination.partition_counts(), {}
+        if config.topic_creation:
+            outcome = ensure_destination_topics(config, admins.source, admins.destination, source, destination, pairs)
+            destination_counts, blocked = outcome.destination, outcome.blocked
+        existing = {d: s for d, s in pairs.items() if d in destination_counts}
+        self._periodic_duties(config, admins, source, destination, existing, flow, updates)
+        if updates:
+            self.store.update_flow(connector, **updates)
+
+        plan = plan_partitions(config, source.partition_counts(), destination_counts)
+        self.store.hold_partitions(connector, held_reasons(config, plan.missing_destination, blocked), plan.replicate)
         previous = self.store.read_assignment(connector)
         tasks = assign_partitions(plan.replicate, config.tasks_max, previous)
         generation = self.store.write_assignment(connector, tasks)
@@ -102,3 +148,52 @@ class KafkaMonitor:
         return MonitorResult(
             connector, current, generation is not None, tasks, plan, config.monitor_poll_wait_ms / 1000
         )
+
+    def _periodic_duties(
+        self,
+        config: ConnectorConfig,
+        admins: Admins,
+        source: ClusterView,
+        destination: ClusterView,
+        pairs: Mapping[str, str],
+        flow: Mapping[str, Any],
+        updates: dict[str, object],
+    ) -> None:
+        """Topic config sync, group checkpoints (and offset sync) and heartbeats, each when its interval is due.
+
+        Each duty's failures replace its own entries in the flow's problems (shown on the connector)."""
+        now = datetime.now(UTC)
+
+        def due(column: str, interval_s: int) -> bool:
+            last = flow.get(column)
+            return last is None or now - last >= timedelta(seconds=interval_s)
+
+        def problems(kind: str, found: Mapping[str, str]) -> dict[str, str]:
+            current = dict(updates.get("problems") or flow.get("problems") or {})  # type: ignore[call-overload]
+            kept = {k: v for k, v in current.items() if not k.startswith(f"{kind} ")}
+            return {**kept, **{f"{kind} {name}": reason for name, reason in found.items()}}
+
+        if config.sync_topic_configs and due("configs_synced_at", config.sync_topic_configs_interval_s):
+            try:
+                _changed, failed = sync_topic_configs(config, admins.source, admins.destination, pairs)
+            except KafkaException as exc:  # a duty never stops discovery and assignment
+                failed = {"*": broker_reason(exc)}
+            updates.update(configs_synced_at=now, problems=problems("topic", failed))
+        if (config.emit_checkpoints or config.sync_group_offsets) and due(
+            "groups_synced_at", config.checkpoint_interval_s
+        ):
+            source_id, destination_id = ids(source, destination, config)
+            try:
+                failed = sync_groups(config, self.store, source_id, destination_id)
+            except (TranslationError, KafkaException) as exc:
+                failed = {"*": broker_reason(exc) if isinstance(exc, KafkaException) else str(exc)}
+            updates.update(groups_synced_at=now, problems=problems("group", failed))
+        if config.emit_heartbeats and due("heartbeat_emitted_at", config.emit_heartbeats_interval_s):
+            try:
+                offset, timestamp_ms = heartbeats.emit(config, admins.source, source, destination.cluster_id)
+            except (heartbeats.HeartbeatError, KafkaException) as exc:
+                reason = broker_reason(exc) if isinstance(exc, KafkaException) else str(exc)
+                updates.update(problems=problems("heartbeat", {"emit": reason}))
+            else:
+                emitted = heartbeats.remember(flow.get("heartbeats") or [], offset, timestamp_ms)
+                updates.update(heartbeat_emitted_at=now, heartbeats=emitted, problems=problems("heartbeat", {}))

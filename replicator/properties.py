@@ -44,6 +44,15 @@ class Part(StrEnum):
 
 
 INT_MAX = 2**31 - 1
+# MirrorMaker 2's DefaultConfigPropertyFilter: topic configs never copied to the destination.
+DEFAULT_CONFIG_PROPERTIES_EXCLUDE = (
+    r"follower\.replication\.throttled\.replicas",
+    r"leader\.replication\.throttled\.replicas",
+    r"message\.timestamp\.difference\.max\.ms",
+    r"message\.timestamp\.type",
+    r"unclean\.leader\.election\.enable",
+    r"min\.insync\.replicas",
+)
 MIRUS_CONNECTOR_CLASS = "com.salesforce.mirus.MirusSourceConnector"
 MM2_CONNECTOR_CLASS = "org.apache.kafka.connect.mirror.MirrorSourceConnector"
 _BYTE_ARRAY_CONVERTER = "org.apache.kafka.connect.converters.ByteArrayConverter"
@@ -167,6 +176,42 @@ PROPERTIES: tuple[PropertySpec, ...] = (
     PropertySpec("task.lease.timeout.ms", _I, "A task silent this long is replaced and its partitions may be "
                  "taken over; must be greater than 2 x task.heartbeat.interval.ms.", default=30000,
                  field="lease_timeout_ms", minimum=1),
+    # -- topic management (replicator.topic_sync) --
+    PropertySpec("topic.creation.enable", _B, "Create missing destination topics with the source's partition "
+                 "count and topic configs, and add partitions when the source gains some (before their records are "
+                 "written). While on, a source partition is only ever written to the destination partition with "
+                 "its number.", default=True, field="topic_creation"),
+    PropertySpec("replication.factor", _I, "MirrorMaker 2: replicas of created destination topics; -1 (or 0): "
+                 "the source topic's, capped by the destination's broker count.", default=-1,
+                 field="replication_factor", minimum=-1),
+    PropertySpec("config.properties.exclude", _L, "MirrorMaker 2: Java regular expressions of topic configs "
+                 "never copied to the destination (its DefaultConfigPropertyFilter list by default).",
+                 default=", ".join(DEFAULT_CONFIG_PROPERTIES_EXCLUDE), field="config_properties_exclude"),
+    PropertySpec("sync.topic.configs.enabled", _B, "MirrorMaker 2: copy changed topic configs to the destination "
+                 "topics periodically.", default=True, field="sync_topic_configs"),
+    PropertySpec("sync.topic.configs.interval.seconds", _I, "MirrorMaker 2: how often topic configs are "
+                 "compared and copied.", default=60, field="sync_topic_configs_interval_s", minimum=1),
+    # -- failover (replicator.offset_translation, replicator.heartbeats) --
+    PropertySpec("groups", _L, "MirrorMaker 2: Java regular expressions of the source consumer groups whose "
+                 "offsets are translated (checkpoints, offset sync).", default=".*", field="groups"),
+    PropertySpec("groups.exclude", _L, "MirrorMaker 2: Java regular expressions of consumer groups never "
+                 "translated.", default="console-consumer-.*, connect-.*, __.*", field="groups_exclude"),
+    PropertySpec("emit.checkpoints.enabled", _B, "MirrorMaker 2: translate the selected groups' committed "
+                 "offsets exactly and keep them as checkpoints in Postgres (for `mirus offsets translate` when "
+                 "the source is lost).", default=True, field="emit_checkpoints"),
+    PropertySpec("emit.checkpoints.interval.seconds", _I, "MirrorMaker 2: how often checkpoints are taken.",
+                 default=60, field="emit_checkpoints_interval_s", minimum=1),
+    PropertySpec("sync.group.offsets.enabled", _B, "MirrorMaker 2: also commit the translated offsets into the "
+                 "destination groups of the same name, only while they have no active members and only forward.",
+                 default=False, field="sync_group_offsets"),
+    PropertySpec("sync.group.offsets.interval.seconds", _I, "MirrorMaker 2: how often group offsets are synced.",
+                 default=60, field="sync_group_offsets_interval_s", minimum=1),
+    PropertySpec("emit.heartbeats.enabled", _B, "MirrorMaker 2: write heartbeats into the source's `heartbeats` "
+                 "topic, which the connector replicates; their age at the destination is the flow's liveness.",
+                 default=True, field="emit_heartbeats"),
+    PropertySpec("emit.heartbeats.interval.seconds", _I, "MirrorMaker 2: the least time between two heartbeats "
+                 "(they are written by the monitor, at its pace).", default=1, field="emit_heartbeats_interval_s",
+                 minimum=1),
     # -- Mirus's converters: records are copied byte for byte --
     *(
         PropertySpec(f"source.{part}.converter", _S, "Accepted only as ByteArrayConverter: records are copied "
@@ -187,14 +232,12 @@ CLIENT_PREFIXES: tuple[ClientPrefix, ...] = (
 
 # Settings Kafka Connect / MM2 users commonly carry that change nothing here: accepted and ignored.
 IGNORED_PROPERTIES = frozenset({
-    "config.action.reload", "replay.policy", "replay.window.records", "groups", "groups.exclude",
-    "replication.factor", "checkpoints.topic.replication.factor", "heartbeats.topic.replication.factor",
-    "offset-syncs.topic.replication.factor",
+    "config.action.reload", "replay.policy", "replay.window.records", "checkpoints.topic.replication.factor",
+    "heartbeats.topic.replication.factor", "offset-syncs.topic.replication.factor",
 })  # fmt: skip
 IGNORED_PREFIXES = (
-    "key.converter", "value.converter", "header.converter", "errors.", "predicates", "emit.heartbeats.",
-    "emit.checkpoints.", "sync.topic.configs.", "sync.topic.acls.", "refresh.topics.", "refresh.groups.",
-    "offset-syncs.",
+    "key.converter", "value.converter", "header.converter", "errors.", "predicates", "sync.topic.acls.",
+    "refresh.topics.", "refresh.groups.", "offset-syncs.",
 )  # fmt: skip
 
 SPECS: dict[str, PropertySpec] = {name: spec for spec in PROPERTIES for name in spec.names}

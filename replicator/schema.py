@@ -7,6 +7,8 @@
 - `partition_status`: a partition paused or dropped by the engine, and why.
 - `metadata_snapshots`: what the monitor saw on a cluster.
 - `metric_samples`: per task, partition and interval: records, bytes, latency summary and histogram, lag.
+- `flows`: per connector, its clusters' ids and its periodic duties (topic configs, group offsets, heartbeats).
+- `checkpoints`: a source consumer group's committed offset and its exact destination translation.
 """
 
 from __future__ import annotations
@@ -146,3 +148,42 @@ class MetricSample(Base):
         JSONB, nullable=False, doc="Upper bound in ms ('+Inf' last) -> count of records at or below it."
     )
     lag: Mapped[int | None] = mapped_column(BigInteger, doc="Source records not yet replicated, when known.")
+
+
+class Flow(Base):
+    """A connector's flow between two clusters, as the monitor last saw it, and when its periodic duties ran."""
+
+    __tablename__ = "flows"
+
+    connector: Mapped[str] = mapped_column(Text, ForeignKey("connectors.name", ondelete="CASCADE"), primary_key=True)
+    source_cluster_id: Mapped[str | None] = mapped_column(Text, doc="Kafka cluster id of the source.")
+    destination_cluster_id: Mapped[str | None] = mapped_column(Text, doc="Kafka cluster id of the destination.")
+    configs_synced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    groups_synced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_emitted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeats: Mapped[list[list[int]]] = mapped_column(
+        JSONB, nullable=False, server_default="[]",
+        doc="Recent heartbeats emitted at the source: [partition, offset, timestamp ms], newest last.",
+    )  # fmt: skip
+    problems: Mapped[dict[str, str]] = mapped_column(
+        JSONB, nullable=False, server_default="{}", doc="What failed in the last topic or group sync -> why."
+    )
+    updated_at: Mapped[datetime] = _now()
+
+
+class Checkpoint(Base):
+    """Deliberately not tied to `connectors`: checkpoints are what a failover needs, also after a delete."""
+
+    __tablename__ = "checkpoints"
+
+    connector: Mapped[str] = mapped_column(Text, primary_key=True)
+    group_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    topic: Mapped[str] = mapped_column(Text, primary_key=True, doc="Source topic.")
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True, doc="Source partition.")
+    source_offset: Mapped[int] = mapped_column(BigInteger, nullable=False, doc="The group's committed offset.")
+    destination_topic: Mapped[str] = mapped_column(Text, nullable=False)
+    destination_partition: Mapped[int] = mapped_column(Integer, nullable=False)
+    destination_offset: Mapped[int] = mapped_column(
+        BigInteger, nullable=False, doc="Where the group resumes at the destination: nothing skipped or re-read."
+    )
+    updated_at: Mapped[datetime] = _now()

@@ -8,7 +8,7 @@ write matches no row and it learns it was fenced; the row lock makes a claim wai
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -20,8 +20,10 @@ from sqlalchemy.orm import Session
 from replicator.assignment import SourcePartition
 from replicator.schema import (
     Assignment,
+    Checkpoint,
     Connector,
     ConnectorConfig,
+    Flow,
     MetadataSnapshot,
     MetricSample,
     Offset,
@@ -141,6 +143,10 @@ class ConnectorStatus:
     tasks: list[TaskStatus]
     metadata_errors: dict[str, str]  # cluster -> error of its latest snapshot, if that one failed
     unhealthy_partitions: dict[SourcePartition, PartitionStatusRow]  # not ACTIVE
+    cluster_ids: tuple[str | None, str | None] = (None, None)  # source, destination (Kafka cluster ids)
+    flow_problems: dict[str, str] = field(default_factory=dict)  # what the monitor's periodic duties could not do
+    heartbeats: list[list[int]] = field(default_factory=list)  # recent heartbeats emitted: [offset, timestamp ms]
+    heartbeats_committed: int | None = None  # the connector's committed offset in its source's heartbeats topic
 
 
 @dataclass(frozen=True)
@@ -419,6 +425,43 @@ class Store:
                 )
             )
 
+    def hold_partitions(
+        self, connector: str, held: Mapping[SourcePartition, str], assigned: Iterable[SourcePartition]
+    ) -> None:
+        """Record the partitions the monitor holds back from assignment (PAUSED, with why), unless a task owns
+        the row; unowned PAUSED rows of partitions now neither held nor assigned are removed (stale reasons)."""
+        keep = set(held) | set(assigned)
+        with Session(self.engine) as s, s.begin():
+            if held:
+                stmt = insert(PartitionStatus).values(
+                    [{"connector": connector, "topic": t, "partition": p, "task_id": None,
+                      "state": PartitionHealth.PAUSED, "reason": reason} for (t, p), reason in sorted(held.items())]
+                )  # fmt: skip
+                s.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[PartitionStatus.connector, PartitionStatus.topic, PartitionStatus.partition],
+                        set_={"state": PartitionHealth.PAUSED, "reason": stmt.excluded.reason,
+                              "updated_at": func.now()},
+                        where=and_(PartitionStatus.task_id.is_(None), or_(
+                            PartitionStatus.state != PartitionHealth.PAUSED,
+                            PartitionStatus.reason.is_distinct_from(stmt.excluded.reason))),
+                    )
+                )  # fmt: skip
+            unowned = s.execute(
+                select(PartitionStatus.topic, PartitionStatus.partition).where(
+                    PartitionStatus.connector == connector, PartitionStatus.task_id.is_(None),
+                    PartitionStatus.state == PartitionHealth.PAUSED,
+                )
+            ).all()  # fmt: skip
+            stale = [(t, p) for t, p in unowned if (t, p) not in keep]
+            if stale:
+                s.execute(
+                    delete(PartitionStatus).where(
+                        PartitionStatus.connector == connector, PartitionStatus.task_id.is_(None),
+                        tuple_(PartitionStatus.topic, PartitionStatus.partition).in_(stale),
+                    )
+                )  # fmt: skip
+
     def partition_statuses(self, connector: str) -> dict[SourcePartition, PartitionStatusRow]:
         with Session(self.engine) as s:
             rows = s.scalars(select(PartitionStatus).where(PartitionStatus.connector == connector))
@@ -444,6 +487,8 @@ class Store:
                     )
                     for p in r.unhealthy
                 },
+                cluster_ids=(r.source_cluster_id, r.destination_cluster_id), flow_problems=dict(r.flow_problems),
+                heartbeats=list(r.heartbeats), heartbeats_committed=r.heartbeats_committed,
             )
             for r in rows
         ]  # fmt: skip
@@ -489,6 +534,44 @@ class Store:
             ).one_or_none()
             return _row(SnapshotRow, row) if row else None
 
+    # -- flows and checkpoints --------------------------------------------------------------------------
+
+    def flow(self, connector: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(Flow).where(Flow.connector == connector)).one_or_none()
+        return dict(row._mapping) if row else None
+
+    def update_flow(self, connector: str, **values: Any) -> None:
+        """Create or update the connector's `flows` row with `values` (column -> value)."""
+        with Session(self.engine) as s, s.begin():
+            stmt = insert(Flow).values(connector=connector, **values)
+            s.execute(
+                stmt.on_conflict_do_update(index_elements=[Flow.connector], set_={**values, "updated_at": func.now()})
+            )
+
+    def save_checkpoints(self, connector: str, group_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Store a group's translated offsets (keys: topic, partition, source_offset, destination_topic,
+        destination_partition, destination_offset), replacing earlier ones for the same partitions."""
+        if not rows:
+            return
+        with Session(self.engine) as s, s.begin():
+            stmt = insert(Checkpoint).values([{"connector": connector, "group_id": group_id, **r} for r in rows])
+            columns = ("source_offset", "destination_topic", "destination_partition", "destination_offset")
+            s.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[Checkpoint.connector, Checkpoint.group_id, Checkpoint.topic, Checkpoint.partition],
+                    set_={**{c: stmt.excluded[c] for c in columns}, "updated_at": func.now()},
+                )
+            )
+
+    def checkpoints(self, connector: str, group_id: str | None = None) -> list[dict[str, Any]]:
+        query = select(Checkpoint).where(Checkpoint.connector == connector)
+        if group_id is not None:
+            query = query.where(Checkpoint.group_id == group_id)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(Checkpoint.group_id, Checkpoint.topic, Checkpoint.partition))
+            return [dict(r._mapping) for r in rows]
+
 
 def _record(row: Connector, config: dict[str, Any]) -> ConnectorRecord:
     return ConnectorRecord(
@@ -524,7 +607,12 @@ SELECT c.name, c.state, c.version, c.assignment_generation, cfg.config,
   COALESCE((SELECT json_agg(json_build_object(
         'topic', p.topic, 'partition', p.partition, 'task_id', p.task_id, 'state', p.state, 'reason', p.reason,
         'updated_at', p.updated_at) ORDER BY p.topic, p.partition)
-     FROM partition_status p WHERE p.connector = c.name AND p.state <> 'ACTIVE'), '[]'::json) AS unhealthy
+     FROM partition_status p WHERE p.connector = c.name AND p.state <> 'ACTIVE'), '[]'::json) AS unhealthy,
+  f.source_cluster_id, f.destination_cluster_id, COALESCE(f.problems, '{}'::jsonb) AS flow_problems,
+  COALESCE(f.heartbeats, '[]'::jsonb) AS heartbeats,
+  (SELECT o."offset" FROM offsets o WHERE o.connector = c.name AND o.topic = 'heartbeats' AND o.partition = 0)
+    AS heartbeats_committed
 FROM connectors c JOIN connector_configs cfg ON cfg.connector = c.name AND cfg.version = c.version
+  LEFT JOIN flows f ON f.connector = c.name
 ORDER BY c.name
 """)

@@ -22,7 +22,16 @@ from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -254,6 +263,13 @@ class ReplicationTask:
                 return
             except BufferError:
                 self.producer.poll(0.05)  # local queue full: serve acknowledgements
+            except KafkaException as exc:  # e.g. a partition the producer's metadata does not know yet
+                state.pending.pop()
+                state.in_flight -= 1
+                if state.failed_at is None or offset < state.failed_at:
+                    state.failed_at = offset
+                self._pause(state, f"cannot produce offset {offset}: {exc.args[0].str()}")
+                return
 
     # -- acknowledge ------------------------------------------------------------------------------------
 
@@ -426,6 +442,11 @@ class ReplicationTask:
             self.partitions[tp] = state
             assign.append(TopicPartition(tp[0], tp[1], stored.get(tp, reset)))
         self.consumer.incremental_assign(assign)
+        for topic in {self.partitions[tp].destination_topic for tp in partitions}:
+            try:  # a destination topic grown a moment ago: the producer must know its new partitions
+                self.producer.list_topics(topic, timeout=5)
+            except KafkaException as exc:
+                log.warning("destination metadata of %s unavailable: %s", topic, exc)
         self._check_destination(partitions)
         self.on_event(f"replicating {len(partitions)} partition(s): {_fmt(partitions)}")
 
@@ -449,10 +470,10 @@ class ReplicationTask:
                 continue
             if self.config.partition_matching is not False and state.partition in topic.partitions:
                 self._route(state, state.partition)
-            elif self.config.partition_matching:
+            elif self.config.requires_destination_partition:
                 if state.paused_reason is None:
                     self._pause(state, f"destination partition {state.destination_topic}[{state.partition}] "
-                                       "does not exist (enable.partition.matching=true)")  # fmt: skip
+                                       "does not exist (partitions are preserved)")  # fmt: skip
             else:
                 self._route(state, UNASSIGNED_PARTITION)
 

@@ -70,9 +70,9 @@ def test_bidirectional_identity_pair_without_aliases_does_not_loop(
             wait_for(lambda c=connector: read_to_end(c), timeout=60, what=f"{connector} committed all {total}")
         # Several more task cycles (a commit, with its lease heartbeat, every 200 ms) with nothing new: flat.
         for _ in range(5):
-            beats = {c: store.lease_of(c, 0)["heartbeat_at"] for c in (a_to_b.name, b_to_a.name)}
+            beats = {c: store.lease_of(c, 0).heartbeat_at for c in (a_to_b.name, b_to_a.name)}
             for connector, beat in beats.items():
-                wait_for(lambda c=connector, b=beat: store.lease_of(c, 0)["heartbeat_at"] > b, timeout=10,
+                wait_for(lambda c=connector, b=beat: store.lease_of(c, 0).heartbeat_at > b, timeout=10,
                          what=f"a further commit cycle of {connector}")  # fmt: skip
                 assert read_to_end(connector)
     finally:

@@ -98,8 +98,10 @@ def test_provenance_headers_can_be_turned_off_and_cycles_are_never_written_back(
 ) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
-    # The second record was itself replicated from the destination cluster ("target") earlier: a cycle.
-    looped = replicated_headers([("h", b"x")], "target", "target", unique, 0, 41)
+    # The second record was itself replicated from the destination cluster earlier (its origin is the destination's
+    # cluster id): a cycle. The aliases are left at their defaults; they play no part.
+    target = AdminClient({"bootstrap.servers": stack.destination_bootstrap_servers}).list_topics(timeout=10).cluster_id
+    looped = replicated_headers([("h", b"x")], target, target, unique, 0, 41)
     produce(stack.source_bootstrap_servers, [
         {"topic": unique, "value": b"local", "headers": [("h", b"1")]},
         {"topic": unique, "value": b"came-from-target", "headers": looped},

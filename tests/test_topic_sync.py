@@ -1,0 +1,249 @@
+"""Destination topics follow their source: created with its partitions and configs, grown with it, configs kept
+in sync. Run against whichever brokers the suite uses (Tansu by default; Apache Kafka with
+MIRUS_SOURCE_BOOTSTRAP_SERVERS / MIRUS_DESTINATION_BOOTSTRAP_SERVERS); where a broker lacks a feature the test
+says which branch it proved."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    ResourceType,
+)
+from sqlalchemy import Engine
+
+from mirus_dagster.stack import StackEndpoints
+from replicator import provenance
+from replicator.config import validate_submission
+from replicator.heartbeats import HEARTBEATS_TOPIC
+from replicator.monitor import KafkaMonitor
+from replicator.store import PartitionHealth, Store
+
+from .engine_helpers import TaskThread, connector_properties
+from .kafka_helpers import consume_all, create_topics, produce, wait_for
+
+CONFIGS = {"retention.ms": "3600000", "max.message.bytes": "200000", "cleanup.policy": "delete"}
+
+
+@pytest.fixture
+def store(db_engine: Engine) -> Store:
+    return Store(db_engine)
+
+
+def _admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def _partitions(bootstrap: str, topic: str) -> int:
+    metadata = _admin(bootstrap).list_topics(timeout=10)
+    return len(metadata.topics[topic].partitions) if topic in metadata.topics else 0
+
+
+def _configs(bootstrap: str, topic: str) -> dict[str, object]:
+    admin, resource = _admin(bootstrap), ConfigResource(ResourceType.TOPIC, topic)
+    return dict(admin.describe_configs([resource])[resource].result())
+
+
+def _overrides_reported(bootstrap: str, topic: str) -> bool:
+    """Whether the broker reports configs set on a topic as such (Kafka does; Tansu 0.6 calls them defaults)."""
+    entry = _configs(bootstrap, topic).get("retention.ms")
+    return entry is not None and not entry.is_default
+
+
+def _put(store: Store, properties: dict[str, object]) -> str:
+    config = validate_submission(properties)
+    store.put_connector(config.name, config.raw, config.tasks_max)
+    return config.name
+
+
+def _selected(partitions: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The partitions of selected topics (the flow also carries its source's heartbeats)."""
+    return sorted(tp for tp in partitions if tp[0] != HEARTBEATS_TOPIC)
+
+
+def _held(store: Store, connector: str) -> dict[tuple[str, int], str]:
+    return {tp: s.reason for tp, s in store.partition_statuses(connector).items() if s.state == PartitionHealth.PAUSED}
+
+
+def test_a_topic_created_at_the_source_appears_at_the_destination_and_its_records_flow(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    src, dst = stack.source_bootstrap_servers, stack.destination_bootstrap_servers
+    monitor = KafkaMonitor(store)
+    name = _put(store, connector_properties(stack, unique, **{"topics.regex": f"{unique}-.*",
+                                                               "destination.topic.name.suffix": ".copy"}))  # fmt: skip
+    topic = f"{unique}-new"
+    create_topics(src, {topic: 3}, config={**CONFIGS, "min.insync.replicas": "1"})
+    produce(src, [{"topic": topic, "partition": i % 3, "key": b"k%d" % i, "value": b"v%d" % i} for i in range(90)])
+
+    result = monitor.poll(name)
+    assert _partitions(dst, f"{topic}.copy") == 3
+    assert _selected(result.plan.replicate) == [(topic, p) for p in range(3)]
+    runner = TaskThread.start(store, name)
+    try:
+        copied = consume_all(dst, f"{topic}.copy", 3, expected=90)
+    finally:
+        runner.finish()
+    assert len(copied) == 90
+    assert all(provenance.parse(r.headers).source_partition == r.partition for r in copied)
+
+    if not _overrides_reported(src, topic):
+        pytest.skip(
+            "partitions and records proven; configs not comparable: this broker reports topic configs "
+            "as defaults (DescribeConfigs), so none are copied (run on Apache Kafka for this part)"
+        )
+    copied_configs = _configs(dst, f"{topic}.copy")
+    assert {k: copied_configs[k].value for k in CONFIGS} == CONFIGS
+    assert all(not copied_configs[k].is_default for k in CONFIGS)
+    assert copied_configs["min.insync.replicas"].is_default  # excluded, as MM2's DefaultConfigPropertyFilter
+
+
+def test_creation_switched_off_holds_partitions_with_the_reason(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    name = _put(store, connector_properties(stack, unique, **{"topics.whitelist": unique,
+                                                               "topic.creation.enable": "false"}))  # fmt: skip
+    create_topics(stack.source_bootstrap_servers, {unique: 2})
+    KafkaMonitor(store).poll(name)
+    assert _partitions(stack.destination_bootstrap_servers, unique) == 0
+    assert {tp: reason for tp, reason in _held(store, name).items() if tp[0] == unique} == {
+        (unique, p): f"destination partition {unique}[{p}] does not exist (topic.creation.enable=false)"
+        for p in range(2)
+    }
+
+
+def test_a_creation_failure_is_shown_with_the_brokers_reason(stack: StackEndpoints, store: Store, unique: str) -> None:
+    # A replication factor no single-broker cluster can satisfy: the broker refuses and says why.
+    name = _put(store, connector_properties(stack, unique, **{"topics.whitelist": unique, "replication.factor": "3"}))
+    create_topics(stack.source_bootstrap_servers, {unique: 1})
+    KafkaMonitor(store).poll(name)
+    if _partitions(stack.destination_bootstrap_servers, unique):
+        pytest.skip(
+            "this broker created a topic with 3 replicas on 1 broker (Tansu 0.6 accepts it); "
+            "run on Apache Kafka, which refuses"
+        )
+    reason = _held(store, name)[(unique, 0)]
+    assert reason.startswith(f"destination topic {unique!r} could not be created: ")
+    assert "(" in reason and reason.endswith(")")  # the broker's error name
+
+
+def _grow(bootstrap: str, topic: str, count: int) -> KafkaError | None:
+    """Add partitions; the broker's error when it cannot (e.g. no CreatePartitions support)."""
+    admin = _admin(bootstrap)
+    try:
+        admin.create_partitions([NewPartitions(topic, count)])[topic].result()
+    except KafkaException as exc:
+        return exc.args[0]
+    return None
+
+
+def test_a_grown_source_topic_keeps_every_record_in_its_own_partition(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    src, dst = stack.source_bootstrap_servers, stack.destination_bootstrap_servers
+    monitor = KafkaMonitor(store)
+    name = _put(store, connector_properties(stack, unique, **{"topics.whitelist": unique}))
+    create_topics(src, {unique: 2})
+    monitor.poll(name)
+    runner = TaskThread.start(store, name)
+    try:
+        produce(src, [{"topic": unique, "partition": i % 2, "value": b"before-%d" % i} for i in range(20)])
+        error = _grow(src, unique, 4)
+        if error is not None:
+            pytest.skip(
+                f"this source broker cannot add partitions ({error.str()}); the held-back path is "
+                "tested by test_a_destination_that_cannot_grow_holds_only_the_new_partitions"
+            )
+        wait_for(lambda: _partitions(src, unique) == 4, what="source grown to 4")
+        # Records for the new partitions are written before the monitor has seen them.
+        produce(src, [{"topic": unique, "partition": i % 4, "value": b"after-%d" % i} for i in range(40)])
+        wait_for(lambda: _selected(monitor.poll(name).plan.replicate) == [(unique, p) for p in range(4)],
+                 what="monitor assigns 4 partitions")  # fmt: skip
+        assert _partitions(dst, unique) == 4
+        copied = consume_all(dst, unique, 4, expected=60)
+    finally:
+        runner.finish()
+    source = consume_all(src, unique, 4, expected=60)
+    by_partition: dict[int, list[bytes]] = defaultdict(list)
+    for r in source:
+        by_partition[r.partition].append(r.value)
+    assert len(copied) == 60
+    for r in copied:
+        assert provenance.parse(r.headers).source_partition == r.partition
+    assert {p: [r.value for r in copied if r.partition == p] for p in range(4)} == dict(by_partition)
+
+
+def test_a_destination_that_cannot_grow_holds_only_the_new_partitions(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    src, dst = stack.source_bootstrap_servers, stack.destination_bootstrap_servers
+    create_topics(src, {unique: 4})
+    create_topics(dst, {unique: 2})  # as if the source had grown from 2 to 4 partitions
+    produce(src, [{"topic": unique, "partition": i % 4, "value": b"v%d" % i} for i in range(40)])
+    name = _put(store, connector_properties(stack, unique, **{"topics.whitelist": unique}))
+    result = KafkaMonitor(store).poll(name)
+    runner = TaskThread.start(store, name)
+    try:
+        if _partitions(dst, unique) == 4:  # the destination broker supports CreatePartitions (Apache Kafka)
+            assert _selected(result.plan.replicate) == [(unique, p) for p in range(4)]
+            copied = consume_all(dst, unique, 4, expected=40)
+            assert all(provenance.parse(r.headers).source_partition == r.partition for r in copied)
+            return
+        # Tansu: no CreatePartitions. Partitions 2 and 3 wait with the broker's reason; 0 and 1 flow.
+        assert _selected(result.plan.replicate) == [(unique, 0), (unique, 1)]
+        held = {tp: reason for tp, reason in _held(store, name).items() if tp[0] == unique}
+        assert set(held) == {(unique, 2), (unique, 3)}
+        for reason in held.values():
+            assert reason.startswith(f"destination topic {unique!r} has 2 partitions, the source 4; adding "
+                                     "partitions failed: ")  # fmt: skip
+            assert "CreatePartitions" in reason and "_UNSUPPORTED_FEATURE" in reason
+        copied = consume_all(dst, unique, 2, expected=20)
+        assert sorted(r.value for r in copied) == sorted(b"v%d" % i for i in range(40) if i % 4 < 2)
+        assert all(provenance.parse(r.headers).source_partition == r.partition for r in copied)
+    finally:
+        runner.finish()
+
+
+def _set_config(bootstrap: str, topic: str, name: str, value: str) -> None:
+    admin = _admin(bootstrap)
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)])  # fmt: skip
+    try:
+        admin.incremental_alter_configs([resource])[resource].result()
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError._UNSUPPORTED_FEATURE:
+            raise
+        current = {k: e.value for k, e in _configs(bootstrap, topic).items() if not e.is_default}
+        legacy = ConfigResource(ResourceType.TOPIC, topic, set_config={**current, name: value})
+        admin.alter_configs([legacy])[legacy].result()
+
+
+def test_a_source_config_change_propagates(stack: StackEndpoints, store: Store, unique: str) -> None:
+    src, dst = stack.source_bootstrap_servers, stack.destination_bootstrap_servers
+    create_topics(src, {unique: 1}, config=CONFIGS)
+    if not _overrides_reported(src, unique):
+        pytest.skip(
+            "this broker reports topic configs as defaults (DescribeConfigs): nothing is copied; run on Apache Kafka"
+        )
+    name = _put(store, connector_properties(stack, unique, **{
+        "topics.whitelist": unique, "sync.topic.configs.interval.seconds": "1"}))  # fmt: skip
+    monitor = KafkaMonitor(store)
+    monitor.poll(name)
+    assert _configs(dst, unique)["retention.ms"].value == "3600000"
+    _set_config(src, unique, "retention.ms", "7200000")
+    _set_config(src, unique, "min.insync.replicas", "1")  # excluded: never copied
+
+    def propagated() -> bool:
+        monitor.poll(name)
+        return _configs(dst, unique)["retention.ms"].value == "7200000"
+
+    wait_for(propagated, timeout=30, interval=0.5, what="retention.ms at the destination")
+    assert _configs(dst, unique)["min.insync.replicas"].is_default
+    assert store.flow(name)["problems"] == {}
