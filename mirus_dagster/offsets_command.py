@@ -43,10 +43,10 @@ def offsets() -> None:
 def _checkpointed(store: Store, connector: str, group: str) -> list[TranslatedOffset]:
     rows = store.checkpoints(connector, group)
     if rows:
-        age = (datetime.now(UTC) - min(r["updated_at"] for r in rows)).total_seconds()
+        age = (datetime.now(UTC) - min(r.updated_at for r in rows)).total_seconds()
         click.echo(f"using the checkpoints stored in Postgres (oldest {age:.0f}s old)", err=True)
-    return [TranslatedOffset(group, r["topic"], r["partition"], r["source_offset"], r["destination_topic"],
-                             r["destination_partition"], r["destination_offset"]) for r in rows]  # fmt: skip
+    return [TranslatedOffset(group, r.topic, r.partition, r.source_offset, r.destination_topic,
+                             r.destination_partition, r.destination_offset) for r in rows]  # fmt: skip
 
 
 @offsets.command("translate")

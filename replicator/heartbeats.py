@@ -86,6 +86,5 @@ def liveness_s(emitted: Sequence[Sequence[int]], committed: int | None, now_s: f
 
 def flow_liveness_s(store: Store, connector: str) -> float | None:
     """`liveness_s` of one connector, read from Postgres."""
-    flow = store.flow(connector) or {}
     committed = store.load_offsets(connector, [(HEARTBEATS_TOPIC, 0)]).get((HEARTBEATS_TOPIC, 0))
-    return liveness_s(flow.get("heartbeats") or [], committed)
+    return liveness_s(store.flow(connector).heartbeats, committed)

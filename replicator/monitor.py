@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -23,7 +22,7 @@ from replicator.clusters import ClusterView, MetadataUnavailableError, read_clus
 from replicator.config import ConnectorConfig, load
 from replicator.heartbeats import HEARTBEATS_TOPIC
 from replicator.offset_translation import TranslationError, sync_groups
-from replicator.store import Store
+from replicator.store import FlowRow, Store
 from replicator.topic_sync import broker_reason, destination_topics, ensure_destination_topics, sync_topic_configs
 
 __all__ = ["KafkaMonitor", "MetadataUnavailableError", "MonitorResult", "PartitionPlan", "plan_partitions"]
@@ -122,10 +121,10 @@ class KafkaMonitor:
         admins = Admins(AdminClient(config.admin_settings("source")), AdminClient(config.admin_settings("destination")))
         source = self._read(connector, admins.source, "source")
         destination = self._read(connector, admins.destination, "destination")
-        flow = self.store.flow(connector) or {}
+        flow = self.store.flow(connector)
         updates: dict[str, object] = {}
         seen = (source.cluster_id, destination.cluster_id)
-        if (flow.get("source_cluster_id"), flow.get("destination_cluster_id")) != seen:
+        if (flow.source_cluster_id, flow.destination_cluster_id) != seen:
             updates.update(source_cluster_id=source.cluster_id, destination_cluster_id=destination.cluster_id)
 
         selected = [t for t in replicated_topics(config, source.partition_counts()) if not config.namer.is_cycle(t)]
@@ -156,7 +155,7 @@ class KafkaMonitor:
         source: ClusterView,
         destination: ClusterView,
         pairs: Mapping[str, str],
-        flow: Mapping[str, Any],
+        flow: FlowRow,
         updates: dict[str, object],
     ) -> None:
         """Topic config sync, group checkpoints (and offset sync) and heartbeats, each when its interval is due.
@@ -165,11 +164,11 @@ class KafkaMonitor:
         now = datetime.now(UTC)
 
         def due(column: str, interval_s: int) -> bool:
-            last = flow.get(column)
+            last = getattr(flow, column)
             return last is None or now - last >= timedelta(seconds=interval_s)
 
         def problems(kind: str, found: Mapping[str, str]) -> dict[str, str]:
-            current = dict(updates.get("problems") or flow.get("problems") or {})  # type: ignore[call-overload]
+            current = dict(updates.get("problems") or flow.problems)  # type: ignore[call-overload]
             kept = {k: v for k, v in current.items() if not k.startswith(f"{kind} ")}
             return {**kept, **{f"{kind} {name}": reason for name, reason in found.items()}}
 
@@ -195,5 +194,5 @@ class KafkaMonitor:
                 reason = broker_reason(exc) if isinstance(exc, KafkaException) else str(exc)
                 updates.update(problems=problems("heartbeat", {"emit": reason}))
             else:
-                emitted = heartbeats.remember(flow.get("heartbeats") or [], offset, timestamp_ms)
+                emitted = heartbeats.remember(flow.heartbeats, offset, timestamp_ms)
                 updates.update(heartbeat_emitted_at=now, heartbeats=emitted, problems=problems("heartbeat", {}))

@@ -163,9 +163,9 @@ class OffsetTranslator:
         starts = {}
         for group, offsets in group_offsets.items():
             for cp in self.store.checkpoints(self.config.name, group):
-                current = offsets.get((cp["topic"], cp["partition"]))
-                if current is not None and cp["source_offset"] <= current:
-                    starts[(group, cp["topic"], cp["partition"])] = cp["destination_offset"]
+                current = offsets.get((cp.topic, cp.partition))
+                if current is not None and cp.source_offset <= current:
+                    starts[(group, cp.topic, cp.partition)] = cp.destination_offset
         return starts
 
     def _scan(
@@ -202,7 +202,11 @@ class OffsetTranslator:
     ) -> None:
         """Failback: the group's last processed record may itself be a copy of a record that originated at the
         destination (a flow in the opposite direction wrote it); the group then resumes right after that original."""
-        wanted = {(t, p, o - 1): (dest, g) for dest, items in targets.items() for g, (t, p), o in items if o > 0}
+        wanted: dict[tuple[str, int, int], list[tuple[tuple[str, int], str]]] = defaultdict(list)
+        for dest, items in targets.items():
+            for group, (topic, partition), offset in items:
+                if offset > 0:
+                    wanted[(topic, partition, offset - 1)].append((dest, group))
         if not wanted:
             return
         consumer = Consumer({
@@ -211,15 +215,16 @@ class OffsetTranslator:
         })  # fmt: skip
         prefix = f"{self.destination_cluster}/"
         try:
-            for (topic, partition, offset), ((dest_topic, dest_partition), group) in sorted(wanted.items()):
+            for (topic, partition, offset), readers in sorted(wanted.items()):
                 consumer.assign([TopicPartition(topic, partition, offset)])
                 msg = next(iter(consumer.consume(1, 5.0)), None)
                 if msg is None or msg.error() is not None or msg.offset() != offset:
                     continue  # gone (compaction, retention) or unreadable: the scan's answer stands
                 origin = _source_of(msg.headers(), prefix)
-                if origin is not None and origin[:2] == (dest_topic, dest_partition):
-                    key = (group, topic, partition)
-                    found[key] = max(found[key], origin[2] + 1)
+                for destination, group in readers:
+                    if origin is not None and origin[:2] == destination:
+                        key = (group, topic, partition)
+                        found[key] = max(found[key], origin[2] + 1)
         finally:
             consumer.close()
 

@@ -123,6 +123,34 @@ class SnapshotRow:
 
 
 @dataclass(frozen=True)
+class FlowRow:
+    """A connector's flow as the monitor keeps it: both clusters' ids, when each periodic duty last ran, the
+    heartbeats it emitted recently ([offset, timestamp ms]) and what its duties could not do."""
+
+    source_cluster_id: str | None = None
+    destination_cluster_id: str | None = None
+    configs_synced_at: datetime | None = None
+    groups_synced_at: datetime | None = None
+    heartbeat_emitted_at: datetime | None = None
+    heartbeats: list[list[int]] = field(default_factory=list)
+    problems: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    """A consumer group's committed source offset and where it resumes at the destination."""
+
+    group_id: str
+    topic: str
+    partition: int
+    source_offset: int
+    destination_topic: str
+    destination_partition: int
+    destination_offset: int
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
 class TaskStatus:
     task_id: int
     partitions: int
@@ -536,10 +564,11 @@ class Store:
 
     # -- flows and checkpoints --------------------------------------------------------------------------
 
-    def flow(self, connector: str) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(select(Flow).where(Flow.connector == connector)).one_or_none()
-        return dict(row._mapping) if row else None
+    def flow(self, connector: str) -> FlowRow:
+        """The connector's flow (an empty one before the monitor's first poll)."""
+        with Session(self.engine) as s:
+            row = s.get(Flow, connector)
+            return _row(FlowRow, row) if row else FlowRow()
 
     def update_flow(self, connector: str, **values: Any) -> None:
         """Create or update the connector's `flows` row with `values` (column -> value)."""
@@ -564,13 +593,13 @@ class Store:
                 )
             )
 
-    def checkpoints(self, connector: str, group_id: str | None = None) -> list[dict[str, Any]]:
+    def checkpoints(self, connector: str, group_id: str | None = None) -> list[CheckpointRow]:
         query = select(Checkpoint).where(Checkpoint.connector == connector)
         if group_id is not None:
             query = query.where(Checkpoint.group_id == group_id)
-        with self.engine.connect() as conn:
-            rows = conn.execute(query.order_by(Checkpoint.group_id, Checkpoint.topic, Checkpoint.partition))
-            return [dict(r._mapping) for r in rows]
+        with Session(self.engine) as s:
+            rows = s.scalars(query.order_by(Checkpoint.group_id, Checkpoint.topic, Checkpoint.partition))
+            return [_row(CheckpointRow, r) for r in rows]
 
 
 def _record(row: Connector, config: dict[str, Any]) -> ConnectorRecord:

@@ -64,7 +64,7 @@ def test_heartbeats_flow_to_the_destination_and_liveness_shows_a_stopped_flow(
     assert json.loads(mine[0].key)["sourceClusterId"] == provenance.parse(mine[0].headers).source_cluster
 
     # The task is stopped: heartbeats are still emitted but none arrives; liveness grows past 3 s.
-    emitted = len(store.flow(unique)["heartbeats"])
+    emitted = len(store.flow(unique).heartbeats)
 
     def stalled() -> bool:
         monitor.poll(unique)
@@ -72,4 +72,4 @@ def test_heartbeats_flow_to_the_destination_and_liveness_shows_a_stopped_flow(
         return age is not None and age > 3
 
     wait_for(stalled, timeout=30, interval=0.5, what="liveness growing while the flow is stopped")
-    assert len(store.flow(unique)["heartbeats"]) > emitted  # heartbeats kept being emitted meanwhile
+    assert len(store.flow(unique).heartbeats) > emitted  # heartbeats kept being emitted meanwhile

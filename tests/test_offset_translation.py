@@ -158,7 +158,7 @@ def test_a_group_resumes_at_the_destination_with_nothing_skipped_and_nothing_rer
     skipped = all_values - set(consumed) - set(resumed)
     assert (len(reread), len(skipped)) == (0, 0)
     assert len(resumed) == 200 - len(consumed)  # and nothing read twice at the destination
-    assert [(c["topic"], c["partition"], c["destination_offset"]) for c in store.checkpoints(config.name, group)] == [
+    assert [(c.topic, c.partition, c.destination_offset) for c in store.checkpoints(config.name, group)] == [
         (topic, 0, 107),
         (topic, 1, 111),
     ]

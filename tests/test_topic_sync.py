@@ -246,4 +246,4 @@ def test_a_source_config_change_propagates(stack: StackEndpoints, store: Store, 
 
     wait_for(propagated, timeout=30, interval=0.5, what="retention.ms at the destination")
     assert _configs(dst, unique)["min.insync.replicas"].is_default
-    assert store.flow(name)["problems"] == {}
+    assert store.flow(name).problems == {}
