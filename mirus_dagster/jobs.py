@@ -52,11 +52,20 @@ def replicate(context: dg.OpExecutionContext, config: ReplicatorTaskConfig, plat
     context.log.info(f"task {config.connector}-{config.task_id} ended: {outcome.value}")
 
 
+# Each replicator run's pod under the K8sRunLauncher (deploy/helm/values.yaml): one task at full speed uses about
+# two thirds of a core and under 250 MB (docs/DEPLOYMENT.md, capacity planning).
+REPLICATOR_K8S_CONFIG = {
+    "container_config": {
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
+    }
+}
+
+
 @dg.job(
     name=REPLICATOR_JOB,
     description="One replicator task (a consumer and a producer). Started and kept alive by the sensors.",
     executor_def=dg.in_process_executor,
-    tags={TAG_KIND: KIND_REPLICATOR},
+    tags={TAG_KIND: KIND_REPLICATOR, "dagster-k8s/config": REPLICATOR_K8S_CONFIG},
 )
 def replicator() -> None:
     replicate()

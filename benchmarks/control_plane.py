@@ -1,0 +1,279 @@
+"""Control-plane costs for capacity planning: Postgres per commit and metric batch, the monitor per 10,000
+partitions, the monitor sensor's tick per connector, and a replicator task's memory.
+
+    python benchmarks/control_plane.py [--partitions 10000] [--connectors 1,10,50]
+
+Starts a private embedded stack on free ports (or uses MIRUS_SOURCE_BOOTSTRAP_SERVERS /
+MIRUS_DESTINATION_BOOTSTRAP_SERVERS / MIRUS_DATABASE_URL). Figures are medians of repeated calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+from confluent_kafka.admin import AdminClient, NewTopic
+from sqlalchemy import text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mirus_dagster.settings import PlatformSettings
+from mirus_dagster.stack import LocalStack, StackEndpoints
+from replicator.config import ConnectorConfig
+from replicator.database import make_engine, upgrade
+from replicator.metrics import BUCKET_LABELS
+from replicator.monitor import KafkaMonitor
+from replicator.store import PAUSED, MetricRow, Store
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def median_ms(fn: Callable[[int], object], repeat: int) -> float:
+    times = []
+    for i in range(repeat):
+        start = time.perf_counter()
+        fn(i)
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def postgres_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by the Postgres server: postmaster and every backend."""
+    server = psutil.Process(pid)
+    total = 0.0
+    for proc in [server, *server.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def timed(fn: Callable[[int], object], repeat: int, pid: int | None) -> str:
+    """Median wall time of one call (client included) and the Postgres server's CPU per call."""
+    before = postgres_cpu_s(pid) if pid else 0.0
+    ms = median_ms(fn, repeat)
+    if not pid:
+        return f"{ms:7.2f} ms"
+    server_ms = (postgres_cpu_s(pid) - before) / repeat * 1000
+    return f"{ms:7.2f} ms wall, {server_ms:6.2f} ms Postgres CPU"
+
+
+def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for start in range(0, len(names), 50):
+        futures = admin.create_topics([NewTopic(n, partitions, 1) for n in names[start : start + 50]])
+        for future in futures.values():
+            future.result()
+
+
+def connector(store: Store, ep: StackEndpoints, name: str, regex: str, tasks: int) -> ConnectorConfig:
+    config = ConnectorConfig.from_properties({
+        "name": name, "tasks.max": tasks, "topics.regex": regex, "destination.topic.name.suffix": ".mirror",
+        "consumer.bootstrap.servers": ep.source_bootstrap_servers,
+        "destination.consumer.bootstrap.servers": ep.destination_bootstrap_servers,
+    })  # fmt: skip
+    store.put_connector(name, config.raw, config.tasks_max)
+    return config
+
+
+def postgres_costs(store: Store, pid: int | None) -> None:
+    print("Postgres, one task's writes (Store.commit = lease heartbeat + offsets, one transaction):")
+    tag = f"pg{int(time.time())}"
+    store.put_connector(tag, {"name": tag}, 1)
+    store.write_assignment(tag, {0: []})
+    lease = store.claim_task(tag, 0, "benchmark")
+    for partitions in (0, 1, 10, 100, 1000):
+        figures = timed(lambda i, n=partitions: store.commit(lease, {(tag, p): i + 1 for p in range(n)}), 40, pid)
+        print(f"  commit with {partitions:>4} changed partitions: {figures}")
+    now = datetime.now(UTC)
+    histogram = {label: 0 for label in BUCKET_LABELS}
+    for rows in (10, 100, 1000):
+        batch = [MetricRow(0, tag, p, now, now, 1000, 100_000, 1, 50, 5000, 1000, histogram, 0) for p in range(rows)]
+        figures = timed(lambda _i, b=batch: store.record_metrics(tag, b), 10, pid)
+        print(f"  metric batch of {rows:>4} rows: {figures}")
+    store.delete_connector(tag)
+
+
+def monitor_costs(store: Store, ep: StackEndpoints, total: int) -> None:
+    per_topic = 100
+    topics = [f"cap{int(time.time())}-{i:04d}" for i in range(max(total // per_topic, 1))]
+    print(f"Monitor: {len(topics)} topics x {per_topic} partitions = {len(topics) * per_topic:,} partitions")
+    start = time.perf_counter()
+    create_topics(ep.source_bootstrap_servers, topics, per_topic)
+    create_topics(ep.destination_bootstrap_servers, [f"{t}.mirror" for t in topics], per_topic)
+    print(f"  (created both sides in {time.perf_counter() - start:.1f} s)")
+    prefix = topics[0].rsplit("-", 1)[0]
+    name = f"{prefix}-conn"
+    connector(store, ep, name, f"{prefix}-.*", 100)
+    monitor = KafkaMonitor(store)
+    first = time.perf_counter()
+    result = monitor.poll(name)
+    first = (time.perf_counter() - first) * 1000
+    assigned = sum(len(p) for p in result.tasks.values())
+    print(f"  first poll (generation {result.generation}, {assigned:,} partitions over 100 tasks): {first:.0f} ms")
+    steady = median_ms(lambda _i: monitor.poll(name), 5)
+    print(f"  steady poll (nothing changed): {steady:.0f} ms")
+    store.set_connector_state(name, PAUSED)  # the sensor figures below are per connector of their own
+
+
+def sensor_costs(store: Store, ep: StackEndpoints, database_url: str, counts: list[int]) -> None:
+    import dagster as dg
+
+    os.environ["MIRUS_DATABASE_URL"] = database_url  # the code location's resources, as a code server has them
+    from mirus_dagster.definitions import defs
+    from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
+
+    kafka_monitor, task_supervisor = defs.get_sensor_def("kafka_monitor"), defs.get_sensor_def("task_supervisor")
+
+    print("Sensors on a Postgres-backed Dagster instance, one topic of 4 partitions per connector:")
+    engine = make_engine(database_url)
+    dagster_db = f"dagster_bench_{int(time.time())}"
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f"CREATE DATABASE {dagster_db}"))
+    dagster_url = database_url.rsplit("/", 1)[0] + "/" + dagster_db
+    resources = {"platform": PlatformDatabase(database_url=database_url), "supervisor": SupervisorPolicy()}
+    prefix = f"sens{int(time.time())}"
+    created = 0
+    overrides = {"storage": {"postgres": {"postgres_url": dagster_url}}}
+    with dg.instance_for_test(overrides=overrides) as instance:
+        for count in counts:
+            new = [f"{prefix}-{i:03d}" for i in range(created, count)]
+            create_topics(ep.source_bootstrap_servers, new, 4)
+            create_topics(ep.destination_bootstrap_servers, [f"{t}.mirror" for t in new], 4)
+            for topic in new:
+                connector(store, ep, topic, topic, 2)
+            created = count
+            mine = {r.name for r in store.list_connectors() if r.name.startswith(prefix)}
+            others = len(store.list_connectors()) - len(mine)
+            cursor = None
+
+            def tick(_i: int) -> None:
+                nonlocal cursor
+                context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
+                result = kafka_monitor(context)
+                assert result.cursor is not None
+                # Every connector due again on the next tick (the worst case: all poll intervals elapsed).
+                state = json.loads(result.cursor)
+                for poll in state["polls"].values():
+                    poll["next_poll_at"] = 0.0
+                cursor = json.dumps(state)
+
+            tick(0)  # first tick: new generations and asset events
+            monitor_ms = median_ms(tick, 3)
+            supervisor_ms = median_ms(
+                lambda _i: task_supervisor(dg.build_sensor_context(instance=instance, resources=resources)), 3
+            )
+            print(f"  {count:>3} connectors (+{others} others in the store): kafka_monitor tick {monitor_ms:7.0f} ms, "
+                  f"task_supervisor tick {supervisor_ms:5.0f} ms")  # fmt: skip
+
+
+def rss(proc: psutil.Process) -> int:
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += p.memory_info().rss
+    return total
+
+
+def task_memory(store: Store, ep: StackEndpoints, database_url: str, records: int) -> None:
+    """A real replicator run (`dagster job execute`, the run worker's code path) copying a pre-loaded topic."""
+    from confluent_kafka import Producer
+
+    topic = f"mem{int(time.time())}"
+    create_topics(ep.source_bootstrap_servers, [topic], 4)
+    create_topics(ep.destination_bootstrap_servers, [f"{topic}.mirror"], 4)
+    producer = Producer({"bootstrap.servers": ep.source_bootstrap_servers, "linger.ms": 20,
+                         "queue.buffering.max.messages": 500000})  # fmt: skip
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, b"x" * 100, partition=i % 4)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush()
+    config = connector(store, ep, topic, topic, 1)
+    store.write_assignment(config.name, {0: [(topic, p) for p in range(4)]})
+    with tempfile.TemporaryDirectory() as home:
+        run_config = Path(home) / "run.yaml"
+        run_config.write_text(json.dumps({"ops": {"replicate": {"config": {"connector": config.name, "task_id": 0}}}}))
+        env = {**os.environ, "MIRUS_DATABASE_URL": database_url, "DAGSTER_HOME": home}
+        argv = [sys.executable, "-m", "dagster", "job", "execute", "-m", "mirus_dagster.definitions",
+                "-j", "replicator", "-c", str(run_config)]  # fmt: skip
+        run = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = psutil.Process(run.pid)
+        before = peak = 0
+        started = 0.0
+        try:
+            while run.poll() is None:
+                now = rss(proc)
+                if not started and store.lease_of(config.name, 0):
+                    before, started = now, time.perf_counter()  # the task claimed its lease: set up, not copying
+                peak = max(peak, now)
+                if started and sum(store.load_offsets(config.name).values()) >= records:
+                    seconds = time.perf_counter() - started
+                    store.set_connector_state(config.name, PAUSED)  # the task commits, stops; the run ends
+                    run.wait(60)
+                    break
+                time.sleep(0.05)
+        finally:
+            if run.poll() is None:
+                run.terminate()
+                run.wait(30)
+    mb = 1024 * 1024
+    print(f"Replicator run (dagster job execute, {records:,} x 100 B over 4 partitions): "
+          f"RSS {before / mb:.0f} MB when the task starts, peak {peak / mb:.0f} MB while copying "
+          f"at {records / seconds:,.0f} records/s")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--partitions", type=int, default=10_000, help="Partitions one connector's monitor sees.")
+    parser.add_argument("--connectors", default="1,10,50", help="Connector counts for the sensor ticks.")
+    parser.add_argument("--records", type=int, default=500_000, help="Records for the task memory figure.")
+    parser.add_argument("--sections", default="postgres,memory,monitor,sensors", help="Which figures to measure.")
+    args = parser.parse_args()
+
+    settings = PlatformSettings.from_env()
+    with tempfile.TemporaryDirectory() as state:
+        ports = {"source_port": free_port(), "destination_port": free_port(), "postgres_port": free_port()}
+        stack = LocalStack(settings.model_copy(update={"state_dir": Path(state), **ports}))
+        ep = stack.up()
+        try:
+            engine = make_engine(ep.database_url)
+            upgrade(engine)
+            store = Store(engine)
+            postgres = next((p.pid for p in stack.status() if p.name == "postgres" and p.pid), None)
+            sections = set(args.sections.split(","))
+            if "postgres" in sections:
+                postgres_costs(store, postgres)
+            if "memory" in sections:
+                task_memory(store, ep, ep.database_url, args.records)
+            if "monitor" in sections:
+                monitor_costs(store, ep, args.partitions)
+            if "sensors" in sections:
+                sensor_costs(store, ep, ep.database_url, [int(c) for c in args.connectors.split(",")])
+        finally:
+            stack.down()
+
+
+if __name__ == "__main__":
+    main()
