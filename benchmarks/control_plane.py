@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackEndpoints
-from replicator.config import ConnectorConfig
+from replicator.config import ConnectorConfig, validate_submission
 from replicator.database import make_engine, upgrade
 from replicator.metrics import BUCKET_LABELS
 from replicator.monitor import KafkaMonitor
-from replicator.store import PAUSED, MetricRow, Store
+from replicator.store import ConnectorState, MetricRow, Store
 
 
 def free_port() -> int:
@@ -85,7 +85,7 @@ def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
 
 
 def connector(store: Store, ep: StackEndpoints, name: str, regex: str, tasks: int) -> ConnectorConfig:
-    config = ConnectorConfig.from_properties({
+    config = validate_submission({
         "name": name, "tasks.max": tasks, "topics.regex": regex, "destination.topic.name.suffix": ".mirror",
         "consumer.bootstrap.servers": ep.source_bootstrap_servers,
         "destination.consumer.bootstrap.servers": ep.destination_bootstrap_servers,
@@ -131,7 +131,7 @@ def monitor_costs(store: Store, ep: StackEndpoints, total: int) -> None:
     print(f"  first poll (generation {result.generation}, {assigned:,} partitions over 100 tasks): {first:.0f} ms")
     steady = median_ms(lambda _i: monitor.poll(name), 5)
     print(f"  steady poll (nothing changed): {steady:.0f} ms")
-    store.set_connector_state(name, PAUSED)  # the sensor figures below are per connector of their own
+    store.set_connector_state(name, ConnectorState.PAUSED)  # the sensor figures below are per connector of their own
 
 
 def sensor_costs(store: Store, ep: StackEndpoints, database_url: str, counts: list[int]) -> None:
@@ -230,7 +230,8 @@ def task_memory(store: Store, ep: StackEndpoints, database_url: str, records: in
                 peak = max(peak, now)
                 if started and sum(store.load_offsets(config.name).values()) >= records:
                     seconds = time.perf_counter() - started
-                    store.set_connector_state(config.name, PAUSED)  # the task commits, stops; the run ends
+                    # Paused, the task commits and stops, and the run ends.
+                    store.set_connector_state(config.name, ConnectorState.PAUSED)
                     run.wait(60)
                     break
                 time.sleep(0.05)
