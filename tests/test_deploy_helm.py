@@ -27,6 +27,7 @@ import pytest
 import yaml
 from dagster._config import process_config
 from dagster._core.code_pointer import ModuleCodePointer
+from dagster._core.instance.config import dagster_instance_config
 from dagster._core.launcher import LaunchRunContext
 from dagster._core.origin import JobPythonOrigin, RepositoryPythonOrigin
 from dagster._core.run_coordinator import QueuedRunCoordinator
@@ -148,6 +149,25 @@ def test_the_run_coordinator_loads_and_limits_replicator_runs(values: dict[str, 
 def test_the_run_launcher_config_loads_with_dagster_k8s_schema(values: dict[str, Any]) -> None:
     result = process_config(K8sRunLauncher.config_type(), rendered_run_launcher(values))
     assert result.success, result.errors
+
+
+def test_the_rendered_instance_loads_with_dagsters_instance_schema(values: dict[str, Any], tmp_path: Path) -> None:
+    """The parts of the chart's instance ConfigMap these values set (its configmap-instance.yaml), as Dagster loads
+    them from DAGSTER_HOME."""
+    daemon = values["dagsterDaemon"]
+    monitoring, sensors = daemon["runMonitoring"], daemon["sensors"]
+    instance = {
+        "run_launcher": {"module": "dagster_k8s", "class": "K8sRunLauncher", "config": rendered_run_launcher(values)},
+        "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator",
+                            "config": rendered_run_coordinator(values)},
+        "run_monitoring": {"enabled": monitoring["enabled"],
+                           "poll_interval_seconds": monitoring["pollIntervalSeconds"]},
+        "sensors": {"use_threads": sensors["useThreads"], "num_workers": sensors["numWorkers"]},
+        "telemetry": {"enabled": values["telemetry"]["enabled"]},
+    }  # fmt: skip
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(instance))
+    config, _ = dagster_instance_config(str(tmp_path))
+    assert config["run_monitoring"]["poll_interval_seconds"] == monitoring["pollIntervalSeconds"]
 
 
 def test_the_user_deployment_serves_this_code_location(values: dict[str, Any]) -> None:
