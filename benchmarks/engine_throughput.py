@@ -16,10 +16,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from apache_kafka import naive_copy
 
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack
@@ -52,30 +54,6 @@ def load(bootstrap: str, topic: str, records: int, partitions: int, size: int) -
             except BufferError:
                 producer.poll(0.05)
     producer.flush()
-
-
-def naive_copy(source: str, destination: str, topic: str, target: str, records: int, partitions: int) -> None:
-    """What a hand-written replicator does: consume a batch, produce each record, flush at the end."""
-    consumer = Consumer({"bootstrap.servers": source, "group.id": "bench-naive", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    producer = Producer({"bootstrap.servers": destination, "linger.ms": 10, "batch.num.messages": 10000,
-                         "enable.idempotence": True})  # fmt: skip
-    copied = 0
-    while copied < records:
-        for msg in consumer.consume(5000, 1.0):
-            if msg.error():
-                continue
-            while True:
-                try:
-                    producer.produce(target, msg.value(), msg.key(), msg.partition(), timestamp=msg.timestamp()[1],
-                                     headers=msg.headers())  # fmt: skip
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-            copied += 1
-        producer.poll(0)
-    producer.flush()
-    consumer.close()
 
 
 def engine_copy(

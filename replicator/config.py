@@ -158,6 +158,11 @@ class _ConnectorModel(BaseModel):
         """The task's source consumer: `assign()` only, offsets in Postgres, never in Kafka."""
         return {
             "enable.partition.eof": False,
+            # Keep the fetch queue full (librdkafka's default backoff, once the queue is full, is a whole second,
+            # which starves a consumer that empties it quickly) and fetch again soon after it drained.
+            "queued.min.messages": 200000,
+            "fetch.queue.backoff.ms": 20,
+            "socket.nagle.disable": True,  # small fetch and produce requests leave at once, not after an ACK
             **self.source_client,
             "group.id": f"mirus-{self.name}",  # names our client; confluent-kafka insists on one
             "enable.auto.commit": False,
@@ -173,8 +178,13 @@ class _ConnectorModel(BaseModel):
             "acks": "all",
             # Never let a produce re-create a deleted destination topic with the broker's default layout.
             "allow.auto.create.topics": False,
-            "linger.ms": 10,
+            # 5 ms: at low rates a record waits at most that long for companions; at high rates batches fill first.
+            "linger.ms": 5,
+            "batch.size": 1024 * 1024,
             "batch.num.messages": 10000,
+            # Room for whole consume batches in flight without a BufferError stall.
+            "queue.buffering.max.messages": 1_000_000,
+            "socket.nagle.disable": True,
             "client.id": f"mirus-{self.name}-{task_id}",
             **connection_settings(self.destination_client),
             **self.producer_client,

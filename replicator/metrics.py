@@ -7,13 +7,13 @@ everything below the first bound) with finer ones below five minutes where a hea
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left
 from datetime import UTC, datetime
 
 from replicator.store import MetricRow
 
 LATENCY_BUCKETS_MS: tuple[int, ...] = (
-    100, 1_000, 10_000, 60_000, 300_000, 600_000, 1_800_000, 3_600_000, 43_200_000,
+    10, 25, 50, 100, 250, 1_000, 10_000, 60_000, 300_000, 600_000, 1_800_000, 3_600_000, 43_200_000,
 )  # fmt: skip
 BUCKET_LABELS: tuple[str, ...] = (*(str(b) for b in LATENCY_BUCKETS_MS), "+Inf")
 
@@ -32,24 +32,23 @@ class PartitionCounters:
         self.latency_count = 0
         self.buckets = [0] * len(BUCKET_LABELS)
 
-    def add_many(self, latencies_ms: list[int], nbytes: int) -> None:
-        """Fold a batch of acknowledged records (one latency each) in C-speed passes, not per record."""
-        self.records += len(latencies_ms)
+    def add_samples(self, samples: list[tuple[int, int]], records: int, nbytes: int) -> None:
+        """Fold `records` acknowledged records; `samples` are (latency ms, records acknowledged before it): each
+        sample stands for the records up to the next one (the engine samples one latency per poll, not per record).
+        """
+        self.records += records
         self.bytes += nbytes
-        if not latencies_ms:
-            return
-        latencies_ms.sort()
-        low = max(latencies_ms[0], 0)  # clocks of two clusters are never perfectly in step
-        self.latency_min = low if self.latency_min is None else min(self.latency_min, low)
-        self.latency_max = max(latencies_ms[-1], 0, self.latency_max or 0)
-        self.latency_sum += max(sum(latencies_ms), 0)
-        self.latency_count += len(latencies_ms)
-        start = 0
-        for i, bound in enumerate(LATENCY_BUCKETS_MS):
-            end = bisect_right(latencies_ms, bound, lo=start)
-            self.buckets[i] += end - start
-            start = end
-        self.buckets[-1] += len(latencies_ms) - start
+        ends = [mark for _latency, mark in samples[1:]] + [records]
+        for (latency, mark), end in zip(samples, ends, strict=True):
+            weight = end - mark
+            if weight <= 0:
+                continue
+            latency = max(latency, 0)  # clocks of two clusters are never perfectly in step
+            self.latency_min = latency if self.latency_min is None else min(self.latency_min, latency)
+            self.latency_max = latency if self.latency_max is None else max(self.latency_max, latency)
+            self.latency_sum += latency * weight
+            self.latency_count += weight
+            self.buckets[bisect_left(LATENCY_BUCKETS_MS, latency)] += weight
 
     def cumulative_histogram(self) -> dict[str, int]:
         """Count of records at or below each upper bound (Prometheus-style), '+Inf' last."""

@@ -2,14 +2,15 @@
 source partitions.
 
 A record's path, top to bottom in this file:
-  fetch      `_poll_once`: `consumer.consume()` on assigned partitions (no consumer group)
+  fetch      `_poll_once`: `consumer.consume()` on assigned partitions (no consumer group), forwarding at once
   map        `_forward`: destination topic and partition, user headers plus provenance headers, cycle guard
   produce    `_forward`: `producer.produce()` with key, value, headers and source timestamp
   acknowledge `_delivered`: the destination acknowledged (or refused) the record
-  commit     `_commit`: per partition, the first offset not yet acknowledged goes to Postgres under the lease epoch
+  commit     `_commit_in_background`: per partition, the first offset not yet acknowledged goes to Postgres under
+             the lease epoch
 
 Consumption never waits for commits: acknowledgements advance each partition on their own and a commit is one
-small transaction every `offset.flush.interval.ms`.
+small transaction every `offset.flush.interval.ms`, on a background thread.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from functools import partial
 
@@ -32,7 +34,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ClusterMetadata
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator import provenance
@@ -40,13 +42,17 @@ from replicator.assignment import SourcePartition
 from replicator.clusters import cluster_id
 from replicator.config import ConnectorConfig, load
 from replicator.metrics import TaskMetrics
-from replicator.store import ConnectorState, FencedError, Lease, PartitionHealth, Store
+from replicator.store import ConnectorState, FencedError, Lease, MetricRow, PartitionHealth, Store
 
 log = logging.getLogger(__name__)
 
 UNASSIGNED_PARTITION = -1  # librdkafka: let the producer's partitioner choose
-BATCH = 5000
+BATCH = 10000  # records taken from the consumer's queue at most per loop; never waited for
 MAX_BLOCK_S = 1.0  # never block longer: a Dagster termination is delivered between bytecodes
+# While records await acknowledgement, the loop waits for new records at most this long, so acknowledgements are
+# served (and their time taken for the latency metric) within a few milliseconds of their arrival.
+ACK_SERVE_S = 0.005
+COMMIT_WAIT_S = 30  # how long a commit that must come first (hand-over, shutdown) may wait for the background one
 RETRY_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
 SOURCE_GONE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 # The task loop's periodic jobs besides committing (every offset.flush.interval.ms) and metrics (TaskMetrics).
@@ -87,9 +93,9 @@ class PartitionState:
     """What the task knows about one owned source partition."""
 
     __slots__ = (
-        "acked_bytes", "acked_early", "committed", "destination_partition", "destination_topic", "failed_at",
-        "failures", "fifo", "in_flight", "latencies", "partition", "paused_reason", "pending", "position",
-        "retry_at", "source_prefix", "topic", "tp",
+        "acked", "acked_bytes", "acked_early", "committed", "destination_partition", "destination_topic",
+        "failed_at", "failures", "fifo", "in_flight", "latency_samples", "partition", "paused_reason", "pending",
+        "position", "retry_at", "sampled_at", "source_prefix", "topic", "tp",
     )  # fmt: skip
 
     def __init__(self, tp: SourcePartition, start: int | None, destination_topic: str, source_cluster: str) -> None:
@@ -108,8 +114,12 @@ class PartitionState:
         self.failures = 0
         self.paused_reason: str | None = None
         self.retry_at = 0.0
-        self.latencies: list[int] = []  # acknowledged since the last metrics fold, in ms
+        # Acknowledged since the last metrics fold: records, bytes, and one latency sample per poll that served
+        # acknowledgements — the oldest record's, standing for the `acked` mark's successors up to the next sample.
+        self.acked = 0
         self.acked_bytes = 0
+        self.latency_samples: list[tuple[int, int]] = []  # (latency ms, `acked` before the sample)
+        self.sampled_at = 0  # the poll (its `now_ms`) of the last sample
 
     def committable(self) -> int | None:
         """The first source offset not yet replicated: everything before it is acknowledged."""
@@ -145,6 +155,7 @@ class ReplicationTask:
         self.clients_open = False
         self.source_cluster = self.destination_cluster = ""  # Kafka cluster ids, read by `_rebuild`
         self.partitions: dict[SourcePartition, PartitionState] = {}
+        self.paused: dict[SourcePartition, PartitionState] = {}  # the partitions whose `paused_reason` is set
         self.waiting: set[SourcePartition] = set()  # assigned to us, still owned by another live task
         self.generation = 0
         self.version = 0
@@ -159,6 +170,12 @@ class ReplicationTask:
         self.committing = Periodic("committing offsets")
         self.refreshing = Periodic("refreshing assignment and configuration")
         self.checking_destinations = Periodic("checking destination partitions")
+        # Postgres commits, metric rows and destination metadata requests run beside the loop, never blocking a
+        # record: one background thread, its results applied by the loop (`_collect_commit`, `_housekeeping`).
+        self.background = ThreadPoolExecutor(1, thread_name_prefix=f"mirus-{connector}-{task_id}")
+        self.commit_in_flight: tuple[Future[None], dict[SourcePartition, int]] | None = None
+        self.metadata_in_flight: Future[ClusterMetadata] | None = None
+        self.commit_started = 0.0
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -201,6 +218,7 @@ class ReplicationTask:
         except Exception as exc:  # the original outcome matters more than a failed final commit
             log.warning("final commit of %s-%d failed: %s", self.connector, self.task_id, exc)
         finally:
+            self.background.shutdown(wait=True)
             if self.clients_open:
                 self.consumer.close()
             if not fenced:
@@ -211,65 +229,68 @@ class ReplicationTask:
     # -- fetch, map, produce ----------------------------------------------------------------------------
 
     def _poll_once(self) -> None:
+        consumer, producer = self.consumer, self.producer
         timeout = min(self.config.poll_timeout_ms / 1000, MAX_BLOCK_S)
         if not self.partitions:
             time.sleep(min(timeout, 0.2))  # nothing assigned yet; housekeeping will pick work up
             return
-        for msg in self.consumer.consume(BATCH, timeout):
-            if msg.error() is not None:
-                self._source_error(msg)
-            else:
-                self._forward(msg)
+        # Forward whatever has arrived, at once: `consume(n, t)` would hold records back until n arrived or t
+        # passed. Only an empty queue is waited on, and only until its first record (or an acknowledgement) is due.
+        msgs = consumer.consume(BATCH, 0)
+        if not msgs:
+            msgs = consumer.consume(1, ACK_SERVE_S if len(producer) else timeout)
+        if msgs:
+            self._forward(msgs)
         self.now_ms = time.time_ns() // 1_000_000  # acknowledgement time of everything this poll serves
-        self.producer.poll(0)
+        producer.poll(0)
         if self.fatal_producer_error is not None:
             self._recreate_producer()
 
-    def _forward(self, msg: Message) -> None:
-        state = self.partitions.get((msg.topic(), msg.partition()))
-        if state is None or state.paused_reason is not None:
-            return  # released or paused while the batch was in flight; it is re-read from its offset later
-        offset = msg.offset()
-        state.position = offset + 1
-        headers = msg.headers()
-        if headers is not None:
-            origin = provenance.origin_cluster(headers)
-            if origin == self.destination_cluster:
-                return  # cycle guard: the record was first produced on the destination cluster
-            if self.config.provenance_headers:
-                headers = provenance.user_headers(headers)
-                headers.append((provenance.ORIGIN, origin.encode() if origin else self.origin))
-                headers.append((provenance.SOURCE, state.source_prefix + b"%d" % offset))
-        elif self.config.provenance_headers:
-            headers = [(provenance.ORIGIN, self.origin), (provenance.SOURCE, state.source_prefix + b"%d" % offset)]
-        ts_type, ts = msg.timestamp()
-        state.pending.append(offset)
-        state.in_flight += 1
-        fifo = state.fifo
-        value, key, timestamp = msg.value(), msg.key(), ts if ts_type else 0
-        while True:
-            try:
-                if fifo is not None:
-                    self.producer.produce(
-                        state.destination_topic, value, key, state.destination_partition,
-                        timestamp=timestamp, headers=headers,
-                    )  # fmt: skip
-                    fifo.append(state)
-                else:  # the partitioner picks the partition: acknowledgements may come in any order
-                    self.producer.produce(
-                        state.destination_topic, value, key, timestamp=timestamp, headers=headers,
-                        on_delivery=partial(self._delivered_any_order, state, offset),
-                    )  # fmt: skip
-                return
-            except BufferError:
-                self.producer.poll(0.05)  # local queue full: serve acknowledgements
-            except KafkaException as exc:  # e.g. a partition the producer's metadata does not know yet
-                state.pending.pop()
-                state.in_flight -= 1
-                if state.failed_at is None or offset < state.failed_at:
-                    state.failed_at = offset
-                self._pause(state, f"cannot produce offset {offset}: {exc.args[0].str()}")
-                return
+    def _forward(self, msgs: list[Message]) -> None:
+        """Map and produce a batch of records, in order. This loop runs once per record: it stays flat."""
+        produce = self.producer.produce
+        partitions, with_provenance = self.partitions, self.config.provenance_headers
+        destination, origin_header, source = self.destination_cluster, self.origin_header, provenance.SOURCE
+        for msg in msgs:
+            if msg.error() is not None:
+                self._source_error(msg)
+                continue
+            state = partitions.get((msg.topic(), msg.partition()))
+            if state is None or state.paused_reason is not None:
+                continue  # released or paused while the batch was in flight; it is re-read from its offset later
+            offset = msg.offset()
+            state.position = offset + 1
+            headers = msg.headers()
+            if headers is not None:
+                origin = provenance.origin_cluster(headers)
+                if origin == destination:
+                    continue  # cycle guard: the record was first produced on the destination cluster
+                if with_provenance:
+                    headers = provenance.user_headers(headers)
+                    headers.append((provenance.ORIGIN, origin.encode()) if origin else origin_header)
+                    headers.append((source, state.source_prefix + b"%d" % offset))
+            elif with_provenance:
+                headers = [origin_header, (source, state.source_prefix + b"%d" % offset)]
+            ts_type, ts = msg.timestamp()
+            fifo = state.fifo
+            while True:
+                try:
+                    if fifo is not None:
+                        produce(state.destination_topic, msg.value(), msg.key(), state.destination_partition,
+                                timestamp=ts if ts_type else 0, headers=headers)  # fmt: skip
+                        fifo.append(state)
+                    else:  # the partitioner picks the partition: acknowledgements may come in any order
+                        on_delivery = partial(self._delivered_any_order, state, offset)
+                        produce(state.destination_topic, msg.value(), msg.key(), timestamp=ts if ts_type else 0,
+                                headers=headers, on_delivery=on_delivery)  # fmt: skip
+                    state.pending.append(offset)
+                    state.in_flight += 1
+                    break
+                except BufferError:
+                    self.producer.poll(0.05)  # local queue full: serve acknowledgements
+                except KafkaException as exc:  # refused before sending, e.g. larger than `message.max.bytes`
+                    self._refused(state, offset, exc.args[0])
+                    break
 
     # -- acknowledge ------------------------------------------------------------------------------------
 
@@ -282,9 +303,9 @@ class ReplicationTask:
             self._refused(state, offset, err)
             return
         # Inlined `_acknowledged`: this runs once per record.
-        ts_type, ts = msg.timestamp()
-        if ts_type:
-            state.latencies.append(self.now_ms - ts)
+        if state.sampled_at != self.now_ms:
+            self._sample_latency(state, msg)
+        state.acked += 1
         key = msg.key()
         state.acked_bytes += len(msg) + (len(key) if key else 0)
 
@@ -304,11 +325,19 @@ class ReplicationTask:
         self._acknowledged(state, msg)
 
     def _acknowledged(self, state: PartitionState, msg: Message) -> None:
-        ts_type, ts = msg.timestamp()
-        if ts_type:
-            state.latencies.append(self.now_ms - ts)
+        if state.sampled_at != self.now_ms:
+            self._sample_latency(state, msg)
+        state.acked += 1
         key = msg.key()
         state.acked_bytes += len(msg) + (len(key) if key else 0)
+
+    def _sample_latency(self, state: PartitionState, msg: Message) -> None:
+        """The first acknowledgement of a partition served by this poll is its oldest record: its latency stands
+        for every record of the partition this poll acknowledges (an upper bound, off by at most one poll)."""
+        state.sampled_at = self.now_ms
+        ts_type, ts = msg.timestamp()
+        if ts_type:
+            state.latency_samples.append((self.now_ms - ts, state.acked))
 
     def _refused(self, state: PartitionState, offset: int, err: KafkaError) -> None:
         if err.fatal():
@@ -320,36 +349,71 @@ class ReplicationTask:
 
     # -- commit -----------------------------------------------------------------------------------------
 
-    def _commit(self, final: bool = False) -> None:
+    def _committable(self) -> dict[SourcePartition, int]:
         offsets = {}
         for state in self.partitions.values():
             offset = state.committable()
             if offset is not None and offset != state.committed:
                 offsets[state.tp] = offset
+        return offsets
+
+    def _commit(self, final: bool = False) -> None:
+        """Commit now, in this thread (a final commit, or before partitions change hands)."""
+        self._collect_commit(wait=True)  # never let an older commit land after this one
+        offsets = self._committable()
         try:
             self.store.commit(self.lease, offsets)
-        except FencedError:
-            raise
         except SQLAlchemyError as exc:
             if final:
                 raise
-            log.warning("offset commit of %s-%d failed, will retry: %s", self.connector, self.task_id, exc)
+            self._commit_failed(offsets, exc)
+            return
+        self._committed(offsets)
+
+    def _commit_in_background(self) -> None:
+        offsets = self._committable()
+        self.commit_started = time.monotonic()
+        self.commit_in_flight = (self.background.submit(self.store.commit, self.lease, offsets), offsets)
+
+    def _collect_commit(self, wait: bool = False) -> None:
+        """Apply the outcome of the background commit once it is done (raises FencedError if it was fenced)."""
+        if self.commit_in_flight is None or not (wait or self.commit_in_flight[0].done()):
+            return
+        (future, offsets), self.commit_in_flight = self.commit_in_flight, None
+        try:
+            future.result(timeout=COMMIT_WAIT_S)
+        except TimeoutError:
+            log.warning("offset commit of %s-%d still running after %ss", self.connector, self.task_id, COMMIT_WAIT_S)
             self.uncommitted = bool(offsets)
             return
+        except SQLAlchemyError as exc:
+            self._commit_failed(offsets, exc)
+            return
+        self._committed(offsets)
+
+    def _committed(self, offsets: dict[SourcePartition, int]) -> None:
         for tp, offset in offsets.items():
-            self.partitions[tp].committed = offset
+            if tp in self.partitions:  # (a partition may have been dropped while its commit was under way)
+                self.partitions[tp].committed = offset
         self.last_commit_ok = time.monotonic()
         self.uncommitted = False
+
+    def _commit_failed(self, offsets: dict[SourcePartition, int], exc: SQLAlchemyError) -> None:
+        log.warning("offset commit of %s-%d failed, will retry: %s", self.connector, self.task_id, exc)
+        self.uncommitted = bool(offsets)
 
     # -- housekeeping: commits, changes, retries, metrics -----------------------------------------------
 
     def _housekeeping(self) -> TaskExit | None:
         now = time.monotonic()
+        self._collect_commit()
         if self.committing.due(now, self.config.offset_commit_interval_ms / 1000):
-            self._commit()
+            if self.commit_in_flight is None:
+                self._commit_in_background()
             self._fold_metrics()
             watchdog_s = self.config.commit_failure_restart_ms / 1000
-            if self.uncommitted and now - self.last_commit_ok > watchdog_s:
+            hanging = self.commit_in_flight is not None and now - self.commit_started > watchdog_s
+            if (self.uncommitted or hanging) and now - self.last_commit_ok > watchdog_s:
                 raise CommitWatchdogError(
                     f"no offset commit succeeded for {now - self.last_commit_ok:.0f}s while "
                     "records were being replicated (commit.failure.restart.ms)"
@@ -358,11 +422,21 @@ class ReplicationTask:
             outcome = self._refresh()
             if outcome is not None:
                 return outcome
-        if self.checking_destinations.due(now, DESTINATION_CHECK_INTERVAL_S):
-            self._check_destination()
-        for state in list(self.partitions.values()):
-            if state.paused_reason is not None and state.in_flight == 0 and now >= state.retry_at:
-                self._resume(state)
+        if self.metadata_in_flight is not None and self.metadata_in_flight.done():
+            future, self.metadata_in_flight = self.metadata_in_flight, None
+            if future.exception() is None:
+                self._map_destinations(list(self.partitions.values()), future.result())
+            else:
+                log.warning("destination metadata unavailable for %s-%d: %s", self.connector, self.task_id,
+                            future.exception())  # fmt: skip
+        if (
+            self.metadata_in_flight is None
+            and self.partitions
+            and self.checking_destinations.due(now, DESTINATION_CHECK_INTERVAL_S)
+        ):
+            self.metadata_in_flight = self.background.submit(self.destination_admin.list_topics, timeout=5)
+        for state in [s for s in self.paused.values() if s.in_flight == 0 and now >= s.retry_at]:
+            self._resume(state)
         if self.metrics.due():
             self._record_metrics()
         return None
@@ -407,7 +481,9 @@ class ReplicationTask:
         self.source_cluster = cluster_id(self.consumer, "source", config.source_alias)
         self.destination_cluster = cluster_id(self.destination_admin, "destination", config.target_alias)
         self.origin = self.source_cluster.encode()
+        self.origin_header = (provenance.ORIGIN, self.origin)
         self.partitions = {}
+        self.paused = {}
         self._start(owned)
 
     def _apply_assignment(self, mine: set[SourcePartition]) -> None:
@@ -419,6 +495,7 @@ class ReplicationTask:
             self.consumer.incremental_unassign([TopicPartition(t, p) for t, p in removed])
             for tp in removed:
                 del self.partitions[tp]
+                self.paused.pop(tp, None)
             self.store.release_partitions(self.lease, removed)
             self.on_event(f"released {len(removed)} partition(s): {_fmt(removed)}")
         self.waiting = {tp for tp in mine if tp not in self.partitions}
@@ -462,6 +539,9 @@ class ReplicationTask:
         except Exception as exc:
             log.warning("destination metadata unavailable for %s-%d: %s", self.connector, self.task_id, exc)
             return
+        self._map_destinations(states, metadata)
+
+    def _map_destinations(self, states: list[PartitionState], metadata: ClusterMetadata) -> None:
         for state in states:
             topic = metadata.topics.get(state.destination_topic)
             if topic is None or topic.error is not None:
@@ -500,6 +580,7 @@ class ReplicationTask:
 
     def _pause(self, state: PartitionState, reason: str) -> None:
         state.paused_reason = reason
+        self.paused[state.tp] = state
         state.failures += 1
         state.retry_at = time.monotonic() + RETRY_BACKOFF_S[min(state.failures - 1, len(RETRY_BACKOFF_S) - 1)]
         self.consumer.pause([TopicPartition(state.topic, state.partition)])
@@ -510,6 +591,7 @@ class ReplicationTask:
         """Retry a paused partition from its first unacknowledged offset."""
         reason = state.paused_reason
         state.paused_reason = None
+        del self.paused[state.tp]
         self._check_destination([state.tp])
         if state.paused_reason is not None:
             return  # still missing: _check_destination paused it again with a longer backoff
@@ -529,6 +611,7 @@ class ReplicationTask:
     def _drop(self, tp: SourcePartition, reason: str) -> None:
         self.consumer.incremental_unassign([TopicPartition(*tp)])
         self.partitions.pop(tp, None)
+        self.paused.pop(tp, None)
         self.store.set_partition_state(self.lease, tp, PartitionHealth.DROPPED, reason)
         self.on_event(f"dropped {tp[0]}[{tp[1]}]: {reason}")
 
@@ -554,10 +637,10 @@ class ReplicationTask:
     def _fold_metrics(self) -> None:
         """Move per-record acknowledgement data into the interval's counters, in bulk."""
         for state in self.partitions.values():
-            if state.latencies or state.acked_bytes:
-                self.metrics.counters_for(state.tp).add_many(state.latencies, state.acked_bytes)
-                state.latencies = []
-                state.acked_bytes = 0
+            if state.acked:
+                self.metrics.counters_for(state.tp).add_samples(state.latency_samples, state.acked, state.acked_bytes)
+                state.latency_samples = []
+                state.acked = state.acked_bytes = state.sampled_at = 0
 
     def _record_metrics(self) -> None:
         self._fold_metrics()
@@ -567,8 +650,11 @@ class ReplicationTask:
             done = state.committable()
             # Watermarks are only a hint (some brokers report them wrongly): never negative, unknown when absent.
             lags[state.tp] = max(high - done, 0) if high >= 0 and done is not None else None
+        self.background.submit(self._store_metrics, self.metrics.drain(lags))
+
+    def _store_metrics(self, rows: list[MetricRow]) -> None:
         try:
-            self.store.record_metrics(self.connector, self.metrics.drain(lags))
+            self.store.record_metrics(self.connector, rows)
         except SQLAlchemyError as exc:
             log.warning("metrics of %s-%d not recorded: %s", self.connector, self.task_id, exc)
 

@@ -1,0 +1,168 @@
+"""End-to-end latency at steady traffic: the engine against Apache MirrorMaker 1.0, on Apache Kafka.
+
+    python benchmarks/latency_vs_mirrormaker.py [--rates 1000,5000,20000,50000] [--seconds 12] [--rounds 1]
+
+Needs the two Apache Kafka 1.0 clusters running (see `benchmarks/apache_kafka.py`). For every rate and copier: a
+fresh 4-partition topic; the copier is started and proven to flow (one record through); then a load process
+writes 100-byte records at a steady rate into the source topic for `--seconds`, and this process reads the
+destination. Copiers alternate at each rate (order flips every round).
+
+The clock starts at the record's CreateTime (set by librdkafka in the load process when `produce()` is called)
+and stops when this process's consumer on the destination receives the record (`time.time()` when `consume()`
+returns). Both processes read the same machine clock, so there is no skew. The first 2 s of every run are
+dropped. The measuring path's own latency (load producer with linger 1 ms → broker → this consumer) is measured
+the same way with no copier, by reading the source topic itself ("direct"): it is part of every figure.
+For the engine, its own metric (source CreateTime → destination acknowledgement, `metric_samples`) is shown
+next to the external measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from bisect import bisect_left
+
+import apache_kafka as kit  # puts the project on the path
+from apache_kafka import DESTINATION, SOURCE
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+# isort: split
+from replicator.metrics import BUCKET_LABELS
+from replicator.store import Store
+
+PARTITIONS = 4
+WARMUP_S = 2.0
+
+
+def load(topic: str, rate: int, seconds: float) -> None:
+    """Write `rate` records/s for `seconds`, CreateTime = the moment of `produce()`."""
+    producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000})
+    value = b"v" * 100
+    sent, start, total = 0, time.perf_counter(), int(rate * seconds)
+    while sent < total:
+        due = min(int((time.perf_counter() - start) * rate), total)
+        while sent < due:
+            try:
+                producer.produce(topic, value, partition=sent % PARTITIONS)
+            except BufferError:
+                producer.poll(0.001)
+                continue
+            sent += 1
+        producer.poll(0)
+        time.sleep(0.0005)
+    producer.flush(30)
+
+
+def reader(bootstrap: str, topic: str) -> Consumer:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"latency-{topic}", "enable.auto.commit": False,
+                         "fetch.wait.max.ms": 100})  # fmt: skip
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    return consumer
+
+
+def measure(consumer: Consumer, expected: int, timeout_s: float) -> list[tuple[int, int]]:
+    """(CreateTime, arrival) in ms of every record until `expected` arrived or `timeout_s` passed."""
+    seen: list[tuple[int, int]] = []
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < expected and time.monotonic() < deadline:
+        msgs = consumer.consume(10_000, 0) or consumer.consume(1, 0.1)  # never wait for more than one record
+        now = time.time_ns() // 1_000_000
+        seen.extend((m.timestamp()[1], now) for m in msgs if m.error() is None)
+    return seen
+
+
+def percentiles(latencies: list[int]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    pick = lambda q: ordered[min(int(q * len(ordered)), len(ordered) - 1)]  # noqa: E731
+    return {"p50": pick(0.5), "p99": pick(0.99), "p99.9": pick(0.999), "max": ordered[-1], "n": len(ordered),
+            "mean": sum(ordered) / len(ordered)}  # fmt: skip
+
+
+def engine_metric(store: Store, connector: str) -> str:
+    """The engine's own latency metric over the run: mean, max and the histogram's p50/p99 bucket bounds."""
+    samples = store.metric_samples(connector)
+    count = sum(s["latency_count"] for s in samples)
+    if not count:
+        return "no samples"
+    total = sum(s["latency_sum_ms"] for s in samples)
+    top = max(s["latency_max_ms"] or 0 for s in samples)
+    cumulative = [sum(s["latency_histogram"][label] for s in samples) for label in BUCKET_LABELS]
+    bound = lambda q: BUCKET_LABELS[bisect_left(cumulative, q * count)]  # noqa: E731
+    return f"mean {total / count:.0f} ms, p50 <= {bound(0.5)} ms, p99 <= {bound(0.99)} ms, max {top} ms ({count:,})"
+
+
+def one_run(store: Store, env: dict[str, str], copier: str, rate: int, seconds: float, tag: str) -> str:
+    topic = f"lat-{tag}-{copier}-{rate}"
+    kit.create_topic(SOURCE, topic, PARTITIONS)
+    procs = []
+    if copier == "direct":
+        target, bootstrap = topic, SOURCE
+    elif copier == "mirrormaker":
+        target, bootstrap = topic, DESTINATION
+        kit.create_topic(DESTINATION, target, PARTITIONS)
+        procs = [kit.start_process(argv, env) for argv in kit.mirrormaker_argv(topic)]
+    else:
+        target, bootstrap = f"{topic}.engine", DESTINATION
+        kit.create_topic(DESTINATION, target, PARTITIONS)
+        kit.put_engine_connector(store, topic, topic, ".engine", PARTITIONS, 1)
+        procs = [kit.start_process(argv, env) for argv in kit.engine_argv(topic, 1)]
+    consumer = reader(bootstrap, target)
+    try:
+        ping = Producer({"bootstrap.servers": SOURCE})
+        ping.produce(topic, b"ping", partition=0)
+        ping.flush(30)
+        pinged = measure(consumer, 1, 120)
+        if not pinged:
+            raise TimeoutError(f"{copier} did not forward a first record within 120 s")
+        load_avg = os.getloadavg()[0]
+        loader = kit.start_process([sys.executable, __file__, "load", topic, str(rate), str(seconds)], env)
+        seen = measure(consumer, int(rate * seconds), seconds + 60)
+        loader.wait(60)
+    finally:
+        consumer.close()
+        for p in procs:
+            p.send_signal(signal.SIGTERM if copier == "mirrormaker" else signal.SIGINT)
+        for p in procs:
+            p.wait(60)
+    first = min(created for created, _ in seen)
+    kept = [arrived - created for created, arrived in seen if created >= first + WARMUP_S * 1000]
+    stats = percentiles(kept)
+    line = (f"{rate:>7,}/s {copier:<12} p50 {stats['p50']:>5.0f}  p99 {stats['p99']:>5.0f}  "
+            f"p99.9 {stats['p99.9']:>5.0f}  max {stats['max']:>5.0f} ms  (mean {stats['mean']:.0f}; "
+            f"{stats['n']:,} records; load avg {load_avg:.1f})")  # fmt: skip
+    if copier == "engine":
+        every = percentiles([arrived - created for created, arrived in pinged + seen])
+        line += (f"\n{'':>22}all records, external: mean {every['mean']:.0f} ms, max {every['max']:.0f} ms; "
+                 f"engine's own metric: {engine_metric(store, topic)}")  # fmt: skip
+    kit.delete_topics(SOURCE, [topic])
+    if target != topic or copier == "mirrormaker":
+        kit.delete_topics(DESTINATION, [target])
+    return line
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rates", default="1000,5000,20000,50000")
+    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--copiers", default="engine,mirrormaker")
+    args = kit.parse_args(parser)
+    copiers = args.copiers.split(",")
+    with kit.platform_database() as store:
+        env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
+        tag = str(int(time.time()))
+        for r in range(args.rounds):
+            print(f"round {r + 1}: direct (no copier) is the measuring path's own latency", flush=True)
+            for rate in [int(x) for x in args.rates.split(",")]:
+                order = copiers if (r + rate // 1000) % 2 == 0 else copiers[::-1]
+                for copier in ["direct", *order]:
+                    print(one_run(store, env, copier, rate, args.seconds, f"{tag}-{r}"), flush=True)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["load"]:
+    load(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+elif __name__ == "__main__":
+    main()

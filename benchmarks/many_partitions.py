@@ -1,0 +1,117 @@
+"""One connector over 10,000 source partitions, on Apache Kafka: the monitor's cycle and a task's memory.
+
+    python benchmarks/many_partitions.py [--topics 20] [--partitions 500] [--tasks 4]
+
+Needs the two Apache Kafka 1.0 clusters running (see `benchmarks/apache_kafka.py`). Creates `--topics` topics of
+`--partitions` partitions on the source (one record in each partition, so every partition is fetched and
+committed) and one single-partition topic per source topic on the destination (records go through the producer's
+partitioner). Then:
+- times `KafkaMonitor.poll` (what the `kafka_monitor` sensor runs per connector): the first cycle, which writes
+  the assignment, and steady cycles that find nothing changed;
+- starts task 0 (`mirus task run`, owning 1/tasks of the partitions) and reports its resident memory and CPU once
+  it has committed an offset for every partition it owns, and again while idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+
+import apache_kafka as kit  # puts the project on the path
+import psutil
+from apache_kafka import DESTINATION, SOURCE
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+# isort: split
+from replicator.config import validate_submission
+from replicator.monitor import KafkaMonitor
+
+
+def create_wide_topics(prefix: str, topics: int, partitions: int) -> list[str]:
+    """Create the topics (one request each: a broker creates thousands of partitions slowly), fill each partition."""
+    names = [f"{prefix}-{i:03d}" for i in range(topics)]
+    for bootstrap, count in ((SOURCE, partitions), (DESTINATION, 1)):
+        admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 300_000})
+        for name in names:
+            try:
+                admin.create_topics([NewTopic(name, count, 1)], request_timeout=600)[name].result(600)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+        while not all(len(getattr(admin.list_topics(n, timeout=60).topics.get(n), "partitions", {})) == count
+                      for n in names):  # fmt: skip
+            time.sleep(1)
+    producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 50})
+    for name in names:
+        for p in range(partitions):
+            while True:
+                try:
+                    producer.produce(name, b"x", partition=p)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+    producer.flush(600)
+    return names
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--topics", type=int, default=20)
+    parser.add_argument("--partitions", type=int, default=500)
+    parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument("--prefix", help="reuse the topics of an earlier run (they are deleted at the end)")
+    args = kit.parse_args(parser)
+    prefix = args.prefix or f"wide{int(time.time())}"
+    total = args.topics * args.partitions
+    print(f"creating {args.topics} topics x {args.partitions} partitions ({total:,}) ...", flush=True)
+    started = time.perf_counter()
+    names = create_wide_topics(prefix, args.topics, args.partitions)
+    print(f"  created and filled in {time.perf_counter() - started:.0f} s (load average {os.getloadavg()[0]:.1f})")
+
+    with kit.platform_database() as store:
+        name = f"{prefix}-connector"
+        config = validate_submission({
+            "name": name, "consumer.bootstrap.servers": SOURCE, "destination.consumer.bootstrap.servers": DESTINATION,
+            "topics.regex": f"{prefix}-.*", "tasks.max": args.tasks,
+        })  # fmt: skip
+        store.put_connector(name, config.raw, args.tasks)
+        monitor = KafkaMonitor(store)
+        for cycle in range(4):
+            t = time.perf_counter()
+            result = monitor.poll(name)
+            owned = {task: len(tps) for task, tps in result.tasks.items()}
+            print(f"monitor cycle {cycle + 1}: {time.perf_counter() - t:.2f} s (new generation: {result.changed}; "
+                  f"partitions per task {owned}; load average {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+
+        env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
+        mine = set(result.tasks[0])
+        proc = kit.start_process([*kit.MIRUS, "task", "run", name, "0"], env)
+        started = time.perf_counter()
+        try:
+            while len(set(store.load_offsets(name)) & mine) < len(mine):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"task 0 exited with {proc.returncode}")
+                time.sleep(1)
+            task = psutil.Process(proc.pid)
+            print(
+                f"task 0 owns {len(mine):,} partitions: every one committed after "
+                f"{time.perf_counter() - started:.0f} s; resident memory {task.memory_info().rss / 2**20:.0f} MiB"
+            )
+            time.sleep(10)
+            cpu = task.cpu_times()
+            time.sleep(20)
+            busy = sum(task.cpu_times()[:2]) - sum(cpu[:2])
+            print(f"  idle: resident memory {task.memory_info().rss / 2**20:.0f} MiB, CPU {busy / 20:.0%} of a core "
+                  f"(load average {os.getloadavg()[0]:.1f})")  # fmt: skip
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(120)
+    kit.delete_topics(SOURCE, names)
+    kit.delete_topics(DESTINATION, names)
+
+
+if __name__ == "__main__":
+    main()

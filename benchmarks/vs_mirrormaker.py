@@ -1,0 +1,82 @@
+"""Engine throughput and CPU against Apache MirrorMaker 1.0 and a tuned naive loop, on Apache Kafka.
+
+    python benchmarks/vs_mirrormaker.py [--records 2000000] [--partitions 4] [--rounds 3] [--tasks 1,2,4]
+
+Needs the two Apache Kafka 1.0 clusters running (see `benchmarks/apache_kafka.py`). Each round preloads a fresh
+source topic, then every copier copies it into its own destination topic, one after the other, in an order
+that rotates from round to round. Figures are medians over the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+
+import apache_kafka as kit
+from apache_kafka import DESTINATION, SOURCE, Run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=2_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tasks", default="1", help="engine runs with these tasks.max values, e.g. 1,2,4")
+    parser.add_argument("--copiers", default="mirrormaker,naive,engine",
+                        help="also: engine-plain (the engine with provenance headers off)")  # fmt: skip
+    args = kit.parse_args(parser)
+
+    copiers = []
+    for name in args.copiers.split(","):
+        if name == "engine":
+            copiers += [f"engine x{t}" if t != "1" else "engine" for t in args.tasks.split(",")]
+        else:
+            copiers.append(name)
+    n, parts = args.records, args.partitions
+    runs: dict[str, list[Run]] = {c: [] for c in copiers}
+    with kit.platform_database() as store:
+        env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
+        for r in range(args.rounds):
+            topic = f"copy-{int(time.time())}-{r}"
+            kit.preload(topic, n, parts)
+            targets = []
+            order = copiers[r % len(copiers) :] + copiers[: r % len(copiers)]
+            for copier in order:
+                if copier == "mirrormaker":
+                    target, argvs, stop = topic, kit.mirrormaker_argv(topic), signal.SIGTERM
+                elif copier == "naive":
+                    target, stop = f"{topic}.naive", signal.SIGINT
+                    argvs = kit.naive_argv(topic, target, n, parts)
+                else:
+                    tasks = int(copier.partition("x")[2] or 1)
+                    plain = copier.startswith("engine-plain")
+                    name = f"{topic}-{'plain' if plain else 'engine'}{tasks}"
+                    target = f"{topic}.{'plain' if plain else 'engine'}{tasks}"
+                    headers = {"provenance.headers.enabled": "false"} if plain else {}
+                    kit.put_engine_connector(store, name, topic, target.removeprefix(topic), parts, tasks, **headers)
+                    argvs, stop = kit.engine_argv(name, tasks), signal.SIGINT
+                kit.create_topic(DESTINATION, target, parts)
+                targets.append(target)
+                run = kit.timed_copy(copier, argvs, target, parts, n, env, stop)
+                runs[copier].append(run)
+                print(f"round {r + 1} {copier:<12} {run.wall_s:6.2f} s wall {run.cpu_s:6.2f} CPU-s "
+                      f"(load average {run.load:.2f})", flush=True)  # fmt: skip
+            kit.delete_topics(DESTINATION, targets)
+            kit.delete_topics(SOURCE, [topic])
+
+    print(f"\n{n:,} records x 100 B over {parts} partitions; median of {args.rounds} alternating runs")
+    print(f"{'copier':<14}{'wall s':>8}{'CPU-s':>8}{'records/s':>12}{'wall/MM1':>10}{'CPU/MM1':>9}  load avg")
+    mm = runs.get("mirrormaker")
+    mm_wall = kit.median([x.wall_s for x in mm]) if mm else None
+    mm_cpu = kit.median([x.cpu_s for x in mm]) if mm else None
+    for copier, rs in runs.items():
+        wall, cpu = kit.median([x.wall_s for x in rs]), kit.median([x.cpu_s for x in rs])
+        ratios = f"{wall / mm_wall:>10.2f}{cpu / mm_cpu:>9.2f}" if mm_wall and mm_cpu else f"{'':>19}"
+        loads = "/".join(f"{x.load:.1f}" for x in rs)
+        print(f"{copier:<14}{wall:>8.2f}{cpu:>8.2f}{n / wall:>12,.0f}{ratios}  {loads}")
+
+
+if __name__ == "__main__":
+    main()
