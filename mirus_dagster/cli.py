@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from mirus_dagster.admin_cli import OFFSET_COMMANDS, api_command, connectors_group
 from mirus_dagster.demo import traffic
 from mirus_dagster.offsets_command import offsets
 from mirus_dagster.settings import PlatformSettings
@@ -126,8 +127,9 @@ def task_run(connector: str, task_id: int) -> None:
 @click.option("--port", default=3000, show_default=True, help="Dagster webserver port.")
 @click.option("--keep-stack", is_flag=True, help="Leave the embedded stack running when dagster dev exits.")
 @click.option("--demo/--no-demo", default=True, show_default=True, help="Register the demo connector and traffic.")
-def dev(port: int, keep_stack: bool, demo: bool) -> None:
-    """Start the embedded stack, migrate the database and run the Dagster UI on it."""
+@click.option("--api-port", default=8083, show_default=True, help="Kafka Connect REST API port (0: no API).")
+def dev(port: int, keep_stack: bool, demo: bool, api_port: int) -> None:
+    """Start the embedded stack, migrate the database and run the Dagster UI and the REST API on it."""
     from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_TOPIC
     from mirus_dagster.demo import register_demo
     from mirus_dagster.devserver import dagster_dev_command, write_dagster_home
@@ -152,6 +154,10 @@ def dev(port: int, keep_stack: bool, demo: bool) -> None:
         traffic = [sys.executable, "-m", "mirus_dagster.cli", "demo", "traffic",
                    "--bootstrap-servers", endpoints.source_bootstrap_servers]  # fmt: skip
         children.append(subprocess.Popen(traffic, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    if api_port:
+        api = [sys.executable, "-m", "mirus_dagster.cli", "api", "--port", str(api_port)]
+        children.append(subprocess.Popen(api, env=env))
+        click.echo(f"Kafka Connect REST API and /metrics: http://127.0.0.1:{api_port}")
     engine.dispose()
 
     argv = dagster_dev_command(port)
@@ -181,6 +187,10 @@ def demo() -> None:
 demo.add_command(traffic)
 main.add_command(verify)
 main.add_command(offsets)
+for command in OFFSET_COMMANDS:  # connectors' own offsets, next to the consumer groups' translation
+    offsets.add_command(command)
+main.add_command(connectors_group)
+main.add_command(api_command)
 
 
 if __name__ == "__main__":

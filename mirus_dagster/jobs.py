@@ -26,8 +26,9 @@ from mirus_dagster.constants import (
     admin_op_name,
 )
 from mirus_dagster.resources import PlatformDatabase
-from replicator.config import ConnectorConfigError, validate_submission
-from replicator.store import ConnectorState, Store, UnknownConnectorError
+from replicator import connectors
+from replicator.config import ConnectorConfigError
+from replicator.store import Store, UnknownConnectorError
 from replicator.task import ReplicationTask
 
 ConnectorsEvent = Callable[[Store, str], dg.AssetMaterialization]
@@ -98,6 +99,15 @@ _ADMIN = {
 }
 
 
+# The operations themselves are `replicator.connectors`'s, shared with the REST API and the CLI.
+_ACTIONS: dict[str, Callable[[Store, str], None]] = {
+    "pause": connectors.pause_connector,
+    "resume": connectors.resume_connector,
+    "restart": connectors.restart_connector,
+    "delete": connectors.delete_connector,
+}
+
+
 def _fail(message: str) -> dg.Failure:
     return dg.Failure(description=message, allow_retries=False)
 
@@ -106,15 +116,14 @@ def _put_connector_job(connectors_event: ConnectorsEvent) -> dg.JobDefinition:
     @dg.op(name=STORE_CONNECTOR_OP, description="Validate and store a connector configuration (a new version if "
            "the connector exists).")  # fmt: skip
     def store_connector(context: dg.OpExecutionContext, config: PutConnectorConfig, platform: PlatformDatabase) -> None:
+        store = platform.store()
         try:
-            parsed = validate_submission(config.properties)
+            stored = connectors.put_connector(store, config.properties)
         except ConnectorConfigError as exc:
             raise _fail(f"connector configuration rejected, nothing was stored:\n{exc}") from None
-        store = platform.store()
-        version = store.put_connector(parsed.name, parsed.raw, parsed.tasks_max)
-        context.instance.add_dynamic_partitions(CONNECTOR_PARTITIONS, [parsed.name])
-        context.log.info(f"connector {parsed.name} stored as version {version}")
-        context.log_event(connectors_event(store, f"put {parsed.name} v{version}"))
+        context.instance.add_dynamic_partitions(CONNECTOR_PARTITIONS, [stored.name])
+        context.log.info(f"connector {stored.name} stored as version {stored.version}")
+        context.log_event(connectors_event(store, f"put {stored.name} v{stored.version}"))
 
     @dg.job(
         name=PUT_CONNECTOR_JOB,
@@ -132,18 +141,11 @@ def _state_job(action: str, connectors_event: ConnectorsEvent) -> dg.JobDefiniti
     def change_state(context: dg.OpExecutionContext, config: ConnectorNameConfig, platform: PlatformDatabase) -> None:
         store = platform.store()
         try:
-            if action == "pause":
-                store.set_connector_state(config.name, ConnectorState.PAUSED)
-            elif action == "resume":
-                store.set_connector_state(config.name, ConnectorState.RUNNING)
-            elif action == "restart":
-                store.request_restart(config.name)
-            elif action == "delete":
-                if not store.delete_connector(config.name):
-                    raise UnknownConnectorError(f"connector {config.name!r} does not exist")
-                context.instance.delete_dynamic_partition(CONNECTOR_PARTITIONS, config.name)
+            _ACTIONS[action](store, config.name)
         except UnknownConnectorError as exc:
             raise _fail(str(exc)) from None
+        if action == "delete":
+            context.instance.delete_dynamic_partition(CONNECTOR_PARTITIONS, config.name)
         context.log.info(f"{action}: {config.name}")
         context.log_event(connectors_event(store, f"{action} {config.name}"))
 

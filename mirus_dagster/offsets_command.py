@@ -37,7 +37,7 @@ COLUMNS = ("group", "topic", "partition", "source_offset", "destination_topic", 
 
 @click.group()
 def offsets() -> None:
-    """Consumer-group offsets across the connector's clusters (failover)."""
+    """Connectors' offsets (Mirus offset tool formats) and consumer-group offsets across clusters (failover)."""
 
 
 def _checkpointed(store: Store, connector: str, group: str) -> list[TranslatedOffset]:

@@ -254,9 +254,13 @@ def validate_submission(props: Mapping[str, object], *, allow_literal_secrets: b
     return config
 
 
-def load(props: Mapping[str, object]) -> ConnectorConfig:
-    """The model of a stored (already submitted) config: references resolved, no client created."""
-    return _Parser(props, submission=False).parse()
+def load(props: Mapping[str, object], *, resolve_references: bool = True) -> ConnectorConfig:
+    """The model of a stored (already submitted) config: references resolved, no client created.
+
+    `resolve_references=False` leaves references as written, for views that never build a client (the REST API's
+    status, metrics): such a process needs no secret and may not have access to them.
+    """
+    return _Parser(props, submission=False, resolve_references=resolve_references).parse()
 
 
 # --- parsing -------------------------------------------------------------------------------------------------
@@ -305,10 +309,11 @@ class _ClientSettings:
 class _Parser(TopicRules):
     """Reads a property mapping into a `ConnectorConfig`, collecting every problem instead of stopping early."""
 
-    def __init__(self, props: Mapping[str, object], *, submission: bool) -> None:
+    def __init__(self, props: Mapping[str, object], *, submission: bool, resolve_references: bool = True) -> None:
         super().__init__(props)
         self.submitted = props
         self.submission = submission
+        self.resolve_references = resolve_references
         self.substituted: set[str] = set()
 
     # -- the whole config --
@@ -344,6 +349,10 @@ class _Parser(TopicRules):
         for name, value in self.submitted.items():
             if isinstance(name, str) and isinstance(value, str) and has_reference(value):
                 self.referenced[name] = value
+                if not self.resolve_references:
+                    self.unresolved.add(name)  # kept as written, and never complained about
+                    resolved[name] = value
+                    continue
                 try:
                     value, substituted = substitute_references(value)
                 except SecretReferenceError as err:

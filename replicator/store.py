@@ -58,6 +58,14 @@ class UnknownConnectorError(LookupError):
     pass
 
 
+class ConnectorNotStoppedError(RuntimeError):
+    """Offsets may only change while the connector is paused and none of its tasks still runs."""
+
+
+class TasksStillStoppingError(ConnectorNotStoppedError):
+    """The connector is paused, but some of its tasks have not finished their final commit yet."""
+
+
 @dataclass(frozen=True)
 class ConnectorRecord:
     name: str
@@ -157,6 +165,8 @@ class TaskStatus:
     state: str  # the lease's state; UNASSIGNED before the task's first claim
     heartbeat_at: datetime | None
     restart_attempts: int
+    owner: str | None = None  # the lease holder: host:pid[:run id]
+    error: str | None = None  # why its last instance failed
 
 
 @dataclass(frozen=True)
@@ -200,12 +210,18 @@ class Store:
 
     # -- connectors -------------------------------------------------------------------------------------
 
-    def put_connector(self, name: str, properties: Mapping[str, Any], tasks_max: int) -> int:
-        """Store a new configuration version (creating the connector RUNNING); returns the version."""
+    def put_connector(
+        self,
+        name: str,
+        properties: Mapping[str, Any],
+        tasks_max: int,
+        initial_state: ConnectorState = ConnectorState.RUNNING,
+    ) -> int:
+        """Store a new configuration version (creating the connector in `initial_state`); returns the version."""
         with Session(self.engine) as s, s.begin():
             row = s.get(Connector, name, with_for_update=True)
             if row is None:
-                row = Connector(name=name, version=1, state=ConnectorState.RUNNING, tasks_max=tasks_max)
+                row = Connector(name=name, version=1, state=initial_state, tasks_max=tasks_max)
                 s.add(row)
             else:
                 row.version += 1
@@ -368,6 +384,12 @@ class Store:
             ).returning(TaskLease.restart_attempts)
             return s.execute(stmt).scalar_one()
 
+    def leases(self, connector: str) -> dict[int, LeaseRow]:
+        """Every task lease of `connector` (tasks assigned now and formerly), by task id."""
+        with Session(self.engine) as s:
+            rows = s.scalars(select(TaskLease).where(TaskLease.connector == connector))
+            return {r.task_id: _row(LeaseRow, r) for r in rows}
+
     def lease_of(self, connector: str, task_id: int) -> LeaseRow | None:
         with Session(self.engine) as s:
             row = s.get(TaskLease, (connector, task_id))
@@ -386,6 +408,43 @@ class Store:
             query = query.where(tuple_(Offset.topic, Offset.partition).in_(wanted))
         with self.engine.connect() as conn:
             return {(t, p): o for t, p, o in conn.execute(query)}
+
+    def alter_offsets_of_stopped(
+        self, connector: str, offsets: Mapping[SourcePartition, int | None] | None, stale_after: timedelta
+    ) -> None:
+        """Operator tool: set (None: forget) stored offsets, or with `offsets=None` forget them all.
+
+        Only while the connector is PAUSED and no task of it still holds a live lease: a task that is still
+        stopping writes its final commit and would undo the change. Checked and applied in one transaction with
+        the connector row locked, so no task can start in between.
+        """
+        with Session(self.engine) as s, s.begin():
+            row = s.get(Connector, connector, with_for_update=True)
+            if row is None:
+                raise UnknownConnectorError(f"connector {connector!r} does not exist")
+            if row.state != ConnectorState.PAUSED:
+                raise ConnectorNotStoppedError(
+                    f"connector {connector!r} is {row.state}: pause it before changing its offsets"
+                )
+            live = s.scalars(
+                select(TaskLease.task_id).where(
+                    TaskLease.connector == connector, TaskLease.state == LEASE_HELD,
+                    TaskLease.heartbeat_at > func.now() - stale_after,
+                )
+            ).all()  # fmt: skip
+            if live:
+                raise TasksStillStoppingError(
+                    f"connector {connector!r} is paused but task(s) {', '.join(map(str, sorted(live)))} are still "
+                    "stopping; retry in a few seconds"
+                )
+            if offsets is None:
+                s.execute(delete(Offset).where(Offset.connector == connector))
+                return
+            for (topic, partition), offset in offsets.items():
+                key = (Offset.connector == connector, Offset.topic == topic, Offset.partition == partition)
+                s.execute(delete(Offset).where(*key))
+                if offset is not None:
+                    s.add(Offset(connector=connector, topic=topic, partition=partition, offset=offset, epoch=0))
 
     # -- partition ownership and status -----------------------------------------------------------------
 
@@ -498,16 +557,17 @@ class Store:
                 for r in rows
             }
 
-    def connector_statuses(self) -> list[ConnectorStatus]:
-        """Every connector with its tasks, leases, metadata errors and unhealthy partitions: one query."""
+    def connector_statuses(self, name: str | None = None) -> list[ConnectorStatus]:
+        """Every connector (or only `name`) with its tasks, leases, metadata errors and unhealthy partitions: one
+        query."""
         with self.engine.connect() as conn:
-            rows = conn.execute(_STATUS_QUERY).all()
+            rows = conn.execute(_STATUS_QUERY, {"name": name}).all()
         return [
             ConnectorStatus(
                 name=r.name, state=ConnectorState(r.state), version=r.version,
                 assignment_generation=r.assignment_generation, properties=r.config,
                 tasks=[TaskStatus(t["task_id"], t["partitions"], t["state"], _timestamp(t["heartbeat_at"]),
-                                  t["restart_attempts"]) for t in r.tasks],
+                                  t["restart_attempts"], t["owner"], t["error"]) for t in r.tasks],
                 metadata_errors=dict(r.metadata_errors),
                 unhealthy_partitions={
                     (p["topic"], p["partition"]): PartitionStatusRow(
@@ -626,7 +686,7 @@ SELECT c.name, c.state, c.version, c.assignment_generation, cfg.config,
   COALESCE((SELECT json_agg(json_build_object(
         'task_id', a.task_id, 'partitions', jsonb_array_length(a.partitions),
         'state', COALESCE(l.state, 'UNASSIGNED'), 'heartbeat_at', l.heartbeat_at,
-        'restart_attempts', COALESCE(l.restart_attempts, 0)) ORDER BY a.task_id)
+        'restart_attempts', COALESCE(l.restart_attempts, 0), 'owner', l.owner, 'error', l.error) ORDER BY a.task_id)
      FROM assignments a LEFT JOIN task_leases l ON l.connector = a.connector AND l.task_id = a.task_id
      WHERE a.connector = c.name AND a.generation = c.assignment_generation), '[]'::json) AS tasks,
   COALESCE((SELECT json_object_agg(s.cluster, s.error)
@@ -643,5 +703,6 @@ SELECT c.name, c.state, c.version, c.assignment_generation, cfg.config,
     AS heartbeats_committed
 FROM connectors c JOIN connector_configs cfg ON cfg.connector = c.name AND cfg.version = c.version
   LEFT JOIN flows f ON f.connector = c.name
+WHERE CAST(:name AS text) IS NULL OR c.name = :name
 ORDER BY c.name
 """)

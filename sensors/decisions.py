@@ -61,6 +61,18 @@ def restart_decision(
     return Decision(True, f"failed {history.consecutive_failures} time(s) in a row")
 
 
+def requested_restart(history: TaskRunHistory, restart_requested_at: datetime | None) -> bool:
+    """An operator asked for a restart (REST API, CLI or `restart_connector` job) after the task's last run failed:
+    it gets a new run at once, whatever the backoff says, even with automatic restarts turned off."""
+    return (
+        not history.live
+        and history.latest_status == "FAILURE"
+        and history.latest_ended_at is not None
+        and restart_requested_at is not None
+        and restart_requested_at > history.latest_ended_at
+    )
+
+
 def restart_backoff_s(consecutive_failures: int, initial_s: float, max_s: float) -> float:
     """No wait after a first failure (a crash is usually a one-off), then initial, doubling, capped."""
     if consecutive_failures <= 1:

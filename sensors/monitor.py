@@ -106,7 +106,7 @@ def _evaluate(
     names = {r.name for r in records}
     cursor.polls = {name: poll for name, poll in cursor.polls.items() if name in names}
     fingerprint = repr(
-        [(r.name, r.state, r.version, r.assignment_generation) for r in records]
+        [(r.name, r.state, r.version, r.assignment_generation, r.restart_requested_at) for r in records]
         + sorted((name, poll.error) for name, poll in cursor.polls.items() if poll.error)
     )
     if fingerprint != cursor.fingerprint:

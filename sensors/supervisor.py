@@ -12,7 +12,7 @@ from mirus_dagster.constants import ENV_TASK_AUTO_RESTART, SUPERVISOR_SENSOR
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from replicator.config import ConnectorConfigError, load
 from replicator.store import ConnectorState
-from sensors.decisions import restart_decision
+from sensors.decisions import Decision, requested_restart, restart_decision
 from sensors.task_runs import live_runs, run_request, task_histories
 
 
@@ -32,8 +32,6 @@ def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:
     def task_supervisor(
         context: dg.SensorEvaluationContext, platform: PlatformDatabase, supervisor: SupervisorPolicy
     ) -> dg.SensorResult | dg.SkipReason:
-        if not supervisor.auto_restart:
-            return dg.SkipReason(f"automatic restarts are turned off ({ENV_TASK_AUTO_RESTART}=false)")
         store = platform.store()
         now = datetime.now(UTC)
         run_requests = []
@@ -50,10 +48,15 @@ def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:
                 if history is None:
                     continue  # never ran: the monitor starts it
                 lease = store.lease_of(record.name, task_id)
-                decision = restart_decision(
-                    history, lease.heartbeat_at if lease else None, now, lease_timeout_s=lease_timeout_s,
-                    initial_backoff_s=supervisor.initial_backoff_s, max_backoff_s=supervisor.max_backoff_s,
-                )  # fmt: skip
+                if requested_restart(history, record.restart_requested_at):
+                    decision = Decision(True, "an operator requested a restart")
+                elif not supervisor.auto_restart:
+                    continue
+                else:
+                    decision = restart_decision(
+                        history, lease.heartbeat_at if lease else None, now, lease_timeout_s=lease_timeout_s,
+                        initial_backoff_s=supervisor.initial_backoff_s, max_backoff_s=supervisor.max_backoff_s,
+                    )  # fmt: skip
                 if not decision.launch:
                     continue
                 if decision.replace_live_run:
@@ -62,6 +65,10 @@ def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:
                 attempts = store.record_restart(record.name, task_id)
                 context.log.info(f"restarting {record.name}-{task_id} (attempt {attempts}): {decision.reason}")
                 run_requests.append(run_request(record.name, task_id, f"restart: {decision.reason}"))
+        if not run_requests and not supervisor.auto_restart:
+            return dg.SkipReason(
+                f"automatic restarts are turned off ({ENV_TASK_AUTO_RESTART}=false); only requested ones are made"
+            )
         return dg.SensorResult(run_requests=run_requests)
 
     return task_supervisor

@@ -19,7 +19,13 @@ from mirus_dagster.jobs import replicator
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.stack import StackEndpoints
 from replicator.store import Store
-from sensors.decisions import TaskRunHistory, restart_backoff_s, restart_decision, start_decision
+from sensors.decisions import (
+    TaskRunHistory,
+    requested_restart,
+    restart_backoff_s,
+    restart_decision,
+    start_decision,
+)
 from sensors.monitor import MonitorCursor
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import consume_all, create_topics, produce, wait_for
@@ -54,6 +60,16 @@ def test_the_supervisor_backs_off_doubling_up_to_a_cap() -> None:
     once = history(latest_status="FAILURE", latest_ended_at=NOW, consecutive_failures=1)
     assert restart_decision(once, None, NOW, **policy).launch
     assert not restart_decision(history(latest_status="SUCCESS", latest_ended_at=NOW), None, NOW, **policy).launch
+
+
+def test_an_operator_restart_brings_a_failed_task_back_at_once() -> None:
+    failed = history(latest_status="FAILURE", latest_ended_at=NOW, consecutive_failures=5)  # deep in backoff
+    later = NOW + timedelta(seconds=1)
+    assert requested_restart(failed, later)
+    assert not requested_restart(failed, NOW - timedelta(seconds=1))  # asked before the run failed
+    assert not requested_restart(failed, None)
+    assert not requested_restart(history(live=True, latest_status="FAILURE", latest_ended_at=NOW), later)
+    assert not requested_restart(history(latest_status="SUCCESS", latest_ended_at=NOW), later)
 
 
 def test_the_supervisor_replaces_a_live_run_that_stopped_heartbeating() -> None:
@@ -265,6 +281,10 @@ def test_the_supervisor_restarts_a_failed_task(
     assert store.lease_of(unique, 0).restart_attempts == 1
     disabled = {**resources, "supervisor": SupervisorPolicy(auto_restart=False)}
     assert isinstance(evaluate(task_supervisor, instance, disabled, None), dg.SkipReason)
+    # An operator's restart (REST API, CLI or job) brings a failed task back even with automatic restarts off.
+    assert admin(instance, resources, "restart", unique).success
+    requested = requests_for(evaluate(task_supervisor, instance, disabled, None), unique)
+    assert [r.tags[TAG_REASON] for r in requested] == ["restart: an operator requested a restart"]
     admin(instance, resources, "delete", unique)
 
 

@@ -1,0 +1,503 @@
+"""The Kafka Connect REST API over the platform's store: same routes, JSON shapes, status codes and error bodies.
+
+Every change goes through `replicator.connectors`, the code path of the launchpad jobs and the CLI, so the
+Dagster monitor sensor shows it like any other change. Responses never carry a literal secret value.
+Departures from Kafka Connect are listed in docs/API.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import uvicorn
+from confluent_kafka.admin import AdminClient
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from mirus_dagster.api.auth import ApiSettings, AuthMiddleware, Credentials
+from mirus_dagster.metrics_exporter import StoreCollector
+from replicator import connectors
+from replicator.config import ConnectorConfigError, validate_submission
+from replicator.masking import mask_properties
+from replicator.properties import MIRUS_CONNECTOR_CLASS, MM2_CONNECTOR_CLASS
+from replicator.store import (
+    ConnectorNotStoppedError,
+    ConnectorRecord,
+    ConnectorState,
+    SourcePartition,
+    Store,
+    TasksStillStoppingError,
+    UnknownConnectorError,
+)
+
+log = logging.getLogger(__name__)
+
+PLUGINS = (MIRUS_CONNECTOR_CLASS, MM2_CONNECTOR_CLASS)
+CONNECTOR_TYPE = "source"
+
+
+class ApiError(Exception):
+    """Becomes Kafka Connect's error response: `{"error_code": status, "message": message}`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error_code": status, "message": message}, status_code=status, headers=headers)
+
+
+def _not_found(name: str) -> ApiError:
+    return ApiError(404, f"Connector {name} not found")
+
+
+def _invalid(exc: ConnectorConfigError) -> ApiError:
+    lines = "\n".join(f"{name}: {reason}" for name, reason in exc.errors)
+    return ApiError(
+        400,
+        f"Connector configuration is invalid and contains the following {len(exc.errors)} error(s):\n{lines}\n"
+        "You can also find the above list of errors at the endpoint "
+        "`/connector-plugins/{connectorType}/config/validate`",
+    )
+
+
+@dataclass
+class Call:
+    """What a handler gets: path parameters, query parameters (repeated ones as lists) and the JSON body."""
+
+    path: dict[str, Any]
+    query: dict[str, list[str]]
+    body: Any = None
+    base_url: str = ""
+
+    def flag(self, name: str) -> bool:
+        values = self.query.get(name, ["false"])
+        value = values[-1].lower()
+        if value not in ("true", "false"):
+            raise ApiError(400, f"query parameter {name} must be true or false, got {values[-1]!r}")
+        return value == "true"
+
+
+@dataclass
+class ConnectApi:
+    store: Store
+    worker_id: str  # host:port of this API, Kafka Connect's worker id
+    destination_bootstrap_servers: str | None = None
+    _cluster_id: str | None = field(default=None, init=False)
+
+    # -- shapes --------------------------------------------------------------------------------------------
+
+    def _record(self, name: str) -> ConnectorRecord:
+        try:
+            return self.store.get_connector(name)
+        except UnknownConnectorError:
+            raise _not_found(name) from None
+
+    def info(self, name: str) -> dict[str, Any]:
+        record = self._record(name)
+        tasks = sorted(self.store.read_assignment(name))
+        return {
+            "name": name,
+            "config": _config_strings(mask_properties(record.properties)),
+            "tasks": [{"connector": name, "task": t} for t in tasks],
+            "type": CONNECTOR_TYPE,
+        }
+
+    def status(self, name: str) -> dict[str, Any]:
+        try:
+            return self._status_body(connectors.connect_status(self.store, name))
+        except UnknownConnectorError:
+            raise _not_found(name) from None
+
+    def _status_body(self, status: connectors.ConnectStatus) -> dict[str, Any]:
+        connector: dict[str, Any] = {"state": status.state, "worker_id": self.worker_id}
+        if status.trace:
+            connector["trace"] = status.trace
+        return {
+            "name": status.name,
+            "connector": connector,
+            "tasks": [_task_state(t) for t in status.tasks],
+            "type": CONNECTOR_TYPE,
+        }
+
+    # -- routes --------------------------------------------------------------------------------------------
+
+    def root(self, call: Call) -> Response:
+        return JSONResponse({"version": _version(), "commit": "unknown", "kafka_cluster_id": self.cluster_id()})
+
+    def list_connectors(self, call: Call) -> Response:
+        expand = call.query.get("expand")
+        if not expand:
+            return JSONResponse([r.name for r in self.store.list_connectors()])
+        statuses = {s.name: s for s in connectors.connect_statuses(self.store)}  # one query for all
+        out: dict[str, dict[str, Any]] = {}
+        for name, status in statuses.items():
+            expansions: dict[str, Any] = {}
+            try:
+                if "status" in expand:
+                    expansions["status"] = self._status_body(status)
+                if "info" in expand:
+                    expansions["info"] = self.info(name)
+            except ApiError:
+                continue  # deleted while we looked
+            out[name] = expansions
+        return JSONResponse(out)
+
+    def create_connector(self, call: Call) -> Response:
+        body = _object(call.body, "request body")
+        name = body.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ApiError(400, 'Connector name must be set in the request body ("name")')
+        config = dict(_object(body.get("config"), "config"))
+        _check_name(config, name)
+        state = str(body.get("initial_state") or ConnectorState.RUNNING).upper()
+        if state not in (ConnectorState.RUNNING, ConnectorState.PAUSED, "STOPPED"):
+            raise ApiError(400, f"initial_state must be RUNNING, PAUSED or STOPPED, got {body.get('initial_state')!r}")
+        if self._exists(name):
+            raise ApiError(409, f"Connector {name} already exists")
+        stored = self._put(config, ConnectorState.PAUSED if state == "STOPPED" else ConnectorState(state))
+        return JSONResponse(self.info(stored.name), status_code=201, headers=_location(call, stored.name))
+
+    def get_connector(self, call: Call) -> Response:
+        return JSONResponse(self.info(call.path["name"]))
+
+    def get_config(self, call: Call) -> Response:
+        return JSONResponse(self.info(call.path["name"])["config"])
+
+    def put_config(self, call: Call) -> Response:
+        name = call.path["name"]
+        config = dict(_object(call.body, "request body"))
+        _check_name(config, name)
+        stored = self._put(config, ConnectorState.RUNNING)
+        if stored.created:
+            return JSONResponse(self.info(name), status_code=201, headers=_location(call, name))
+        return JSONResponse(self.info(name))
+
+    def get_status(self, call: Call) -> Response:
+        return JSONResponse(self.status(call.path["name"]))
+
+    def get_tasks(self, call: Call) -> Response:
+        name = call.path["name"]
+        record = self._record(name)
+        config = _config_strings(mask_properties(record.properties))
+        tasks = []
+        for task_id, partitions in sorted(self.store.read_assignment(name).items()):
+            listed = json.dumps([{"topic": t, "partition": p} for t, p in partitions])
+            tasks.append({"id": {"connector": name, "task": task_id}, "config": {**config, "partitions": listed}})
+        return JSONResponse(tasks)
+
+    def get_task_status(self, call: Call) -> Response:
+        name, task_id = call.path["name"], call.path["task"]
+        for task in self.status(name)["tasks"]:
+            if task["id"] == task_id:
+                return JSONResponse(task)
+        raise ApiError(404, f"Unknown task: {name}-{task_id}")
+
+    def get_topics(self, call: Call) -> Response:
+        name = call.path["name"]
+        self._record(name)
+        topics = sorted({t for parts in self.store.read_assignment(name).values() for t, _ in parts})
+        return JSONResponse({name: {"topics": topics}})
+
+    def restart_connector(self, call: Call) -> Response:
+        name = call.path["name"]
+        include_tasks, only_failed = call.flag("includeTasks"), call.flag("onlyFailed")
+        self._apply(connectors.restart_connector, name)
+        if not include_tasks and not only_failed:
+            return Response(status_code=204)
+        status = self.status(name)
+        status["connector"]["state"] = "RESTARTING"
+        for task in status["tasks"]:
+            if include_tasks and (not only_failed or task["state"] == "FAILED"):
+                task["state"] = "RESTARTING"
+        return JSONResponse(status, status_code=202)
+
+    def restart_task(self, call: Call) -> Response:
+        name, task_id = call.path["name"], call.path["task"]
+        if not self._exists(name):
+            raise _not_found(name)
+        if task_id not in self.store.read_assignment(name):
+            raise ApiError(404, f"Unknown task: {name}-{task_id}")
+        self._apply(connectors.restart_connector, name)
+        return Response(status_code=204)
+
+    def pause(self, call: Call) -> Response:
+        self._apply(connectors.pause_connector, call.path["name"])
+        return Response(status_code=202)
+
+    def resume(self, call: Call) -> Response:
+        self._apply(connectors.resume_connector, call.path["name"])
+        return Response(status_code=202)
+
+    def delete(self, call: Call) -> Response:
+        self._apply(connectors.delete_connector, call.path["name"])
+        return Response(status_code=204)
+
+    def plugins(self, call: Call) -> Response:
+        return JSONResponse([{"class": c, "type": CONNECTOR_TYPE, "version": _version()} for c in PLUGINS])
+
+    def validate(self, call: Call) -> Response:
+        plugin = call.path["plugin"]
+        cls = next((c for c in PLUGINS if _plugin_matches(c, plugin)), None)
+        if cls is None:
+            raise ApiError(404, f"Failed to find any class that implements Connector and which name matches {plugin}")
+        config = dict(_object(call.body, "request body"))
+        included = config.get("connector.class")
+        if included is not None and not _plugin_matches(str(included), plugin):
+            raise ApiError(400, f"Included connector type {included} does not match request type {plugin}")
+        submitted = {"connector.class": cls, **config}
+        checked = submitted if submitted.get("name") else {**submitted, "name": "validation"}
+        try:
+            validate_submission(checked)
+            errors: list[tuple[str, str]] = []
+        except ConnectorConfigError as exc:
+            errors = exc.errors
+        return JSONResponse(_validation_result(cls, submitted, errors))
+
+    def get_offsets(self, call: Call) -> Response:
+        name = call.path["name"]
+        self._record(name)
+        offsets = sorted(self.store.load_offsets(name).items())
+        return JSONResponse({
+            "offsets": [{"partition": {"topic": t, "partition": p}, "offset": {"offset": o}} for (t, p), o in offsets]
+        })  # fmt: skip
+
+    def alter_offsets(self, call: Call) -> Response:
+        name = call.path["name"]
+        self._alter(name, _parse_offsets(call.body))
+        return JSONResponse({"message": "The offsets for this connector have been altered successfully"})
+
+    def reset_offsets(self, call: Call) -> Response:
+        self._alter(call.path["name"], None)
+        return JSONResponse({"message": "The offsets for this connector have been reset successfully"})
+
+    def metrics(self, call: Call) -> Response:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(StoreCollector(self.store))
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    # -- helpers -------------------------------------------------------------------------------------------
+
+    def _exists(self, name: str) -> bool:
+        return self.store.connector_head(name) is not None
+
+    def _put(self, config: dict[str, Any], state: ConnectorState) -> connectors.StoredConnector:
+        try:
+            return connectors.put_connector(self.store, config, state)
+        except ConnectorConfigError as exc:
+            raise _invalid(exc) from None
+
+    def _apply(self, action: Callable[[Store, str], None], name: str) -> None:
+        try:
+            action(self.store, name)
+        except UnknownConnectorError:
+            raise _not_found(name) from None
+
+    def _alter(self, name: str, offsets: dict[SourcePartition, int | None] | None) -> None:
+        try:
+            connectors.alter_offsets(self.store, name, offsets)
+        except UnknownConnectorError:
+            raise _not_found(name) from None
+        except TasksStillStoppingError as exc:
+            raise ApiError(409, str(exc)) from None
+        except ConnectorNotStoppedError as exc:
+            raise ApiError(
+                400,
+                f"{exc}. Connectors must be paused (PUT /connectors/{name}/pause, or /stop) before their offsets "
+                "can be modified",
+            ) from None
+
+    def cluster_id(self) -> str | None:
+        """The destination cluster's id (Kafka Connect reports the cluster its worker writes to)."""
+        if self._cluster_id is None and self.destination_bootstrap_servers:
+            try:
+                admin = AdminClient({"bootstrap.servers": self.destination_bootstrap_servers})
+                self._cluster_id = admin.list_topics(timeout=2).cluster_id
+            except Exception as exc:  # an unreachable cluster must not break the version probe
+                log.warning("destination cluster id unavailable: %s", exc)
+        return self._cluster_id
+
+
+# -- pure helpers ----------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _version() -> str:
+    try:
+        return metadata.version("mirus-dagster")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _config_strings(props: Mapping[str, object]) -> dict[str, str]:
+    """Kafka Connect configs are string maps: numbers and booleans submitted as JSON are shown as strings."""
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in props.items()}
+
+
+def _task_state(task: connectors.ConnectTaskStatus) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": task.task_id, "state": task.state, "worker_id": task.worker}
+    if task.trace:
+        out["trace"] = task.trace
+    return out
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ApiError(400, f"{what} must be a JSON object")
+    return value
+
+
+def _check_name(config: dict[str, Any], name: str) -> None:
+    given = config.setdefault("name", name)
+    if given != name:
+        raise ApiError(400, f"Connector name configuration ({given}) doesn't match connector name in the URL ({name})")
+
+
+def _location(call: Call, name: str) -> dict[str, str]:
+    return {"Location": f"{call.base_url.rstrip('/')}/connectors/{name}"}
+
+
+def _plugin_matches(cls: str, requested: str) -> bool:
+    simple = cls.rsplit(".", 1)[-1]
+    return requested in (cls, simple, simple.removesuffix("Connector"))
+
+
+def _validation_result(cls: str, submitted: Mapping[str, Any], errors: list[tuple[str, str]]) -> dict[str, Any]:
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for name, reason in errors:
+        by_name[name].append(reason)
+    shown = _config_strings(mask_properties(submitted))
+    names = list(shown) + [n for n in by_name if n not in shown]
+    configs = []
+    for order, name in enumerate(names, start=1):
+        configs.append({
+            "definition": {
+                "name": name, "type": "STRING", "required": False, "default_value": None, "importance": "MEDIUM",
+                "documentation": "", "group": "Common", "width": "NONE", "display_name": name, "dependents": [],
+                "order": order,
+            },
+            "value": {"name": name, "value": shown.get(name), "recommended_values": [], "errors": by_name.get(name, []),
+                      "visible": True},
+        })  # fmt: skip
+    return {"name": cls, "error_count": len(by_name), "groups": ["Common"], "configs": configs}
+
+
+def _parse_offsets(body: Any) -> dict[SourcePartition, int | None]:
+    """KIP-875's `{"offsets": [{"partition": {"topic", "partition"}, "offset": {"offset": N} | null}]}`."""
+    entries = _object(body, "request body").get("offsets")
+    if not isinstance(entries, list):
+        raise ApiError(400, 'The request body must contain an "offsets" list')
+    out: dict[SourcePartition, int | None] = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("partition"), dict):
+            raise ApiError(400, f'offsets[{i}]: must be an object with a "partition" object')
+        partition = entry["partition"]
+        unknown = set(partition) - {"topic", "partition", "cluster"}
+        topic, number = partition.get("topic"), partition.get("partition")
+        if unknown or not isinstance(topic, str) or not topic or not _non_negative_int(number):
+            raise ApiError(
+                400,
+                f'offsets[{i}].partition: expected {{"topic": <name>, "partition": <number >= 0>}}, '
+                f"got {json.dumps(partition)}",
+            )
+        offset = entry.get("offset")
+        if offset is None:
+            out[(topic, number)] = None
+        elif isinstance(offset, dict) and set(offset) == {"offset"} and _non_negative_int(offset["offset"]):
+            out[(topic, number)] = offset["offset"]
+        else:
+            raise ApiError(
+                400, f'offsets[{i}].offset: expected {{"offset": <number >= 0>}} or null, got {json.dumps(offset)}'
+            )
+    return out
+
+
+def _non_negative_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# -- the application -------------------------------------------------------------------------------------------
+
+Handler = Callable[[Call], Response]
+
+
+def _endpoint(handler: Handler, *, reads_body: bool) -> Callable[[Request], Any]:
+    async def endpoint(request: Request) -> Response:
+        body = None
+        if reads_body:
+            raw = await request.body()
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError as exc:
+                return _error(400, f"Request body is not valid JSON: {exc}")
+        query: dict[str, list[str]] = defaultdict(list)
+        for key, value in request.query_params.multi_items():
+            query[key].append(value)
+        call = Call(dict(request.path_params), dict(query), body, str(request.base_url))
+        try:
+            return await run_in_threadpool(handler, call)
+        except ApiError as exc:
+            return _error(exc.status, exc.message)
+
+    return endpoint
+
+
+def create_app(store: Store, settings: ApiSettings, destination_bootstrap_servers: str | None = None) -> Any:
+    """The ASGI application; `Credentials` resolves the auth references now, so a bad one fails at start."""
+    api = ConnectApi(store, f"{settings.host}:{settings.port}", destination_bootstrap_servers)
+    routes = [
+        ("GET", "/", api.root),
+        ("GET", "/metrics", api.metrics),
+        ("GET", "/connectors", api.list_connectors),
+        ("POST", "/connectors", api.create_connector),
+        ("GET", "/connectors/{name}", api.get_connector),
+        ("DELETE", "/connectors/{name}", api.delete),
+        ("GET", "/connectors/{name}/config", api.get_config),
+        ("PUT", "/connectors/{name}/config", api.put_config),
+        ("GET", "/connectors/{name}/status", api.get_status),
+        ("GET", "/connectors/{name}/tasks", api.get_tasks),
+        ("GET", "/connectors/{name}/tasks/{task:int}/status", api.get_task_status),
+        ("POST", "/connectors/{name}/tasks/{task:int}/restart", api.restart_task),
+        ("GET", "/connectors/{name}/topics", api.get_topics),
+        ("POST", "/connectors/{name}/restart", api.restart_connector),
+        ("PUT", "/connectors/{name}/pause", api.pause),
+        ("PUT", "/connectors/{name}/stop", api.pause),
+        ("PUT", "/connectors/{name}/resume", api.resume),
+        ("GET", "/connectors/{name}/offsets", api.get_offsets),
+        ("PATCH", "/connectors/{name}/offsets", api.alter_offsets),
+        ("DELETE", "/connectors/{name}/offsets", api.reset_offsets),
+        ("GET", "/connector-plugins", api.plugins),
+        ("PUT", "/connector-plugins/{plugin}/config/validate", api.validate),
+    ]
+    # Routes sharing a path are tried in turn; a method no route takes gets 405.
+    starlette_routes = [
+        Route(path, _endpoint(handler, reads_body=method in ("POST", "PUT", "PATCH")), methods=[method])
+        for method, path, handler in routes
+    ]
+
+    async def http_error(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return _error(exc.status_code, exc.detail, exc.headers)
+
+    app = Starlette(routes=starlette_routes, exception_handlers={HTTPException: http_error})
+    return AuthMiddleware(app, Credentials(settings))
+
+
+def serve(store: Store, settings: ApiSettings, destination_bootstrap_servers: str | None = None) -> None:
+    """Run the API in this process until interrupted."""
+    app = create_app(store, settings, destination_bootstrap_servers)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")

@@ -1,0 +1,195 @@
+"""Prometheus metrics read from the platform's store at scrape time: one scrape covers every task of every run.
+
+Each metric replaces a Mirus JMX attribute (see docs/API.md, "Metrics"). Latency and throughput are labelled
+with the connector and the DESTINATION topic, as Mirus's `mirus:type=MirusSourceConnector,topic=*` beans are;
+lag is per source partition.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from replicator import connectors
+from replicator.config import ConnectorConfig, ConnectorConfigError, load
+from replicator.metric_totals import partition_lags, recent_topics, topic_totals
+from replicator.metrics import BUCKET_LABELS
+from replicator.monitor import plan_partitions
+from replicator.store import Store
+
+RATE_WINDOW_S = 60.0
+TASK_STATES = ("RUNNING", "PAUSED", "FAILED", "UNASSIGNED")
+
+
+def _seconds(bound_ms: str) -> str:
+    return bound_ms if bound_ms == "+Inf" else repr(int(bound_ms) / 1000)
+
+
+@dataclass
+class _Totals:
+    """One destination topic's sums (several source topics may be routed to it)."""
+
+    records: int = 0
+    bytes: int = 0
+    latency_sum_ms: int = 0
+    histogram: Counter[str] = field(default_factory=Counter)
+
+    def add(self, records: int, nbytes: int, latency_sum_ms: int, histogram: dict[str, int]) -> None:
+        self.records += records
+        self.bytes += nbytes
+        self.latency_sum_ms += latency_sum_ms
+        self.histogram.update(histogram)
+
+
+@dataclass
+class _Window:
+    records: int = 0
+    bytes: int = 0
+    latency_min_ms: int | None = None
+    latency_max_ms: int | None = None
+
+    def add(self, records: int, nbytes: int, low: int | None, high: int | None) -> None:
+        self.records += records
+        self.bytes += nbytes
+        if low is not None:
+            self.latency_min_ms = low if self.latency_min_ms is None else min(self.latency_min_ms, low)
+        if high is not None:
+            self.latency_max_ms = high if self.latency_max_ms is None else max(self.latency_max_ms, high)
+
+
+class StoreCollector(Collector):
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        configs: dict[str, ConnectorConfig] = {}
+        for record in self.store.list_connectors():
+            try:
+                configs[record.name] = load(record.properties, resolve_references=False)
+            except ConnectorConfigError:
+                continue  # stored by an older version with different rules; nothing to map topics with
+        yield from self._throughput(configs)
+        yield from self._connectors(configs)
+
+    def _destination(self, configs: dict[str, ConnectorConfig], connector: str, topic: str) -> str | None:
+        config = configs.get(connector)
+        return config.namer.destination_topic(topic) if config is not None else None
+
+    def _throughput(self, configs: dict[str, ConnectorConfig]) -> Iterator[Metric]:
+        labels = ["connector", "topic"]
+        records = CounterMetricFamily(
+            "mirus_replicated_records", "Records replicated and acknowledged by the destination.", labels=labels
+        )
+        nbytes = CounterMetricFamily(
+            "mirus_replicated_bytes", "Key + value bytes replicated and acknowledged.", labels=labels
+        )
+        latency = HistogramMetricFamily(
+            "mirus_replication_latency_seconds",
+            "Destination acknowledgement time minus the source record's timestamp "
+            "(Mirus replication-latency-ms; buckets include Mirus's 5m/10m/30m/60m/12h).",
+            labels=labels,
+        )
+        totals: dict[tuple[str, str], _Totals] = defaultdict(_Totals)
+        for t in topic_totals(self.store):
+            destination = self._destination(configs, t.connector, t.topic)
+            if destination is not None:
+                totals[(t.connector, destination)].add(t.records, t.bytes, t.latency_sum_ms, t.histogram)
+        for key, total in sorted(totals.items()):
+            records.add_metric(list(key), total.records)
+            nbytes.add_metric(list(key), total.bytes)
+            buckets = [(_seconds(bound), total.histogram.get(bound, 0)) for bound in BUCKET_LABELS]
+            latency.add_metric(list(key), buckets=buckets, sum_value=total.latency_sum_ms / 1000)
+        yield records
+        yield nbytes
+        yield latency
+
+        record_rate = GaugeMetricFamily(
+            "mirus_record_rate", f"Records per second over the last {RATE_WINDOW_S:.0f} s.", labels=labels
+        )
+        byte_rate = GaugeMetricFamily(
+            "mirus_byte_rate", f"Bytes per second over the last {RATE_WINDOW_S:.0f} s.", labels=labels
+        )
+        latency_max = GaugeMetricFamily(
+            "mirus_replication_latency_max_seconds",
+            f"Highest latency over the last {RATE_WINDOW_S:.0f} s (Mirus replication-latency-ms-max).",
+            labels=labels,
+        )
+        latency_min = GaugeMetricFamily(
+            "mirus_replication_latency_min_seconds",
+            f"Lowest latency over the last {RATE_WINDOW_S:.0f} s (Mirus replication-latency-ms-min).",
+            labels=labels,
+        )
+        recent: dict[tuple[str, str], _Window] = defaultdict(_Window)
+        for r in recent_topics(self.store, RATE_WINDOW_S):
+            destination = self._destination(configs, r.connector, r.topic)
+            if destination is not None:
+                recent[(r.connector, destination)].add(r.records, r.bytes, r.latency_min_ms, r.latency_max_ms)
+        for key, window in sorted(recent.items()):
+            record_rate.add_metric(list(key), window.records / RATE_WINDOW_S)
+            byte_rate.add_metric(list(key), window.bytes / RATE_WINDOW_S)
+            if window.latency_min_ms is not None and window.latency_max_ms is not None:
+                latency_min.add_metric(list(key), window.latency_min_ms / 1000)
+                latency_max.add_metric(list(key), window.latency_max_ms / 1000)
+        yield record_rate
+        yield byte_rate
+        yield latency_min
+        yield latency_max
+
+        lag = GaugeMetricFamily(
+            "mirus_partition_lag_records",
+            "Source records not yet replicated, per source partition (latest known; absent when the source "
+            "broker reports no usable high watermark).",
+            labels=["connector", "source_topic", "partition"],
+        )
+        for row in partition_lags(self.store):
+            lag.add_metric([row.connector, row.topic, str(row.partition)], row.lag)
+        yield lag
+
+    def _connectors(self, configs: dict[str, ConnectorConfig]) -> Iterator[Metric]:
+        missing = GaugeMetricFamily(
+            "mirus_missing_destination_partitions",
+            "Selected source partitions whose destination topic or partition does not exist, as of the monitor's "
+            "latest look (Mirus missing-dest-partitions-count, here per connector).",
+            labels=["connector"],
+        )
+        tasks = GaugeMetricFamily(
+            "mirus_connector_tasks",
+            "Tasks per state (Mirus running-/paused-/failed-/unassigned-/destroyed-task-count).",
+            labels=["connector", "state"],
+        )
+        task_restarts = CounterMetricFamily(
+            "mirus_task_restart_attempts",
+            "Restarts of a failed or silent task (Mirus connector-task-metrics task-failed-restart-attempts-count).",
+            labels=["connector", "task"],
+        )
+        connector_restarts = CounterMetricFamily(
+            "mirus_connector_task_restart_attempts",
+            "Task restarts summed per connector (Mirus connector-metrics task-failed-restart-attempts-count).",
+            labels=["connector"],
+        )
+        for status in connectors.connect_statuses(self.store):
+            name, config = status.name, configs.get(status.name)
+            if config is None:
+                continue
+            source = self.store.latest_snapshot(name, "source")
+            destination = self.store.latest_snapshot(name, "destination")
+            if source is not None and source.error is None and destination is not None:
+                plan = plan_partitions(config, source.topics, destination.topics)
+                missing.add_metric([name], len(plan.missing_destination))
+            counts = Counter(t.state for t in status.tasks)
+            for state in TASK_STATES:
+                tasks.add_metric([name, state], counts.get(state, 0))
+            leases = self.store.leases(name)  # tasks no longer assigned too: their restarts still count
+            assigned = {t.task_id for t in status.tasks}
+            tasks.add_metric([name, "DESTROYED"], sum(1 for task_id in leases if task_id not in assigned))
+            for task_id, lease in sorted(leases.items()):
+                task_restarts.add_metric([name, str(task_id)], lease.restart_attempts)
+            connector_restarts.add_metric([name], sum(lease.restart_attempts for lease in leases.values()))
+        yield missing
+        yield tasks
+        yield task_restarts
+        yield connector_restarts

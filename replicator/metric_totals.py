@@ -1,0 +1,90 @@
+"""Replication metrics summed over every task that ever wrote `metric_samples`: what exporters read.
+
+Tasks write one row per partition and interval from whichever process runs them, so a reader of these sums sees
+every task of every connector at once. Only connectors that still exist are reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import text
+
+from replicator.store import Store
+
+
+@dataclass(frozen=True)
+class TopicTotals:
+    """Per connector and source topic, since the connector was created."""
+
+    connector: str
+    topic: str
+    records: int
+    bytes: int
+    latency_sum_ms: int
+    latency_count: int
+    histogram: dict[str, int]  # upper bound in ms ('+Inf') -> records at or below it
+
+
+@dataclass(frozen=True)
+class RecentTopic:
+    """Per connector and source topic, over the last `window_s` seconds."""
+
+    connector: str
+    topic: str
+    records: int
+    bytes: int
+    latency_min_ms: int | None
+    latency_max_ms: int | None
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    connector: str
+    topic: str
+    partition: int
+    lag: int
+
+
+_EXISTING = "connector IN (SELECT name FROM connectors)"
+
+
+def topic_totals(store: Store) -> list[TopicTotals]:
+    with store.engine.connect() as conn:
+        sums = conn.execute(text(
+            "SELECT connector, topic, sum(records), sum(bytes), sum(latency_sum_ms), sum(latency_count)"
+            f" FROM metric_samples WHERE {_EXISTING} GROUP BY connector, topic ORDER BY connector, topic"
+        )).all()  # fmt: skip
+        buckets = conn.execute(text(
+            "SELECT connector, topic, h.key, sum(h.value::bigint) FROM metric_samples,"
+            f" jsonb_each_text(latency_histogram) AS h WHERE {_EXISTING} GROUP BY connector, topic, h.key"
+        )).all()  # fmt: skip
+    histograms: dict[tuple[str, str], dict[str, int]] = {}
+    for connector, topic, bound, count in buckets:
+        histograms.setdefault((connector, topic), {})[bound] = int(count)
+    return [
+        TopicTotals(c, t, int(r), int(b), int(ls), int(lc), histograms.get((c, t), {})) for c, t, r, b, ls, lc in sums
+    ]
+
+
+def recent_topics(store: Store, window_s: float) -> list[RecentTopic]:
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT connector, topic, sum(records), sum(bytes), min(latency_min_ms), max(latency_max_ms)"
+                f" FROM metric_samples WHERE {_EXISTING} AND interval_end > now() - make_interval(secs => :window)"
+                " GROUP BY connector, topic ORDER BY connector, topic"
+            ),
+            {"window": window_s},
+        ).all()
+    return [RecentTopic(c, t, int(r), int(b), lo, hi) for c, t, r, b, lo, hi in rows]
+
+
+def partition_lags(store: Store) -> list[PartitionLag]:
+    """The latest known lag of every partition (brokers with unusable high watermarks report none)."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT DISTINCT ON (connector, topic, partition) connector, topic, partition, lag FROM metric_samples"
+            f" WHERE lag IS NOT NULL AND {_EXISTING} ORDER BY connector, topic, partition, id DESC"
+        )).all()  # fmt: skip
+    return [PartitionLag(c, t, p, int(lag)) for c, t, p, lag in rows]

@@ -1,0 +1,397 @@
+"""The Kafka Connect REST API over real HTTP (uvicorn on a free port) with real clusters and Postgres."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import Engine
+
+from mirus_dagster.api.auth import ApiSettings
+from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET
+from mirus_dagster.definitions import kafka_monitor
+from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
+from mirus_dagster.stack import StackEndpoints
+from replicator.monitor import KafkaMonitor
+from replicator.store import Store
+from replicator.task import TaskExit
+
+from .api_helpers import serve_api
+from .engine_helpers import TaskThread, connector_properties
+from .kafka_helpers import consume_all, create_topics, produce, wait_for
+
+
+@pytest.fixture
+def store(db_engine: Engine) -> Store:
+    return Store(db_engine)
+
+
+@pytest.fixture(scope="module")
+def api(stack: StackEndpoints, db_engine: Engine) -> Iterator[str]:
+    with serve_api(Store(db_engine), ApiSettings(), stack.destination_bootstrap_servers) as url:
+        yield url
+
+
+def quick_start_config(stack: StackEndpoints, name: str, topic: str) -> dict[str, str]:
+    """The Mirus README's quick-start request body, with the test clusters' addresses and topic."""
+    return {
+        "name": name,
+        "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+        "tasks.max": "5",
+        "topics.whitelist": topic,
+        "destination.topic.name.suffix": ".mirror",
+        "destination.consumer.bootstrap.servers": stack.destination_bootstrap_servers,
+        "consumer.bootstrap.servers": stack.source_bootstrap_servers,
+        "consumer.client.id": "mirus-quickstart",
+        "consumer.key.deserializer": "org.apache.kafka.common.serialization.ByteArrayDeserializer",
+        "consumer.value.deserializer": "org.apache.kafka.common.serialization.ByteArrayDeserializer",
+    }
+
+
+def values(n: int, prefix: str) -> list[dict]:
+    return [{"topic": prefix, "value": f"{prefix}-{i}".encode()} for i in range(n)]
+
+
+def test_the_mirus_quick_start_works_unchanged_and_pause_stops_the_flow(
+    api: str, stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    topic, name = unique, f"{unique}-source"
+    root = requests.get(api)
+    assert root.status_code == 200 and set(root.json()) == {"version", "commit", "kafka_cluster_id"}
+    assert root.json()["kafka_cluster_id"]
+
+    put = requests.put(f"{api}/connectors/{name}/config", json=quick_start_config(stack, name, topic))
+    assert put.status_code == 201, put.text
+    assert put.json() == {"name": name, "config": quick_start_config(stack, name, topic), "tasks": [],
+                          "type": "source"}  # fmt: skip
+    assert name in requests.get(f"{api}/connectors").json()
+    status = requests.get(f"{api}/connectors/{name}/status").json()
+    assert status == {"name": name, "connector": {"state": "RUNNING", "worker_id": status["connector"]["worker_id"]},
+                      "tasks": [], "type": "source"}  # fmt: skip
+
+    # "Create source and destination topics test and test.mirror"; the monitor finds them and assigns a task.
+    create_topics(stack.source_bootstrap_servers, {topic: 1})
+    create_topics(stack.destination_bootstrap_servers, {f"{topic}.mirror": 1})
+    KafkaMonitor(store).poll(name)
+    runner = TaskThread.start(store, name, 0)
+    wait_for(
+        lambda: requests.get(f"{api}/connectors/{name}/status").json()["tasks"][0]["state"] == "RUNNING",
+        what="task 0 RUNNING",
+    )
+    task = requests.get(f"{api}/connectors/{name}/status").json()["tasks"][0]
+    assert task["id"] == 0 and task["worker_id"] == "test"
+
+    produce(stack.source_bootstrap_servers, values(20, topic))
+    copied = consume_all(stack.destination_bootstrap_servers, f"{topic}.mirror", 1, expected=20)
+    assert [r.value for r in copied] == [f"{topic}-{i}".encode() for i in range(20)]
+
+    # Paused: the task commits and stops, and a task started while paused stops at once without copying.
+    assert requests.put(f"{api}/connectors/{name}/pause").status_code == 202
+    assert runner.join() is TaskExit.PAUSED
+    produce(stack.source_bootstrap_servers, values(5, topic))
+    assert TaskThread.start(store, name, 0).join() is TaskExit.PAUSED
+    status = requests.get(f"{api}/connectors/{name}/status").json()
+    assert status["connector"]["state"] == "PAUSED" and status["tasks"][0]["state"] == "PAUSED"
+    assert store.load_offsets(name) == {(topic, 0): 20}
+
+    assert requests.put(f"{api}/connectors/{name}/resume").status_code == 202
+    runner = TaskThread.start(store, name, 0)
+    copied = consume_all(stack.destination_bootstrap_servers, f"{topic}.mirror", 1, expected=25)
+    runner.finish()
+    assert len(copied) == 25 and copied[-1].value == f"{topic}-4".encode()
+
+
+def test_every_connector_route_speaks_kafka_connect(api: str, stack: StackEndpoints, store: Store, unique: str) -> None:
+    name = unique
+    create_topics(stack.source_bootstrap_servers, {unique: 2})
+    create_topics(stack.destination_bootstrap_servers, {unique + ".mirror": 2})
+    config = connector_properties(
+        stack,
+        name,
+        **{"topics.whitelist": unique, "destination.topic.name.suffix": ".mirror", "emit.heartbeats.enabled": "false"},
+    )
+
+    created = requests.post(f"{api}/connectors", json={"name": name, "config": config})
+    assert created.status_code == 201 and created.headers["Location"].endswith(f"/connectors/{name}")
+    assert created.json()["name"] == name and created.json()["type"] == "source"
+    KafkaMonitor(store).poll(name)
+
+    info = requests.get(f"{api}/connectors/{name}").json()
+    assert info["config"] == config and info["tasks"] == [{"connector": name, "task": 0}]
+    assert requests.get(f"{api}/connectors/{name}/config").json() == config
+    expanded = requests.get(f"{api}/connectors", params=[("expand", "status"), ("expand", "info")]).json()
+    assert expanded[name]["info"] == info and expanded[name]["status"]["tasks"][0]["state"] == "UNASSIGNED"
+    assert set(requests.get(f"{api}/connectors?expand=info").json()[name]) == {"info"}
+
+    updated = requests.put(f"{api}/connectors/{name}/config", json={**config, "offset.flush.interval.ms": "500"})
+    assert updated.status_code == 200 and updated.json()["config"]["offset.flush.interval.ms"] == "500"
+    assert store.get_connector(name).version == 2
+
+    tasks = requests.get(f"{api}/connectors/{name}/tasks").json()
+    assert [t["id"] for t in tasks] == [{"connector": name, "task": 0}]
+    assert tasks[0]["config"]["partitions"] == f'[{{"topic": "{unique}", "partition": 0}}, ' \
+                                               f'{{"topic": "{unique}", "partition": 1}}]'  # fmt: skip
+    assert requests.get(f"{api}/connectors/{name}/tasks/0/status").json() == {
+        "id": 0, "state": "UNASSIGNED", "worker_id": ""
+    }  # fmt: skip
+    assert requests.get(f"{api}/connectors/{name}/topics").json() == {name: {"topics": [unique]}}
+
+    before = store.connector_head(name).restart_requested_at
+    assert requests.post(f"{api}/connectors/{name}/restart").status_code == 204
+    marker = store.connector_head(name).restart_requested_at
+    assert marker is not None and marker != before
+    restarted = requests.post(f"{api}/connectors/{name}/restart?includeTasks=true&onlyFailed=false")
+    assert restarted.status_code == 202
+    assert restarted.json()["connector"]["state"] == "RESTARTING"
+    assert [t["state"] for t in restarted.json()["tasks"]] == ["RESTARTING"]
+    assert requests.post(f"{api}/connectors/{name}/tasks/0/restart").status_code == 204
+
+    assert requests.put(f"{api}/connectors/{name}/stop").status_code == 202
+    assert store.get_connector(name).state == "PAUSED"
+    assert requests.put(f"{api}/connectors/{name}/resume").status_code == 202
+    assert store.get_connector(name).state == "RUNNING"
+
+    plugins = requests.get(f"{api}/connector-plugins").json()
+    assert {"com.salesforce.mirus.MirusSourceConnector", "org.apache.kafka.connect.mirror.MirrorSourceConnector"} == {
+        p["class"] for p in plugins
+    }
+    ok = requests.put(f"{api}/connector-plugins/MirusSourceConnector/config/validate", json=config).json()
+    assert ok["error_count"] == 0 and ok["name"] == "com.salesforce.mirus.MirusSourceConnector"
+    bad = requests.put(
+        f"{api}/connector-plugins/com.salesforce.mirus.MirusSourceConnector/config/validate",
+        json={**config, "tasks.max": "0"},
+    ).json()
+    assert bad["error_count"] == 1
+    assert next(c["value"]["errors"] for c in bad["configs"] if c["value"]["name"] == "tasks.max")
+
+    assert requests.delete(f"{api}/connectors/{name}").status_code == 204
+    assert name not in requests.get(f"{api}/connectors").json()
+    assert store.connector_head(name) is None
+
+
+def test_kip_875_offsets_change_only_while_paused(api: str, stack: StackEndpoints, store: Store, unique: str) -> None:
+    config = connector_properties(stack, unique, **{"topics.whitelist": unique})
+    assert requests.put(f"{api}/connectors/{unique}/config", json=config).status_code == 201
+    patch = {"offsets": [{"partition": {"topic": unique, "partition": 0}, "offset": {"offset": 7}},
+                         {"partition": {"topic": unique, "partition": 1}, "offset": {"offset": 3}}]}  # fmt: skip
+
+    running = requests.patch(f"{api}/connectors/{unique}/offsets", json=patch)
+    assert running.status_code == 400 and "pause" in running.json()["message"]
+    assert store.load_offsets(unique) == {}
+
+    requests.put(f"{api}/connectors/{unique}/pause")
+    # A task instance that has not finished its final commit yet would overwrite the change: 409 until it has.
+    lease = store.claim_task(unique, 0, "stopping-instance")
+    conflict = requests.patch(f"{api}/connectors/{unique}/offsets", json=patch)
+    assert conflict.status_code == 409 and "still stopping" in conflict.json()["message"]
+    store.finish_task(lease, "PAUSED")
+
+    altered = requests.patch(f"{api}/connectors/{unique}/offsets", json=patch)
+    assert altered.status_code == 200, altered.text
+    assert altered.json() == {"message": "The offsets for this connector have been altered successfully"}
+    assert requests.get(f"{api}/connectors/{unique}/offsets").json() == {"offsets": [
+        {"partition": {"topic": unique, "partition": 0}, "offset": {"offset": 7}},
+        {"partition": {"topic": unique, "partition": 1}, "offset": {"offset": 3}},
+    ]}  # fmt: skip
+    forget = {"offsets": [{"partition": {"topic": unique, "partition": 1}, "offset": None}]}
+    assert requests.patch(f"{api}/connectors/{unique}/offsets", json=forget).status_code == 200
+    assert store.load_offsets(unique) == {(unique, 0): 7}
+    malformed = requests.patch(
+        f"{api}/connectors/{unique}/offsets", json={"offsets": [{"partition": {"topic": unique}, "offset": None}]}
+    )
+    assert malformed.status_code == 400 and "partition" in malformed.json()["message"]
+
+    reset = requests.delete(f"{api}/connectors/{unique}/offsets")
+    assert reset.json() == {"message": "The offsets for this connector have been reset successfully"}
+    assert store.load_offsets(unique) == {}
+
+
+def test_errors_have_kafka_connect_status_codes_and_bodies(api: str, stack: StackEndpoints, unique: str) -> None:
+    for method, path in [
+        ("GET", "/connectors/nope"), ("GET", "/connectors/nope/config"), ("GET", "/connectors/nope/status"),
+        ("GET", "/connectors/nope/tasks"), ("GET", "/connectors/nope/offsets"), ("PUT", "/connectors/nope/pause"),
+        ("PUT", "/connectors/nope/resume"), ("POST", "/connectors/nope/restart"), ("DELETE", "/connectors/nope"),
+        ("POST", "/connectors/nope/tasks/0/restart"), ("DELETE", "/connectors/nope/offsets"),
+    ]:  # fmt: skip
+        response = requests.request(method, api + path)
+        assert (response.status_code, response.json()) == (
+            404, {"error_code": 404, "message": "Connector nope not found"}
+        ), path  # fmt: skip
+    assert requests.get(f"{api}/no/such/route").json()["error_code"] == 404
+    assert requests.post(f"{api}/connectors/nope/config").json()["error_code"] == 405
+
+    config = connector_properties(stack, unique, **{"topics.whitelist": unique})
+    invalid = requests.put(f"{api}/connectors/{unique}/config", json={**config, "tasks.max": "many"})
+    assert invalid.status_code == 400 and invalid.json()["error_code"] == 400
+    assert "tasks.max" in invalid.json()["message"] and "1 error(s)" in invalid.json()["message"]
+    mismatch = requests.put(f"{api}/connectors/other/config", json=config)
+    assert mismatch.status_code == 400 and "doesn't match connector name in the URL" in mismatch.json()["message"]
+    not_json = requests.put(f"{api}/connectors/{unique}/config", data="{", headers={"Content-Type": "application/json"})
+    assert not_json.status_code == 400
+    literal = requests.put(f"{api}/connectors/{unique}/config", json={**config, "consumer.sasl.password": "hunter2"})
+    assert literal.status_code == 400 and "consumer.sasl.password" in literal.json()["message"]
+    assert "hunter2" not in literal.text
+    assert requests.get(f"{api}/connectors/{unique}").status_code == 404  # nothing was stored
+
+    assert requests.post(f"{api}/connectors", json={"name": unique, "config": config}).status_code == 201
+    again = requests.post(f"{api}/connectors", json={"name": unique, "config": config})
+    assert (again.status_code, again.json()["message"]) == (409, f"Connector {unique} already exists")
+    assert requests.get(f"{api}/connectors/{unique}/tasks/9/status").status_code == 404
+    assert requests.put(f"{api}/connector-plugins/NoSuchConnector/config/validate", json=config).status_code == 404
+    other = requests.put(f"{api}/connector-plugins/MirrorSourceConnector/config/validate", json=config)
+    assert other.status_code == 400 and "does not match request type" in other.json()["message"]
+    paused = {"name": f"{unique}-p", "config": {**config, "name": f"{unique}-p"}, "initial_state": "PAUSED"}
+    bad_state = requests.post(f"{api}/connectors", json={**paused, "initial_state": "ON"})
+    assert bad_state.status_code == 400 and "initial_state" in bad_state.json()["message"]
+    assert requests.post(f"{api}/connectors", json=paused).status_code == 201
+    assert requests.get(f"{api}/connectors/{unique}-p/status").json()["connector"]["state"] == "PAUSED"
+
+
+def test_secrets_never_appear_in_responses(
+    api: str, stack: StackEndpoints, unique: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secrets = tmp_path / "client.properties"
+    secrets.write_text("key.password=s3cr3t-value\n")
+    monkeypatch.setenv("MIRUS_TEST_TRUSTSTORE_PASSWORD", "other-s3cr3t")
+    config = connector_properties(stack, unique, **{
+        "topics.whitelist": unique,
+        "consumer.ssl.key.password": f"${{file:{secrets}:key.password}}",
+        "destination.consumer.ssl.key.password": "${env:MIRUS_TEST_TRUSTSTORE_PASSWORD}",
+    })  # fmt: skip
+    assert requests.put(f"{api}/connectors/{unique}/config", json=config).status_code == 201
+    bodies = [
+        requests.get(f"{api}/connectors/{unique}").text,
+        requests.get(f"{api}/connectors/{unique}/config").text,
+        requests.get(f"{api}/connectors/{unique}/tasks").text,
+        requests.get(f"{api}/connectors?expand=info&expand=status").text,
+        requests.put(f"{api}/connector-plugins/MirusSourceConnector/config/validate", json=config).text,
+    ]
+    for body in bodies:
+        assert "s3cr3t" not in body
+    assert requests.get(f"{api}/connectors/{unique}/config").json()["consumer.ssl.key.password"].startswith("${file:")
+    # The API's process needs none of the secrets: status and metrics work where the references do not resolve.
+    monkeypatch.delenv("MIRUS_TEST_TRUSTSTORE_PASSWORD")
+    secrets.unlink()
+    assert requests.get(f"{api}/connectors/{unique}/status").json()["connector"]["state"] == "RUNNING"
+    assert requests.get(f"{api}/metrics").status_code == 200
+
+
+def test_authentication_guards_every_route_but_the_version_and_metrics(
+    stack: StackEndpoints, db_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    users = tmp_path / "users.properties"
+    users.write_text("admin=correct horse\n")
+    monkeypatch.setenv("MIRUS_TEST_API_TOKEN", "t0ken")
+    settings = ApiSettings(basic_auth_users=f"${{file:{users}}}", bearer_token="${env:MIRUS_TEST_API_TOKEN}")
+    with serve_api(Store(db_engine), settings) as url:
+        assert requests.get(url).status_code == 200
+        assert requests.get(f"{url}/metrics").status_code == 200
+        denied = requests.get(f"{url}/connectors")
+        assert denied.status_code == 401 and denied.json()["error_code"] == 401
+        assert denied.headers["WWW-Authenticate"].startswith("Basic")
+        assert requests.get(f"{url}/connectors", auth=("admin", "wrong")).status_code == 401
+        assert requests.get(f"{url}/connectors", auth=("nobody", "correct horse")).status_code == 401
+        assert requests.put(f"{url}/connectors/x/pause", headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert requests.get(f"{url}/connectors", auth=("admin", "correct horse")).status_code == 200
+        assert requests.get(f"{url}/connectors", headers={"Authorization": "Bearer t0ken"}).status_code == 200
+        garbage = base64.b64encode(b"\xff\xfe").decode()
+        assert requests.get(f"{url}/connectors", headers={"Authorization": f"Basic {garbage}"}).status_code == 401
+    with pytest.raises(ValueError, match="reference"):
+        ApiSettings(bearer_token="t0ken")
+
+
+def _samples(api: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = requests.get(f"{api}/metrics").text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def m(metric: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """A sample's key in `_samples`."""
+    return metric, tuple(sorted(labels.items()))
+
+
+def test_metrics_move_with_real_traffic_and_cover_task_states(
+    api: str, stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    name, topic, missing = unique, unique, f"{unique}-nodest"
+    create_topics(stack.source_bootstrap_servers, {topic: 2, missing: 3})
+    create_topics(stack.destination_bootstrap_servers, {f"{topic}.mirror": 2})
+    config = connector_properties(
+        stack,
+        name,
+        **{
+            "topics.regex": f"{unique}.*",
+            "destination.topic.name.suffix": ".mirror",
+            "topic.creation.enable": "false",
+            "emit.heartbeats.enabled": "false",
+        },
+    )
+    requests.put(f"{api}/connectors/{name}/config", json=config)
+    KafkaMonitor(store).poll(name)
+    runner = TaskThread.start(store, name, 0)
+
+    dest = {"connector": name, "topic": f"{topic}.mirror"}
+    produce(
+        stack.source_bootstrap_servers, [{"topic": topic, "partition": i % 2, "value": b"x" * 100} for i in range(30)]
+    )
+    wait_for(lambda: _samples(api).get(m("mirus_replicated_records_total", **dest)) == 30, what="30 records counted")
+    first = _samples(api)
+    assert first[m("mirus_replicated_bytes_total", **dest)] == 3000
+    assert first[m("mirus_replication_latency_seconds_count", **dest)] == 30
+    assert first[m("mirus_replication_latency_seconds_bucket", **dest, le="+Inf")] == 30
+    assert first[m("mirus_replication_latency_seconds_bucket", **dest, le="300.0")] == 30  # Mirus's 5m bucket
+    assert first[m("mirus_record_rate", **dest)] == pytest.approx(30 / 60)
+    assert first[m("mirus_missing_destination_partitions", connector=name)] == 3
+    assert first[m("mirus_connector_tasks", connector=name, state="RUNNING")] == 1
+    assert first[m("mirus_connector_tasks", connector=name, state="FAILED")] == 0
+    assert first[m("mirus_task_restart_attempts_total", connector=name, task="0")] == 0
+
+    produce(stack.source_bootstrap_servers, [{"topic": topic, "partition": 1, "value": b"y" * 10} for _ in range(12)])
+    wait_for(lambda: _samples(api).get(m("mirus_replicated_records_total", **dest)) == 42, what="42 records counted")
+    assert _samples(api)[m("mirus_replicated_bytes_total", **dest)] == 3120
+
+    store.record_restart(name, 0)
+    requests.put(f"{api}/connectors/{name}/pause")
+    assert runner.join() is TaskExit.PAUSED
+    after = _samples(api)
+    assert after[m("mirus_connector_tasks", connector=name, state="PAUSED")] == 1
+    assert after[m("mirus_task_restart_attempts_total", connector=name, task="0")] == 1
+    assert after[m("mirus_connector_task_restart_attempts_total", connector=name)] == 1
+
+
+def test_a_connector_put_over_the_api_shows_in_dagster(
+    api: str, stack: StackEndpoints, db_engine: Engine, unique: str
+) -> None:
+    config = connector_properties(stack, unique, **{"topics.whitelist": unique})
+    assert requests.put(f"{api}/connectors/{unique}/config", json=config).status_code == 201
+    resources = {"platform": PlatformDatabase(database_url=stack.database_url), "supervisor": SupervisorPolicy()}
+    with dg.instance_for_test() as instance:
+        result = kafka_monitor(dg.build_sensor_context(instance=instance, resources=resources))
+        added = [n for r in result.dynamic_partitions_requests if isinstance(r, dg.AddDynamicPartitionsRequest)
+                 for n in r.partition_keys]  # fmt: skip
+        assert unique in added
+        events = [e for e in result.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET)]
+        assert events and unique in events[-1].metadata["configs (secrets masked)"].data
+        cursor = result.cursor
+        requests.put(f"{api}/connectors/{unique}/pause")
+        result = kafka_monitor(dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+        events = [e for e in result.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET)]
+        assert events and f"| {unique} | PAUSED |" in events[-1].metadata["connectors"].value
+        requests.post(f"{api}/connectors/{unique}/restart")
+        result = kafka_monitor(dg.build_sensor_context(instance=instance, cursor=result.cursor, resources=resources))
+        assert any(e.asset_key == dg.AssetKey(CONNECTORS_ASSET) for e in result.asset_events)
+        requests.delete(f"{api}/connectors/{unique}")
+        instance.add_dynamic_partitions(CONNECTOR_PARTITIONS, [unique])
+        result = kafka_monitor(dg.build_sensor_context(instance=instance, cursor=result.cursor, resources=resources))
+        removed = [n for r in result.dynamic_partitions_requests if isinstance(r, dg.DeleteDynamicPartitionsRequest)
+                   for n in r.partition_keys]  # fmt: skip
+        assert unique in removed
