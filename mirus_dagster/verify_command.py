@@ -96,7 +96,8 @@ def _bootstrap(explicit: str | None, settings: dict[str, str], env_var: str, sid
     type=click.FloatRange(min=0.1),
     default=3.0,
     show_default=True,
-    help="A cluster counts as fully read once no record arrived for this long.",
+    help="Stop reading the destination once no copy of a checked record arrived for this long (and a source "
+    "partition whose broker reports no usable end offset once it is quiet this long).",
 )
 @click.option(
     "--timeout-seconds",
@@ -118,6 +119,9 @@ def verify(
     timeout_seconds: float,
 ) -> None:
     """Check that every source record reached its destination topic, once, in order and unchanged.
+
+    The source is checked up to a snapshot taken when the command starts (its end offsets), so the check ends
+    on a running platform with traffic flowing; the report says where each partition was checked up to.
 
     Exit code 0: all replicated (duplicates are allowed and counted); 1: records missing, out of order or
     changed; 2: the check could not finish.

@@ -1,10 +1,16 @@
 """Does the destination hold what the source holds? An operator's check and the test suite's oracle.
 
 Both clusters are read from the beginning with `assign()` (no consumer group is joined and nothing is committed,
-so verifying never disturbs anyone's offsets). Reading stops when no record arrived for `idle_s`: watermarks are
-not trusted because some Kafka-protocol brokers report them wrongly. Destination records are attributed to the
-source record they copy by their provenance headers; records without them (provenance turned off) are matched
-by content within the destination partition of the same number.
+so verifying never disturbs anyone's offsets). The check is bounded by a snapshot taken when it starts, so it
+ends against live traffic too: each source partition is read up to the end offset the broker reported then
+(ListOffsets, as Kafka documents it: the offset the next record will get). A broker whose end offsets contradict
+the records it serves (a record at or past the reported end that a fresh query does not account for) has its
+end offsets set aside for that partition: reading then stops at the first record created after the check started
+(CreateTime), or when the partition stays quiet for `idle_s`, and the report says which bound was used. The
+destination is read until every checked source record has been seen there, or no copy of one arrived for
+`idle_s`. Destination records are attributed to the source record they copy by their provenance headers;
+records without them (provenance turned off) are matched by content within the destination partition of the
+same number.
 
 Memory stays small for millions of records: per source record only its offset, a 64-bit hash of key, value and
 user headers, its timestamp and a delivery counter are kept (about 25 bytes); destination records are checked
@@ -18,11 +24,19 @@ import time
 import uuid
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from replicator import provenance
 from replicator.masking import redact_settings
@@ -63,7 +77,9 @@ class PartitionResult:
     `replicated`, `missing` and `duplicated` count distinct source offsets; `out_of_order` counts the times the
     copies of this partition went backwards within one destination partition (a replay of already-delivered
     records after a restart is at-least-once behaviour and is not counted); `unknown` counts copies naming an
-    offset the source did not return (records deleted at the source, or produced there after it was read).
+    offset the source did not return (records deleted at the source); `after_snapshot` counts copies of records
+    past the checked range (produced after the check started), which are not checked. `bound` says where reading
+    the source partition stopped and why.
     """
 
     source_topic: str
@@ -79,6 +95,8 @@ class PartitionResult:
     mismatched_offsets: list[Mismatch] = field(default_factory=list)
     unknown: int = 0
     content_matched: int = 0
+    after_snapshot: int = 0
+    bound: str = ""
 
     @property
     def ok(self) -> bool:
@@ -150,15 +168,15 @@ class VerifyReport:
 
     def to_text(self) -> str:
         header = ("source topic", "partition", "destination topic", "records", "replicated", "missing",
-                  "duplicated", "out of order", "mismatched", "status")  # fmt: skip
+                  "duplicated", "out of order", "mismatched", "status", "checked up to")  # fmt: skip
         rows = [
             (p.source_topic, p.source_partition, p.destination_topic, p.source_records, p.replicated, p.missing,
-             p.duplicated, p.out_of_order, p.mismatched, "ok" if p.ok else "FAILED")
+             p.duplicated, p.out_of_order, p.mismatched, "ok" if p.ok else "FAILED", p.bound)
             for p in self.partitions
         ]  # fmt: skip
         t = self.totals
         rows.append(("total", "", "", t["source_records"], t["replicated"], t["missing"], t["duplicated"],
-                     t["out_of_order"], t["mismatched"], self.verdict))  # fmt: skip
+                     t["out_of_order"], t["mismatched"], self.verdict, ""))  # fmt: skip
         lines = _table(header, rows)
 
         details: list[str] = []
@@ -171,6 +189,9 @@ class VerifyReport:
                 details.append(f"{name}: mismatched offsets {_sample(shown, p.mismatched)}")
             if p.unknown:
                 details.append(f"{name}: {p.unknown} destination record(s) name offsets the source did not return")
+            if p.after_snapshot:
+                details.append(f"{name}: {p.after_snapshot} copies of records produced after the check started "
+                               "(not checked)")  # fmt: skip
         if details:
             lines += ["", "details:", *(f"  {d}" for d in details)]
 
@@ -201,12 +222,14 @@ def verify_replication(
     """Compare every partition of each source topic in `topics` with its destination topic.
 
     `source` and `destination` are librdkafka client settings (secrets in them are never put in messages).
-    Each cluster is read until no record arrived for `idle_s`; `timeout_s` bounds the whole check, and a check
-    cut short by it reports `complete=False`.
+    Each source partition is read up to the snapshot described in the module docstring; the destination until
+    every checked record was seen or no copy of one arrived for `idle_s`. `timeout_s` bounds the whole check,
+    and a check cut short by it reports `complete=False`.
     """
     if not topics:
         raise ValueError("no topics to verify: an empty check would report OK without looking at anything")
     started = time.monotonic()
+    started_at_ms = int(time.time() * 1000)
     deadline = started + timeout_s
     run = _Run(topics)
 
@@ -219,7 +242,7 @@ def verify_replication(
                 continue
             for p in range(partitions):
                 run.sources[(topic, p)] = _SourceLog(topic, p, topics[topic])
-        if not reader.read_all(list(run.sources), run.add_source, deadline, idle_s):
+        if not reader.read_snapshot(run, started_at_ms, deadline, idle_s):
             run.timed_out("source", timeout_s)
     run.read_errors("source", reader.errors)
 
@@ -234,7 +257,7 @@ def verify_replication(
                 topic, exists=partitions is not None, partitions=partitions or 0
             )
             assigned += [(topic, p) for p in range(partitions or 0)]
-        if not reader.read_all(assigned, run.add_destination, deadline, idle_s):
+        if not reader.read_copies(assigned, run, deadline, idle_s):
             run.timed_out("destination", timeout_s)
     run.read_errors("destination", reader.errors)
     return run.report(time.monotonic() - started)
@@ -262,6 +285,12 @@ class _SourceLog:
         self.out_of_order = 0
         self.unknown = 0
         self.content_matched = 0
+        self.after_snapshot = 0
+        self.undelivered = 0
+        self.end: int | None = None  # the snapshot's end offset while it is trusted
+        self.end_confirmed = False  # a record past `end` was served and a fresh query accounted for it
+        self.checked_until: int | None = None  # first offset not checked, once reading stopped
+        self.bound = "not read"  # where reading stopped and why, for the report
         # Per destination partition: [previous source offset, highest source offset, end of a replay or -1].
         self._streams: dict[tuple[str, int], list[int]] = {}
         self._by_content: dict[int, int | list[int]] | None = None
@@ -274,6 +303,15 @@ class _SourceLog:
     def start_matching(self) -> None:
         self.delivered = bytearray(len(self.offsets))
         self.differs = bytearray(len(self.offsets))
+        self.undelivered = len(self.offsets)
+
+    @property
+    def done(self) -> bool:
+        return self.checked_until is not None
+
+    def finish(self, checked_until: int, bound: str) -> None:
+        self.checked_until = checked_until
+        self.bound = bound
 
     def index_of(self, offset: int) -> int | None:
         offsets = self.offsets
@@ -310,6 +348,8 @@ class _SourceLog:
         """Record one copy of source record `i` seen in destination partition `stream`."""
         offset = self.offsets[i]
         delivered_before = self.delivered[i] > 0
+        if not delivered_before:
+            self.undelivered -= 1
         if self.delivered[i] < 255:
             self.delivered[i] += 1
         difference = (_CONTENT if self.hashes[i] != content else 0) | (
@@ -356,6 +396,8 @@ class _SourceLog:
             mismatched_offsets=[Mismatch(self.offsets[i], _DIFFERENCE[self.differs[i]]) for i in mismatched_at],
             unknown=self.unknown,
             content_matched=self.content_matched,
+            after_snapshot=self.after_snapshot,
+            bound=self.bound,
         )
 
 
@@ -376,7 +418,11 @@ class _Run:
         content = _content_hash(msg.key(), msg.value(), provenance.user_headers(msg.headers()))
         self.sources[(msg.topic(), msg.partition())].add(msg.offset(), content, msg.timestamp()[1])
 
-    def add_destination(self, msg: Message) -> None:
+    def all_delivered(self) -> bool:
+        return all(log.undelivered == 0 for log in self.sources.values())
+
+    def add_destination(self, msg: Message) -> bool:
+        """Attribute one destination record; True if it is a copy of a checked source record."""
         topic, partition = msg.topic(), msg.partition()
         dest = self.destinations[topic]
         dest.records += 1
@@ -393,19 +439,23 @@ class _Run:
                     dest.content_matched += 1
                     log.content_matched += 1
                     log.deliver((topic, partition), i, content, timestamp)
-                    return
+                    return True
             dest.unmatched += 1
-            return
+            return False
 
         log = self.sources.get((origin.source_topic, origin.source_partition))
         if log is None or self.topics.get(origin.source_topic) != topic:
             dest.foreign += 1
-            return
+            return False
+        if log.checked_until is not None and origin.source_offset >= log.checked_until:
+            log.after_snapshot += 1
+            return False
         i = log.index_of(origin.source_offset)
         if i is None:
             log.unknown += 1
-            return
+            return False
         log.deliver((topic, partition), i, content, timestamp)
+        return True
 
     def timed_out(self, side: str, timeout_s: float) -> None:
         self.complete = False
@@ -478,44 +528,144 @@ class _ClusterReader:
             raise VerifyError(f"{self.side} cluster: metadata for {topic}: {self._redact(found.error.str())}")
         return len(found.partitions)
 
-    def read_all(
-        self,
-        partitions: Iterable[tuple[str, int]],
-        on_record: Callable[[Message], None],
-        deadline: float,
-        idle_s: float,
-    ) -> bool:
-        """Feed every record of `partitions` to `on_record`; True if reading ended because they went quiet."""
-        assignment = [TopicPartition(t, p, OFFSET_BEGINNING) for t, p in partitions]
-        if not assignment:
+    def read_snapshot(self, run: _Run, started_at_ms: int, deadline: float, idle_s: float) -> bool:
+        """Read every source partition of `run` up to its snapshot bound; False if the deadline came first."""
+        logs = run.sources
+        if not logs:
             return True
-        self.consumer.assign(assignment)
+        ends = self._end_offsets(list(logs), deadline, run.notes)
+        for tp, log in logs.items():
+            low, log.end = ends.get(tp, (0, None))
+            if log.end is not None and log.end <= low:
+                log.finish(log.end, f"end offset {log.end} (empty)")
+        last_record = dict.fromkeys(logs, time.monotonic())
+        self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in logs])
         try:
-            last_record = time.monotonic()
+            while not all(log.done for log in logs.values()):
+                now = time.monotonic()
+                if now >= deadline:
+                    return False
+                for tp, log in logs.items():
+                    if log.done or now - last_record[tp] < idle_s:
+                        continue
+                    if log.end is None:
+                        log.finish(_next_offset(log), f"quiet for {idle_s:g}s")
+                    elif self._position(tp) >= log.end:  # the last offsets hold transaction markers
+                        log.finish(log.end, f"end offset {log.end}")
+                    else:
+                        run.complete = False
+                        run.notes.append(
+                            f"source {tp[0]}[{tp[1]}]: the broker reported end offset {log.end} but no record past "
+                            f"offset {_next_offset(log) - 1} arrived for {idle_s:g}s: the rest was not checked"
+                        )
+                        log.finish(_next_offset(log), f"offset {_next_offset(log)} (stalled)")
+                wait = max(0.01, min(POLL_TIMEOUT_S, deadline - now))
+                for msg in self._consume(wait):
+                    tp = (msg.topic(), msg.partition())
+                    log = logs.get(tp)
+                    if log is None:
+                        continue
+                    offset = msg.offset()
+                    if log.end is not None and offset >= log.end:
+                        # Kafka: a served record is always below the end offset. A record past the snapshot's end
+                        # was produced since if the broker now reports an end past it; otherwise its ends are wrong.
+                        if log.end_confirmed or self._end_confirmed(tp, offset):
+                            log.end_confirmed = True
+                            if not log.done:
+                                log.finish(log.end, f"end offset {log.end}")
+                            continue
+                        run.notes.append(
+                            f"source {tp[0]}[{tp[1]}]: the broker reported end offset {log.end} but served offset "
+                            f"{offset} and still reports no more: its end offsets are not usable, so this partition "
+                            "was read up to the first record created after the check started, or until quiet"
+                        )
+                        log.end, log.checked_until = None, None
+                    elif log.done:
+                        continue
+                    last_record[tp] = time.monotonic()
+                    timestamp_type, timestamp = msg.timestamp()
+                    if log.end is None and timestamp_type != TIMESTAMP_NOT_AVAILABLE and timestamp > started_at_ms:
+                        log.finish(offset, "first record created after the check started")
+                        continue
+                    run.add_source(msg)
+                    if log.end is not None and offset >= log.end - 1:
+                        log.finish(log.end, f"end offset {log.end}")
+            return True
+        finally:
+            for log in logs.values():
+                if not log.done:
+                    log.finish(_next_offset(log), "timeout")
+            self.consumer.unassign()
+
+    def read_copies(self, partitions: list[tuple[str, int]], run: _Run, deadline: float, idle_s: float) -> bool:
+        """Read destination partitions until every checked source record was seen, or no copy of one arrived for
+        `idle_s` (records before the destination's end offset at start count as progress too: a backlog of
+        unrelated records is read through). False if the deadline came first."""
+        if not partitions or run.all_delivered():
+            return True
+        ends = {tp: high for tp, (_low, high) in self._end_offsets(partitions, deadline, None).items()}
+        self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in partitions])
+        try:
+            last_progress = time.monotonic()
             while True:
                 now = time.monotonic()
-                if now - last_record >= idle_s:
+                if run.all_delivered() or now - last_progress >= idle_s:
                     return True
                 if now >= deadline:
                     return False
-                wait = max(0.01, min(POLL_TIMEOUT_S, deadline - now, last_record + idle_s - now))
-                batch = self.consumer.consume(num_messages=BATCH_SIZE, timeout=wait)
-                got_records = False
-                for msg in batch:
-                    error = msg.error()
-                    if error is None:
-                        on_record(msg)
-                        got_records = True
-                    elif error.fatal():
-                        raise VerifyError(f"{self.side} cluster: {self._redact(error.str())}")
-                    else:
-                        note = self._redact(error.str())
-                        if note not in self.errors:
-                            self.errors.append(note)
-                if got_records:
-                    last_record = time.monotonic()
+                wait = max(0.01, min(POLL_TIMEOUT_S, deadline - now, last_progress + idle_s - now))
+                for msg in self._consume(wait):
+                    copied = run.add_destination(msg)
+                    if copied or msg.offset() < (ends.get((msg.topic(), msg.partition())) or 0):
+                        last_progress = time.monotonic()
         finally:
             self.consumer.unassign()
+
+    def _consume(self, wait: float) -> list[Message]:
+        """A batch of records; non-fatal errors are kept for the report, fatal ones end the check."""
+        records = []
+        for msg in self.consumer.consume(num_messages=BATCH_SIZE, timeout=wait):
+            error = msg.error()
+            if error is None:
+                records.append(msg)
+            elif error.fatal():
+                raise VerifyError(f"{self.side} cluster: {self._redact(error.str())}")
+            else:
+                note = self._redact(error.str())
+                if note not in self.errors:
+                    self.errors.append(note)
+        return records
+
+    def _end_offsets(
+        self, partitions: list[tuple[str, int]], deadline: float, notes: list[str] | None
+    ) -> dict[tuple[str, int], tuple[int, int]]:
+        """Each partition's first and end offset now (ListOffsets); a partition whose query failed is left out."""
+        ends = {}
+        for topic, partition in partitions:
+            timeout = max(1.0, min(METADATA_TIMEOUT_S, deadline - time.monotonic()))
+            try:
+                low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+            except KafkaException as exc:
+                if notes is not None:
+                    notes.append(
+                        f"{self.side} {topic}[{partition}]: no end offset ({self._redact(str(exc))}): read up to the "
+                        "first record created after the check started, or until quiet"
+                    )
+                continue
+            ends[(topic, partition)] = (low, high)
+        return ends
+
+    def _end_confirmed(self, tp: tuple[str, int], offset: int) -> bool:
+        """Whether the broker now reports an end past `offset` (Kafka: a served record is always below it)."""
+        try:
+            _low, high = self.consumer.get_watermark_offsets(TopicPartition(*tp), timeout=METADATA_TIMEOUT_S)
+        except KafkaException:
+            return False
+        return high > offset
+
+    def _position(self, tp: tuple[str, int]) -> int:
+        (position,) = self.consumer.position([TopicPartition(*tp)])
+        return position.offset
 
     def _redact(self, text: str) -> str:
         """librdkafka quotes rejected values in its messages: never let a password reach a log."""
@@ -523,6 +673,10 @@ class _ClusterReader:
 
 
 # -- small pure helpers ------------------------------------------------------------------------------------
+
+
+def _next_offset(log: _SourceLog) -> int:
+    return log.offsets[-1] + 1 if log.offsets else 0
 
 
 def _content_hash(key: bytes | None, value: bytes | None, headers: Iterable[tuple[str, bytes | None]]) -> int:

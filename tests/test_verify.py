@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable
 
 from click.testing import CliRunner
@@ -11,7 +12,7 @@ from mirus_dagster.stack import StackEndpoints
 from mirus_dagster.verify_command import verify
 from replicator.verify import Mismatch, PartitionResult, VerifyReport, verify_replication
 
-from .kafka_helpers import Rec, create_topics, produce, replicated_headers
+from .kafka_helpers import Rec, consume_all, create_topics, produce, replicated_headers, wait_for
 
 IDLE_S = 1.5
 PER_PARTITION = 6
@@ -142,7 +143,7 @@ def test_changed_and_stray_records_are_reported(stack: StackEndpoints, unique: s
     records += [
         copy(
             Rec(stray.topic, 0, 99, *(stray.key, stray.value, (), stray.timestamp)), f"{unique}.copy"
-        ),  # no such offset
+        ),  # past the source's end when the check started
         copy(
             Rec("elsewhere", 0, 0, *(stray.key, stray.value, (), stray.timestamp)), f"{unique}.copy"
         ),  # unmapped topic
@@ -155,7 +156,8 @@ def test_changed_and_stray_records_are_reported(stack: StackEndpoints, unique: s
     assert partition(report, 0).mismatched_offsets == [Mismatch(1, "content")]
     assert partition(report, 1).mismatched_offsets == [Mismatch(4, "timestamp")]
     assert (report.totals["mismatched"], report.totals["replicated"], report.totals["missing"]) == (2, 12, 0)
-    assert (partition(report, 0).unknown, report.destinations[0].foreign) == (1, 1)
+    assert (partition(report, 0).after_snapshot, report.destinations[0].foreign) == (1, 1)
+    assert partition(report, 0).unknown == 0
     assert "mismatched offsets 1 (content)" in report.to_text()
 
 
@@ -203,3 +205,109 @@ def test_the_verify_command_exit_codes(stack: StackEndpoints, unique: str) -> No
     assert json.loads(cut_short.stdout)["complete"] is False
     assert secret.exit_code == 2 and "queued.min.messages" in secret.output
     assert "hunter2-pw" not in secret.output
+
+
+class LiveReplication:
+    """Traffic into the source with each record copied to the destination as soon as it is acknowledged there:
+    a perfect replicator that never stops, as on a running platform."""
+
+    def __init__(self, stack: StackEndpoints, topic: str, partitions: int = 2) -> None:
+        from confluent_kafka import Producer
+
+        self.source = Producer({"bootstrap.servers": stack.source_bootstrap_servers, "linger.ms": 0})
+        self.destination = Producer({"bootstrap.servers": stack.destination_bootstrap_servers, "linger.ms": 0})
+        self.topic, self.partitions = topic, partitions
+        self.stopped = threading.Event()
+        self.produced = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        delivered: list[object] = []
+        i = 0
+        while not self.stopped.is_set():
+            self.source.produce(self.topic, b"live-%d" % i, partition=i % self.partitions,
+                                on_delivery=lambda _err, msg: delivered.append(msg))  # fmt: skip
+            self.source.flush(10)
+            msg = delivered.pop()
+            rec = Rec(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), (), msg.timestamp()[1])
+            self.destination.produce(**copy(rec, f"{self.topic}.copy"))
+            self.destination.poll(0)
+            self.produced = i = i + 1
+            self.stopped.wait(0.02)  # pacing the traffic (about 50 records a second), not waiting for a condition
+        self.destination.flush(10)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(30)
+
+
+def test_verify_against_live_traffic_ends_at_the_snapshot_taken_at_start(stack: StackEndpoints, unique: str) -> None:
+    """Records keep arriving on both sides for the whole check: it still ends, by the source's end offsets."""
+    source_records(stack, unique)
+    destination(stack, f"{unique}.copy", [])
+    # The records written before the traffic starts are copied too.
+    produce(
+        stack.destination_bootstrap_servers,
+        [copy(r, f"{unique}.copy") for rs in _read_source(stack, unique).values() for r in rs],
+    )
+    live = LiveReplication(stack, unique)
+    try:
+        wait_for(lambda: live.produced >= 20, 30, what="live traffic")
+        result = CliRunner().invoke(verify, [
+            "--source-bootstrap", stack.source_bootstrap_servers,
+            "--destination-bootstrap", stack.destination_bootstrap_servers,
+            "--topic", f"{unique}:{unique}.copy", "--json", "--timeout-seconds", "60",
+        ])  # fmt: skip
+        produced_meanwhile = live.produced
+    finally:
+        live.stop()
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["verdict"] == "OK" and report["complete"], report
+    assert report["totals"]["source_records"] >= 2 * PER_PARTITION + 20, report["totals"]
+    assert report["totals"]["source_records"] < 2 * PER_PARTITION + produced_meanwhile + 1, "read past its snapshot"
+    for p in report["partitions"]:
+        assert p["bound"].startswith(("end offset", "first record created after")), p
+
+
+def _read_source(stack: StackEndpoints, topic: str) -> dict[int, list[Rec]]:
+    by_partition: dict[int, list[Rec]] = {}
+    for rec in consume_all(stack.source_bootstrap_servers, topic, 2, 2 * PER_PARTITION):
+        by_partition.setdefault(rec.partition, []).append(rec)
+    return by_partition
+
+
+def test_a_broker_whose_end_offsets_are_wrong_is_noticed_and_every_record_still_checked(
+    stack: StackEndpoints, unique: str
+) -> None:
+    """Fifty records in one produce batch: some Kafka-protocol brokers then report an end offset of 1. The check
+    must not stop at it, and must say that the broker's end offsets were set aside."""
+    create_topics(stack.source_bootstrap_servers, {unique: 1})
+    produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"v%d" % i} for i in range(50)],
+            **{"linger.ms": 200})  # fmt: skip
+    records = consume_all(stack.source_bootstrap_servers, unique, 1, 50)
+    destination(stack, f"{unique}.copy", [copy(r, f"{unique}.copy") for r in records], partitions=1)
+    reported_end = _end_offset(stack.source_bootstrap_servers, unique)
+
+    report = check(stack, {unique: f"{unique}.copy"})
+
+    assert report.ok and report.totals["source_records"] == 50, report.to_text()
+    (p0,) = report.partitions
+    if reported_end < 50:  # the broker's end offset contradicts the records it serves
+        assert any("end offsets are not usable" in note for note in report.notes), report.notes
+        assert "end offsets are not usable" in report.to_text()
+        assert not p0.bound.startswith("end offset"), p0.bound
+    else:
+        assert p0.bound == "end offset 50", p0.bound
+
+
+def _end_offset(bootstrap: str, topic: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tests-end-offset"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+    finally:
+        consumer.close()
