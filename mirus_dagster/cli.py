@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 
 import click
+from sqlalchemy import Engine
 
 from mirus_dagster.admin_cli import OFFSET_COMMANDS, api_command, connectors_group
 from mirus_dagster.demo import traffic
@@ -21,8 +21,16 @@ def _stack() -> LocalStack:
     return LocalStack(PlatformSettings.from_env())
 
 
-def _database_url() -> str:
-    return _stack().endpoints.database_url
+def _migrated_engine() -> Engine:
+    """The platform database with every migration applied, or a clear error naming it and what to do."""
+    from replicator.database import DatabaseUnavailableError, migrated_engine
+
+    try:
+        return migrated_engine(_stack().endpoints.database_url)
+    except DatabaseUnavailableError as exc:
+        raise click.ClickException(
+            f"{exc}. Start the embedded one with `mirus stack up`, or point MIRUS_DATABASE_URL at yours."
+        ) from None
 
 
 @click.group()
@@ -38,13 +46,6 @@ def stack() -> None:
     """The embedded local stack: 'source' and 'destination' clusters and Postgres."""
 
 
-def _print_endpoints(local: LocalStack) -> None:
-    ep = local.endpoints
-    click.echo(f"source bootstrap servers:      {ep.source_bootstrap_servers}")
-    click.echo(f"destination bootstrap servers: {ep.destination_bootstrap_servers}")
-    click.echo(f"database url:                  {ep.database_url}")
-
-
 @stack.command("up")
 def stack_up() -> None:
     """Start every embedded part that is not running yet (harmless when already up)."""
@@ -53,7 +54,8 @@ def stack_up() -> None:
         local.up()
     except StackError as exc:
         raise click.ClickException(str(exc)) from exc
-    _print_endpoints(local)
+    click.echo(local.endpoints.describe())
+    _migrated_engine().dispose()  # whatever runs on the stack next finds the platform's tables
 
 
 @stack.command("down")
@@ -82,11 +84,11 @@ def db() -> None:
 @db.command("upgrade")
 def db_upgrade() -> None:
     """Apply every pending migration (idempotent)."""
-    from replicator.database import current_revision, make_engine, upgrade
+    from replicator.database import current_revision
 
-    engine = make_engine(_database_url())
-    upgrade(engine)
+    engine = _migrated_engine()
     click.echo(f"database at revision {current_revision(engine)}")
+    engine.dispose()
 
 
 # -- tasks -------------------------------------------------------------------------------------------------
@@ -105,18 +107,19 @@ def task_run(connector: str, task_id: int) -> None:
     import logging
     import socket
 
-    from replicator.database import make_engine
-    from replicator.store import Store
+    from replicator.store import Store, UnknownConnectorError
     from replicator.task import ReplicationTask
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    store = Store(make_engine(_database_url()))
+    store = Store(_migrated_engine())
     owner = f"{socket.gethostname()}:{os.getpid()}"
     try:
         outcome = ReplicationTask(store, connector, task_id, owner).run()
     except KeyboardInterrupt:
         click.echo("stopped")
         return
+    except UnknownConnectorError as exc:
+        raise click.ClickException(f"{exc}; add it with the put_connector job first") from None
     click.echo(f"task ended: {outcome.value}")
 
 
@@ -125,58 +128,38 @@ def task_run(connector: str, task_id: int) -> None:
 
 @main.command("dev")
 @click.option("--port", default=3000, show_default=True, help="Dagster webserver port.")
-@click.option("--keep-stack", is_flag=True, help="Leave the embedded stack running when dagster dev exits.")
+@click.option("--keep-stack", is_flag=True, help="Leave the embedded stack running when mirus dev stops.")
 @click.option("--demo/--no-demo", default=True, show_default=True, help="Register the demo connector and traffic.")
 @click.option("--api-port", default=8083, show_default=True, help="Kafka Connect REST API port (0: no API).")
 def dev(port: int, keep_stack: bool, demo: bool, api_port: int) -> None:
-    """Start the embedded stack, migrate the database and run the Dagster UI and the REST API on it."""
-    from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_TOPIC
-    from mirus_dagster.demo import register_demo
-    from mirus_dagster.devserver import dagster_dev_command, write_dagster_home
-    from replicator.database import make_engine, upgrade
-    from replicator.store import Store
+    """Start the embedded stack, migrate the database, run the Dagster UI and the REST API; Ctrl-C stops it all."""
+    from mirus_dagster.dev import DevSession
+    from mirus_dagster.devserver import DagsterDevError
+    from replicator.database import DatabaseUnavailableError
 
-    local = _stack()
+    session = DevSession(_stack(), port, demo, keep_stack, click.echo, api_port)
+    # A service manager's stop is handled like a Ctrl-C; SIGINT is set too since a shell may start us with it ignored.
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)
+    code = 0
     try:
-        endpoints = local.up()
-    except StackError as exc:
-        raise click.ClickException(str(exc)) from exc
-    _print_endpoints(local)
-    engine = make_engine(endpoints.database_url)
-    upgrade(engine)
-
-    dagster_home = write_dagster_home(local.state_dir / "dagster-home")
-    env = {**os.environ, **endpoints.as_env(), "DAGSTER_HOME": str(dagster_home)}
-    children = []
-    if demo:
-        register_demo(endpoints, Store(engine))
-        click.echo(f"demo: connector {DEMO_CONNECTOR} copies {DEMO_TOPIC} to {DEMO_TOPIC}.mirror; traffic is running")
-        traffic = [sys.executable, "-m", "mirus_dagster.cli", "demo", "traffic",
-                   "--bootstrap-servers", endpoints.source_bootstrap_servers]  # fmt: skip
-        children.append(subprocess.Popen(traffic, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    if api_port:
-        api = [sys.executable, "-m", "mirus_dagster.cli", "api", "--port", str(api_port)]
-        children.append(subprocess.Popen(api, env=env))
-        click.echo(f"Kafka Connect REST API and /metrics: http://127.0.0.1:{api_port}")
-    engine.dispose()
-
-    argv = dagster_dev_command(port)
-    click.echo(f"Dagster UI: http://127.0.0.1:{port}")
-    # The child must handle SIGINT even when we were started with it ignored (e.g. from a background shell).
-    dagster = subprocess.Popen(argv, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    # Ctrl-C reaches dagster dev directly (same process group); a SIGTERM to us is passed on so that it, too,
-    # stops its webserver, daemon and code servers before the stack goes down.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda signum, _frame: dagster.send_signal(signum))
-    try:
-        dagster.wait()
+        session.start()
+        click.echo(f"Dagster UI: {session.url}  (Ctrl-C stops everything mirus dev started)")
+        code = session.wait() or 1
+    except KeyboardInterrupt:
+        pass
+    except (DagsterDevError, DatabaseUnavailableError, StackError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        code = 1
     finally:
-        for child in children:
-            child.terminate()
-            child.wait(10)
-        if not keep_stack:
-            local.down()
-    sys.exit(dagster.returncode)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the orderly stop below is bounded; let it finish
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        session.stop()
+    sys.exit(code)
+
+
+def _interrupted(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 @main.group()

@@ -17,7 +17,8 @@ from replicator.store import Store, UnknownConnectorError
 
 
 def _ensure_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    # Notices and worse only: librdkafka's informational lines would land on the console of `mirus dev`.
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 5})
     if topic in admin.list_topics(timeout=10).topics:
         return
     for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():

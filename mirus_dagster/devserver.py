@@ -101,10 +101,22 @@ TICKS_QUERY = """
 query Ticks($selector: SensorSelector!, $after: Float) {
   sensorOrError(sensorSelector: $selector) {
     __typename
-    ... on Sensor { sensorState { status ticks(afterTimestamp: $after, limit: 100) { tickId status timestamp } } }
+    ... on Sensor {
+      id sensorState { status ticks(afterTimestamp: $after, limit: 100) { tickId status timestamp } }
+    }
     ... on SensorNotFoundError { message }
     ... on PythonError { message stack }
   }
+}
+"""
+
+STOP_SENSOR_MUTATION = """
+mutation Stop($id: String!) { stopSensor(id: $id) { __typename ... on PythonError { message } } }
+"""
+
+RESET_SENSOR_MUTATION = """
+mutation Reset($selector: SensorSelector!) {
+  resetSensor(sensorSelector: $selector) { __typename ... on PythonError { message } }
 }
 """
 
@@ -322,16 +334,42 @@ class DagsterDev:
 
         return self.until(reached, timeout, f"run {run_id} to reach {sorted(wanted)}")
 
-    def sensor_ticks(self, sensor: str, after: float | None = None) -> list[tuple[float, str]]:
-        """(timestamp, status) of the sensor's ticks, newest first, optionally only those after a Unix time."""
+    def sensor_selector(self, sensor: str) -> dict[str, str]:
         if self._location is None:
             raise self.fail("the code location is not loaded")
-        selector = {"repositoryLocationName": self._location[0], "repositoryName": self._location[1],
-                    "sensorName": sensor}  # fmt: skip
-        data = self.query(TICKS_QUERY, {"selector": selector, "after": after})["sensorOrError"]
+        return {"repositoryLocationName": self._location[0], "repositoryName": self._location[1],
+                "sensorName": sensor}  # fmt: skip
+
+    def _sensor(self, sensor: str, after: float | None = None) -> dict[str, Any]:
+        data = self.query(TICKS_QUERY, {"selector": self.sensor_selector(sensor), "after": after})["sensorOrError"]
         if data["__typename"] != "Sensor":
             raise self.fail(f"sensor {sensor}: {data.get('message')}")
-        return [(t["timestamp"], t["status"]) for t in data["sensorState"]["ticks"]]
+        return data
+
+    def sensor_ticks(self, sensor: str, after: float | None = None) -> list[tuple[float, str]]:
+        """(timestamp, status) of the sensor's ticks, newest first, optionally only those after a Unix time."""
+        return [(t["timestamp"], t["status"]) for t in self._sensor(sensor, after)["sensorState"]["ticks"]]
+
+    def stop_sensors(self, sensors: Iterable[str], timeout: float = 30.0) -> list[str]:
+        """Stop those of `sensors` that run and wait until none is mid-evaluation (its run requests are then
+        visible as runs); returns the ones stopped."""
+        stopped = []
+        for sensor in sensors:
+            data = self._sensor(sensor)
+            if data["sensorState"]["status"] == "RUNNING":
+                self.query(STOP_SENSOR_MUTATION, {"id": data["id"]})
+                stopped.append(sensor)
+
+        def idle() -> bool:
+            return all(not (ticks := self.sensor_ticks(s)) or ticks[0][1] != "STARTED" for s in sensors)
+
+        self.until(idle, timeout, f"sensors {sorted(sensors)} to finish their evaluation")
+        return stopped
+
+    def reset_sensors(self, sensors: Iterable[str]) -> None:
+        """Back to the status their definitions declare (the platform's sensors: running)."""
+        for sensor in sensors:
+            self.query(RESET_SENSOR_MUTATION, {"selector": self.sensor_selector(sensor)})
 
     def run_messages(self, run_id: str) -> list[str]:
         """Every message of the run's event log, oldest first."""
@@ -452,6 +490,25 @@ def dagster_dev_command(port: int, host: str | None = None) -> list[str]:
     return argv + (["-h", host] if host else [])
 
 
+def launch_dagster_dev(
+    env: Mapping[str, str], home: Path, log: Path, port: int, workdir: Path | None = None
+) -> DagsterDev:
+    """Start `dagster dev` on 127.0.0.1:`port` with `env` added to this process's environment and its output
+    appended to `log`, without waiting for it. It runs in a session of its own: a Ctrl-C in a terminal does not
+    reach it, and one SIGINT to its process group reaches webserver, daemon and code server."""
+    write_dagster_home(home)
+    child_env = {**os.environ, **env, "DAGSTER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            dagster_dev_command(port, "127.0.0.1"), env=child_env, cwd=workdir, stdin=subprocess.DEVNULL,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            # SIGINT must work even when we were started with it ignored (a background shell): exec keeps SIG_IGN.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
+    return DagsterDev(process, port, home, log)
+
+
 def start_dagster_dev(
     env: Mapping[str, str], workdir: Path | None = None, *, start_timeout: float = START_TIMEOUT_S
 ) -> DagsterDev:
@@ -461,19 +518,7 @@ def start_dagster_dev(
     """
     workdir = Path(workdir or tempfile.mkdtemp(prefix="dagster-dev-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    home = write_dagster_home(workdir / "dagster-home")
-    log = workdir / "dagster-dev.log"
-    port = free_port()
-    argv = dagster_dev_command(port, "127.0.0.1")
-    child_env = {**os.environ, **env, "DAGSTER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            argv, env=child_env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: one signal reaches webserver, daemon and code server
-            # SIGINT must work even when we were started with it ignored (a background shell): exec keeps SIG_IGN.
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )  # fmt: skip
-    dev = DagsterDev(process, port, home, log)
+    dev = launch_dagster_dev(env, workdir / "dagster-home", workdir / "dagster-dev.log", free_port(), workdir)
     try:
         dev.wait_until_ready(start_timeout)
     except BaseException:

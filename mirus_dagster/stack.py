@@ -65,6 +65,13 @@ class StackEndpoints:
     destination_bootstrap_servers: str
     database_url: str
 
+    def describe(self) -> str:
+        return (
+            f"source bootstrap servers:      {self.source_bootstrap_servers}\n"
+            f"destination bootstrap servers: {self.destination_bootstrap_servers}\n"
+            f"database url:                  {self.database_url}"
+        )
+
     def as_env(self) -> dict[str, str]:
         """Environment that points every platform process at this stack."""
         return {

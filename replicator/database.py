@@ -9,8 +9,13 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import OperationalError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+class DatabaseUnavailableError(RuntimeError):
+    """The platform database could not be reached or migrated; the message names it (password hidden)."""
 
 
 def make_engine(url: str) -> Engine:
@@ -39,3 +44,16 @@ def current_revision(engine: Engine) -> str | None:
 
 def head_revision(engine: Engine) -> str | None:
     return ScriptDirectory.from_config(alembic_config(engine)).get_current_head()
+
+
+def migrated_engine(url: str) -> Engine:
+    """An engine on a database brought to the newest schema: what every command that reads or writes needs."""
+    engine = make_engine(url)
+    try:
+        upgrade(engine)
+    except OperationalError as exc:
+        engine.dispose()
+        where = engine.url.render_as_string(hide_password=True)
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise DatabaseUnavailableError(f"the platform database at {where} is not reachable ({reason})") from None
+    return engine

@@ -12,9 +12,11 @@ import psutil
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from click.testing import CliRunner
 from confluent_kafka.admin import AdminClient
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
 
+from mirus_dagster.cli import main
 from mirus_dagster.stack import StackEndpoints, free_port
 from replicator.database import current_revision, head_revision, upgrade
 from replicator.schema import Base
@@ -88,6 +90,12 @@ def test_stack_up_is_idempotent_and_down_stops_everything(tmp_path: Path, ports:
     assert second.returncode == 0, second.stderr
     assert _pids(tmp_path, ports) == pids
 
+    # The stack comes up migrated: the next command finds the platform's tables, not a raw SQL error.
+    task = _mirus(tmp_path, ports, "task", "run", "no-such-connector", "0")
+    assert task.returncode == 1, task.stderr
+    assert "connector 'no-such-connector' does not exist; add it with the put_connector job" in task.stderr
+    assert "Traceback" not in task.stderr
+
     down = _mirus(tmp_path, ports, "stack", "down")
     assert down.returncode == 0, down.stderr
     for pid in [*pids.values(), *postgres_children]:
@@ -119,3 +127,33 @@ def test_stack_up_shows_the_log_of_a_process_that_dies_at_start(tmp_path: Path, 
     assert result.returncode != 0
     assert "the source broker exited with code 3 while starting" in result.stderr
     assert "fatal: storage engine unavailable" in result.stderr
+
+
+def test_every_database_command_migrates_a_fresh_database_or_says_what_to_run(
+    stack: StackEndpoints, unique: str, tmp_path: Path
+) -> None:
+    """A database that never saw a migration is brought to the schema by the command that needs it; an
+    unreachable one is named (without its password) with the command that starts the embedded one."""
+    name = unique.replace("-", "_")
+    admin = create_engine(stack.database_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    fresh = stack.database_url.rsplit("/", 1)[0] + f"/{name}"
+    runner = CliRunner()
+
+    task = runner.invoke(main, ["task", "run", "no-such-connector", "0"], env={"MIRUS_DATABASE_URL": fresh})
+
+    assert task.exit_code == 1, task.output
+    assert "connector 'no-such-connector' does not exist; add it with the put_connector job" in task.output
+    engine = create_engine(fresh)
+    assert current_revision(engine) == head_revision(engine)
+    engine.dispose()
+
+    unreachable = f"postgresql://mirus:s3cret-pw@127.0.0.1:{free_port()}/mirus"
+    for args in (["task", "run", "x", "0"], ["db", "upgrade"]):
+        result = runner.invoke(main, args, env={"MIRUS_DATABASE_URL": unreachable, "MIRUS_STATE_DIR": str(tmp_path)})
+        assert result.exit_code == 1, result.output
+        assert "is not reachable" in result.output and "`mirus stack up`" in result.output, result.output
+        assert "s3cret-pw" not in result.output
+        assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)

@@ -1,0 +1,159 @@
+"""`mirus dev`: the embedded stack, the demo and `dagster dev`, started quietly and stopped cleanly.
+
+`dagster dev` runs in its own session with its output in `<state_dir>/logs/dagster.log`, so a Ctrl-C in the
+terminal reaches `mirus dev` alone. Stopping then goes in the order that loses nothing: the platform's sensors
+are stopped (so no replicator is started again), every live replicator run is terminated through Dagster
+(each task flushes, commits its offsets and releases its partitions; the run ends CANCELED), then `dagster dev`,
+the demo traffic and the embedded stack are stopped. The sensors stopped this way are reset to their defaults the
+next time `mirus dev` starts. The UI address is printed once the UI answers and the code location is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mirus_dagster.constants import (
+    DEMO_CONNECTOR,
+    DEMO_TOPIC,
+    KIND_REPLICATOR,
+    MONITOR_SENSOR,
+    REPLICATOR_JOB,
+    SUPERVISOR_SENSOR,
+    TAG_CONNECTOR,
+    TAG_KIND,
+    TAG_TASK,
+)
+from mirus_dagster.devserver import DagsterDev, DagsterDevError, launch_dagster_dev
+from mirus_dagster.stack import LocalStack, StackEndpoints
+
+START_TIMEOUT_S = 180.0
+RUN_STOP_TIMEOUT_S = 60.0
+DAGSTER_STOP_TIMEOUT_S = 60.0
+LIVE_STATUSES = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
+
+
+@dataclass
+class DevSession:
+    """One `mirus dev`: start() brings everything up, stop() takes it down in order and says what it stopped."""
+
+    local: LocalStack
+    port: int
+    demo: bool
+    keep_stack: bool
+    echo: Callable[[str], None]
+    api_port: int = 0  # the Kafka Connect REST API and /metrics; 0: not started
+    dagster: DagsterDev | None = field(default=None, init=False)
+    traffic: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    api: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.home = self.local.state_dir / "dagster-home"
+        self.log = self.local.state_dir / "logs" / "dagster.log"
+        self.stopped_sensors = self.home / "sensors-stopped-by-mirus-dev.json"
+
+    # -- start -------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Stack, migrations, demo, `dagster dev`; returns once the UI answers with the code location loaded."""
+        endpoints = self.local.up()
+        self.echo(endpoints.describe())
+        self._prepare_database(endpoints)
+        if self.demo:
+            self.traffic = _child(endpoints, "demo", "traffic", "--bootstrap-servers",
+                                  endpoints.source_bootstrap_servers)  # fmt: skip
+        if self.api_port:
+            self.api = _child(endpoints, "api", "--port", str(self.api_port))
+            self.echo(f"Kafka Connect REST API and /metrics: http://127.0.0.1:{self.api_port}")
+        self.echo(f"starting Dagster (its log: {self.log}) ...")
+        self.dagster = launch_dagster_dev(endpoints.as_env(), self.home, self.log, self.port)
+        self.dagster.wait_until_ready(START_TIMEOUT_S)
+        if self.stopped_sensors.exists():
+            self.dagster.reset_sensors(json.loads(self.stopped_sensors.read_text()))
+            self.stopped_sensors.unlink()
+
+    def _prepare_database(self, endpoints: StackEndpoints) -> None:
+        from mirus_dagster.demo import register_demo
+        from replicator.database import migrated_engine
+        from replicator.store import Store
+
+        engine = migrated_engine(endpoints.database_url)
+        try:
+            if self.demo:
+                register_demo(endpoints, Store(engine))
+                self.echo(f"demo: connector {DEMO_CONNECTOR} copies {DEMO_TOPIC} to {DEMO_TOPIC}.mirror; "
+                          "traffic is running")  # fmt: skip
+        finally:
+            engine.dispose()
+
+    def wait(self) -> int:
+        """Until `dagster dev` exits by itself (it should not); its exit code, after saying so."""
+        assert self.dagster is not None
+        code = self.dagster.process.wait()
+        self.echo(str(self.dagster.fail(f"dagster dev exited with code {code}")))
+        return code
+
+    # -- stop --------------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        stopped: list[str] = []
+        if self.dagster is not None and self.dagster.process.poll() is None:
+            runs = self._stop_replicators()
+            if runs:
+                stopped.append(f"{len(runs)} replicator run(s) ({', '.join(runs)})")
+            try:
+                report = self.dagster.shutdown(DAGSTER_STOP_TIMEOUT_S)
+                forced = f"; forced: {', '.join(report.killed)}" if report.killed else ""
+                stopped.append(f"Dagster (webserver, daemon, code server{forced})")
+            except DagsterDevError as exc:
+                self.echo(f"warning: {exc}")
+        for child, what in ((self.traffic, "demo traffic"), (self.api, "REST API")):
+            if child is not None and child.poll() is None:
+                os.killpg(child.pid, signal.SIGINT)  # the traffic generator flushes what it produced
+                try:
+                    child.wait(10)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                stopped.append(what)
+        if not self.keep_stack and (parts := self.local.down()):
+            stopped.append(", ".join(parts))
+        self.echo(f"stopped: {'; '.join(stopped)}" if stopped else "nothing was running")
+
+    def _stop_replicators(self) -> list[str]:
+        """Sensors off, then every live replicator run terminated and awaited: "<connector>-<task> <status>"."""
+        assert self.dagster is not None
+        dev = self.dagster
+        try:
+            dev.wait_until_ready(10)  # Ctrl-C may come while it starts
+        except DagsterDevError:
+            return []
+        self.echo("stopping replicator runs (each flushes and commits its offsets) ...")
+        if sensors := dev.stop_sensors((MONITOR_SENSOR, SUPERVISOR_SENSOR)):
+            self.stopped_sensors.write_text(json.dumps(sensors))
+        live = dev.runs({TAG_KIND: KIND_REPLICATOR}, job_name=REPLICATOR_JOB, statuses=LIVE_STATUSES)
+        if not live:
+            return []
+        ids = {r.run_id for r in live}
+        dev.client.terminate_runs(sorted(r.run_id for r in live if r.status != "CANCELING"))
+        try:
+            dev.until(lambda: not dev.runs({TAG_KIND: KIND_REPLICATOR}, statuses=LIVE_STATUSES), RUN_STOP_TIMEOUT_S,
+                      "the replicator runs to end")  # fmt: skip
+        except DagsterDevError as exc:
+            self.echo(f"warning: {str(exc).splitlines()[0]}")
+        final = {r.run_id: r.status for r in dev.runs({TAG_KIND: KIND_REPLICATOR}) if r.run_id in ids}
+        return sorted(f"{r.tags.get(TAG_CONNECTOR)}-{r.tags.get(TAG_TASK)} {final.get(r.run_id, '?')}" for r in live)
+
+
+def _child(endpoints: StackEndpoints, *command: str) -> subprocess.Popen[bytes]:
+    """A `mirus` subcommand on the stack, in its own session: stopped by us, in order, not by the Ctrl-C."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "mirus_dagster.cli", *command], env={**os.environ, **endpoints.as_env()},
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
