@@ -15,6 +15,22 @@ from mirus_dagster.stack import StackEndpoints
 from replicator.config import validate_submission
 from replicator.store import Store, UnknownConnectorError
 
+# The launchpad's and README's example connector: its topics exist on the demo clusters, no connector uses them.
+EXAMPLE_CONNECTOR = "payments-dr"
+EXAMPLE_TOPIC = "payments"
+
+
+def example_connector(endpoints: StackEndpoints) -> dict[str, object]:
+    """A connector that works as is on the demo clusters: what `put_connector`'s launchpad starts from."""
+    return {
+        "name": EXAMPLE_CONNECTOR,
+        "tasks.max": 2,
+        "topics.whitelist": EXAMPLE_TOPIC,
+        "destination.topic.name.suffix": ".dr",
+        "consumer.bootstrap.servers": endpoints.source_bootstrap_servers,
+        "destination.consumer.bootstrap.servers": endpoints.destination_bootstrap_servers,
+    }
+
 
 def _ensure_topic(bootstrap: str, topic: str, partitions: int) -> None:
     # Notices and worse only: librdkafka's informational lines would land on the console of `mirus dev`.
@@ -29,6 +45,8 @@ def register_demo(endpoints: StackEndpoints, store: Store) -> None:
     """Create the demo topics and the Mirus-style demo connector unless they exist (idempotent)."""
     _ensure_topic(endpoints.source_bootstrap_servers, DEMO_TOPIC, DEMO_PARTITIONS)
     _ensure_topic(endpoints.destination_bootstrap_servers, f"{DEMO_TOPIC}.mirror", DEMO_PARTITIONS)
+    _ensure_topic(endpoints.source_bootstrap_servers, EXAMPLE_TOPIC, DEMO_PARTITIONS)
+    _ensure_topic(endpoints.destination_bootstrap_servers, f"{EXAMPLE_TOPIC}.dr", DEMO_PARTITIONS)
     try:
         store.get_connector(DEMO_CONNECTOR)
         return
@@ -49,10 +67,10 @@ def register_demo(endpoints: StackEndpoints, store: Store) -> None:
 
 @click.command("traffic")
 @click.option("--bootstrap-servers", required=True, help="Source cluster to write to.")
-@click.option("--topic", default=DEMO_TOPIC, show_default=True)
+@click.option("--topic", "topics", multiple=True, default=(DEMO_TOPIC, EXAMPLE_TOPIC), show_default=True)
 @click.option("--rate", default=10.0, show_default=True, help="Records per second.")
-def traffic(bootstrap_servers: str, topic: str, rate: float) -> None:
-    """Write a steady stream of demo orders (keys, JSON values, headers) until interrupted."""
+def traffic(bootstrap_servers: str, topics: tuple[str, ...], rate: float) -> None:
+    """Write a steady stream of demo orders (keys, JSON values, headers) to the topics until interrupted."""
     producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "linger.ms": 20})
     number = 0
     try:
@@ -60,6 +78,7 @@ def traffic(bootstrap_servers: str, topic: str, rate: float) -> None:
             number += 1
             customer = f"customer-{random.randint(1, 50)}"
             order = {"order": number, "customer": customer, "amount": round(random.uniform(5, 500), 2)}
+            topic = topics[number % len(topics)]
             producer.produce(topic, json.dumps(order).encode(), customer.encode(), headers=[("source", b"demo")])
             producer.poll(0)
             time.sleep(1 / rate)

@@ -25,10 +25,15 @@ from mirus_dagster.constants import (
     admin_job_name,
     admin_op_name,
 )
+from mirus_dagster.demo import example_connector
 from mirus_dagster.resources import PlatformDatabase
 from replicator import connectors
 from replicator.config import ConnectorConfigError
 from replicator.store import Store, UnknownConnectorError
+from mirus_dagster.settings import PlatformSettings
+from mirus_dagster.stack import LocalStack
+from replicator.config import ConnectorConfigError, validate_submission
+from replicator.store import ConnectorState, Store, UnknownConnectorError
 from replicator.task import ReplicationTask
 
 ConnectorsEvent = Callable[[Store, str], dg.AssetMaterialization]
@@ -77,13 +82,15 @@ def replicator() -> None:
 
 class PutConnectorConfig(dg.Config):
     properties: dict[str, Any] = Field(
+        # The launchpad opens with this: an example that runs as is on the clusters of `mirus dev`.
+        default=example_connector(LocalStack(PlatformSettings.from_env()).endpoints),
         description=(
             "Connector properties exactly as for Kafka Connect (PUT /connectors/{name}/config): Mirus names "
             "(name, tasks.max, topics.whitelist, topics.regex, destination.topic.name.suffix, consumer.*, "
             "destination.consumer.*, producer.*, ...) or MirrorMaker 2 names (source.cluster.alias, topics, "
             "replication.policy.class, ...); see docs/CONNECTOR-PROPERTIES.md. A new version replaces the running "
             "configuration live."
-        )
+        ),
     )
 
 

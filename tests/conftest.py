@@ -52,3 +52,12 @@ def unique(request: pytest.FixtureRequest) -> str:
     """A name no other test uses: for topics, connectors and groups."""
     slug = re.sub(r"[^a-zA-Z0-9]+", "-", request.node.name).strip("-").lower()[:40]
     return f"{slug}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def chromium() -> None:
+    """Debian's headless Chromium and its driver, installed with apt-get on a machine that lacks them. Raises (a
+    test error, never a skip) when that is impossible."""
+    from tests.browser import ensure_chromium
+
+    ensure_chromium()
