@@ -1,78 +1,163 @@
-"""The `connectors` asset: every connector with its state, config version (secrets masked), tasks and problems.
+"""The `connectors` asset: every connector as an operator needs to see it, now.
 
-Recorded by the administration jobs after each change and by the monitor sensor whenever it sees one; both get
-`connectors_materialization` from `mirus_dagster.definitions` (they never import this package).
+Per connector: its state and whether it replicates anything, its tasks with their run, lease state and last
+heartbeat, its partitions and lag, and its problems (metadata errors, paused or dropped partitions, source
+partitions whose destination is missing, nothing to replicate). Recorded by the administration jobs after each
+change and by the monitor sensor whenever what it shows changes, and at least every `REFRESH_S` while anything
+runs; times are absolute (UTC), so an older view never pretends to be current. Its size is bounded whatever the
+estate holds: long property values and long lists are cut with a count of what was left out.
+
+Both recorders get `connectors_materialization` from `mirus_dagster.definitions` (they never import this package).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import dagster as dg
 
-from mirus_dagster.constants import ASSET_GROUP, CONNECTORS_ASSET, PUT_CONNECTOR_JOB
-from replicator.heartbeats import liveness_s
+from mirus_dagster.constants import (
+    ASSET_GROUP,
+    CONNECTORS_ASSET,
+    KIND_REPLICATOR,
+    PUT_CONNECTOR_JOB,
+    REPLICATOR_JOB,
+    TAG_CONNECTOR,
+    TAG_KIND,
+    TAG_TASK,
+)
 from replicator.masking import mask_properties
-from replicator.store import ConnectorStatus, PartitionHealth, Store
+from replicator.store import ConnectorState, ConnectorStatus, PartitionHealth, Store
+
+REFRESH_S = 60.0
+MAX_CONNECTORS = 100  # rows in the table; the rest are counted
+MAX_LINES = 10  # problems or tasks listed per connector; the rest are counted
+MAX_VALUE_CHARS = 200  # a property value shown longer than this is cut
+LIVE_RUN_STATUSES = [
+    dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING,
+]  # fmt: skip
 
 connectors_spec = dg.AssetSpec(
     CONNECTORS_ASSET,
-    description="Every connector with its state, config version (secrets masked), tasks and paused partitions. "
-    "Updated by the administration jobs and whenever the monitor sees a change.",
+    description="Every connector: state, tasks with their run and heartbeat, partitions, lag and problems "
+    "(missing destinations included). Recorded after every change and at least every minute while tasks run.",
     group_name=ASSET_GROUP,
 )
 
 
-def _problems(status: ConnectorStatus) -> list[str]:
+def _clock(at: datetime | None) -> str:
+    return at.astimezone(UTC).strftime("%H:%M:%S UTC") if at else "never"
+
+
+def _capped(lines: Sequence[str], limit: int = MAX_LINES) -> list[str]:
+    return list(lines[:limit]) + ([f"(+{len(lines) - limit} more)"] if len(lines) > limit else [])
+
+
+def live_replicator_runs(instance: dg.DagsterInstance) -> dict[tuple[str, int], str]:
+    """(connector, task) → id of its live replicator run: one query for the whole estate."""
+    runs = instance.get_runs(
+        dg.RunsFilter(job_name=REPLICATOR_JOB, statuses=LIVE_RUN_STATUSES, tags={TAG_KIND: KIND_REPLICATOR})
+    )
+    found: dict[tuple[str, int], str] = {}
+    for run in runs:
+        connector, task = run.tags.get(TAG_CONNECTOR), run.tags.get(TAG_TASK, "")
+        if connector and task.isdigit():
+            found.setdefault((connector, int(task)), run.run_id)
+    return found
+
+
+def _tasks(status: ConnectorStatus, runs: Mapping[tuple[str, int], str]) -> list[str]:
+    lines = []
+    for task in status.tasks:
+        run_id = runs.get((status.name, task.task_id))
+        run = f"run [{run_id[:8]}](/runs/{run_id})" if run_id else "no run"
+        lines.append(f"{task.task_id}: {task.state}, {task.partitions} partitions, {run}, "
+                     f"heartbeat {_clock(task.heartbeat_at)}, restarts {task.restart_attempts}")  # fmt: skip
+    return lines
+
+
+def _problems(status: ConnectorStatus, findings: Sequence[str]) -> list[str]:
     problems = [f"{cluster} metadata: {error}" for cluster, error in sorted(status.metadata_errors.items())]
-    problems += [f"{duty}: {reason}" for duty, reason in sorted(status.flow_problems.items())]
-    return problems + [
+    problems += [
         f"{topic}[{partition}] {row.state}: {row.reason}"
         for (topic, partition), row in sorted(status.unhealthy_partitions.items())
         if row.state != PartitionHealth.ACTIVE
     ]
+    problems += findings
+    if status.state == ConnectorState.RUNNING and not any(t.partitions for t in status.tasks):
+        problems.append("replicates nothing: no source partition is assigned")
+    return problems
 
 
-def _tasks(status: ConnectorStatus, now: datetime) -> list[str]:
-    lines = []
-    for task in status.tasks:
-        age = f"{(now - task.heartbeat_at).total_seconds():.0f}s ago" if task.heartbeat_at else "never"
-        lines.append(f"{task.task_id}: {task.state} ({task.partitions} partitions, heartbeat {age}, "
-                     f"restarts {task.restart_attempts})")  # fmt: skip
-    return lines
+def _lag(lags: Mapping[tuple[str, int], int | None]) -> str:
+    if not lags:
+        return "—"
+    known = [lag for lag in lags.values() if lag is not None]
+    if len(known) < len(lags):
+        return "unknown" if not known else f"≥ {sum(known)} ({len(lags) - len(known)} partitions unknown)"
+    return str(sum(known))
 
 
-def connectors_markdown(statuses: list[ConnectorStatus]) -> str:
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def connectors_markdown(
+    statuses: Sequence[ConnectorStatus],
+    runs: Mapping[tuple[str, int], str],
+    lags: Mapping[str, Mapping[tuple[str, int], int | None]],
+    findings: Mapping[str, Sequence[str]],
+    now: datetime,
+) -> str:
     if not statuses:
         return f"No connectors. Add one with the `{PUT_CONNECTOR_JOB}` job."
-    now = datetime.now(UTC)
     lines = [
-        "| connector | state | clusters (ids) | flow liveness | version | generation | partitions | tasks "
-        "| restarts | problems |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"As of {_clock(now)}.",
+        "",
+        "| connector | state | partitions | lag | tasks | problems | version | restarts |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for s in statuses:
-        tasks = "<br>".join(_tasks(s, now)) or "none assigned"
-        problems = "<br>".join(_problems(s)) or "—"
-        restarts = sum(t.restart_attempts for t in s.tasks)
-        clusters = " → ".join(cluster or "?" for cluster in s.cluster_ids)
-        age = liveness_s(s.heartbeats, s.heartbeats_committed)
-        liveness = "—" if age is None else f"{age:.0f}s"
-        lines.append(f"| {s.name} | {s.state} | {clusters} | {liveness} | {s.version} | {s.assignment_generation} "
-                     f"| {sum(t.partitions for t in s.tasks)} | {tasks} | {restarts} | {problems} |")  # fmt: skip
+    for s in statuses[:MAX_CONNECTORS]:
+        tasks = "<br>".join(_cell(t) for t in _capped(_tasks(s, runs))) or "none assigned"
+        problems = "<br>".join(_cell(p) for p in _capped(_problems(s, findings.get(s.name, ())))) or "—"
+        lines.append(f"| {_cell(s.name)} | {s.state} | {sum(t.partitions for t in s.tasks)} "
+                     f"| {_lag(lags.get(s.name, {}))} | {tasks} | {problems} | {s.version} "
+                     f"| {sum(t.restart_attempts for t in s.tasks)} |")  # fmt: skip
+    if len(statuses) > MAX_CONNECTORS:
+        lines += ["", f"(+{len(statuses) - MAX_CONNECTORS} more connectors)"]
     return "\n".join(lines)
 
 
-def connectors_materialization(store: Store, reason: str) -> dg.AssetMaterialization:
-    """The asset as it is now (one query), recorded with `reason` as its description."""
+def _shown_config(properties: Mapping[str, Any]) -> dict[str, Any]:
+    shown = {}
+    for key, value in mask_properties(properties).items():
+        if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
+            value = f"{value[:MAX_VALUE_CHARS]}… ({len(value)} characters)"
+        shown[key] = value
+    return shown
+
+
+def connectors_materialization(
+    store: Store,
+    reason: str,
+    instance: dg.DagsterInstance,
+    findings: Mapping[str, Sequence[str]] | None = None,
+) -> dg.AssetMaterialization:
+    """The asset as it is now, recorded with `reason` as its description. `findings`: per connector, what the
+    monitor found on its last look (e.g. partitions missing at the destination)."""
     statuses = store.connector_statuses()
-    configs = {s.name: mask_properties(s.properties) for s in statuses}
+    shown = statuses[:MAX_CONNECTORS]
+    lags = {s.name: store.partition_lags(s.name) for s in shown}
+    table = connectors_markdown(statuses, live_replicator_runs(instance), lags, findings or {}, datetime.now(UTC))
     return dg.AssetMaterialization(
         asset_key=CONNECTORS_ASSET,
         description=reason,
         metadata={
-            "connectors": dg.MetadataValue.md(connectors_markdown(statuses)),
-            "configs (secrets masked)": dg.MetadataValue.json(configs),
+            "connectors": dg.MetadataValue.md(table),
+            "configs (secrets masked)": dg.MetadataValue.json({s.name: _shown_config(s.properties) for s in shown}),
             "count": len(statuses),
         },
     )

@@ -11,7 +11,7 @@ import os
 
 import dagster as dg
 
-from assets.connectors import connectors_materialization, connectors_spec
+from assets.connectors import REFRESH_S, connectors_materialization, connectors_spec
 from assets.flows import flow_materialization, flows_spec
 from mirus_dagster.constants import ENV_DATABASE_URL, ENV_TASK_AUTO_RESTART
 from mirus_dagster.jobs import build_admin_jobs, replicator
@@ -31,7 +31,7 @@ def _database_url() -> str | dg.EnvVar:
 
 admin_jobs = build_admin_jobs(connectors_materialization)
 kafka_monitor = build_kafka_monitor(
-    replicator, connectors_event=connectors_materialization, flow_event=flow_materialization
+    replicator, connectors_event=connectors_materialization, flow_event=flow_materialization, refresh_s=REFRESH_S
 )
 task_supervisor = build_task_supervisor(replicator)
 

@@ -21,23 +21,23 @@ from mirus_dagster.constants import (
     REPLICATE_OP,
     REPLICATOR_JOB,
     STORE_CONNECTOR_OP,
+    TAG_CONNECTOR,
     TAG_KIND,
     admin_job_name,
     admin_op_name,
 )
 from mirus_dagster.demo import example_connector
 from mirus_dagster.resources import PlatformDatabase
+from mirus_dagster.settings import PlatformSettings
+from mirus_dagster.stack import LocalStack
 from replicator import connectors
 from replicator.config import ConnectorConfigError
 from replicator.store import Store, UnknownConnectorError
-from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack
-from replicator.config import ConnectorConfigError, validate_submission
-from replicator.store import ConnectorState, Store, UnknownConnectorError
 from replicator.task import ReplicationTask
 
-ConnectorsEvent = Callable[[Store, str], dg.AssetMaterialization]
-"""Builds the `connectors` asset's materialization from the store, with a reason (assets/connectors.py)."""
+ConnectorsEvent = Callable[[Store, str, dg.DagsterInstance], dg.AssetMaterialization]
+"""Builds the `connectors` asset's materialization from the store and the instance's runs, with a reason
+(assets/connectors.py)."""
 
 # -- the replicator --------------------------------------------------------------------------------------
 
@@ -53,7 +53,10 @@ def replicate(context: dg.OpExecutionContext, config: ReplicatorTaskConfig, plat
     owner = f"{socket.gethostname()}:{os.getpid()}:{context.run_id}"
     # Termination arrives as DagsterExecutionInterruptedError between bytecodes; the task's `finally` flushes,
     # commits and releases before it propagates, and the run ends CANCELED.
-    task = ReplicationTask(platform.store(), config.connector, config.task_id, owner, on_event=context.log.info)
+    name = f"{config.connector}-{config.task_id}"  # every event names the task, so a run page says whose it is
+    task = ReplicationTask(
+        platform.store(), config.connector, config.task_id, owner, on_event=lambda m: context.log.info(f"{name}: {m}")
+    )
     outcome = task.run()
     context.log.info(f"task {config.connector}-{config.task_id} ended: {outcome.value}")
 
@@ -115,6 +118,11 @@ _ACTIONS: dict[str, Callable[[Store, str], None]] = {
 }
 
 
+def _tag_connector(context: dg.OpExecutionContext, name: str) -> None:
+    """The run names the connector it acts on, so the Runs page filters by connector (launchpad runs included)."""
+    context.instance.add_run_tags(context.run_id, {TAG_CONNECTOR: name})
+
+
 def _fail(message: str) -> dg.Failure:
     return dg.Failure(description=message, allow_retries=False)
 
@@ -128,9 +136,10 @@ def _put_connector_job(connectors_event: ConnectorsEvent) -> dg.JobDefinition:
             stored = connectors.put_connector(store, config.properties)
         except ConnectorConfigError as exc:
             raise _fail(f"connector configuration rejected, nothing was stored:\n{exc}") from None
+        _tag_connector(context, stored.name)
         context.instance.add_dynamic_partitions(CONNECTOR_PARTITIONS, [stored.name])
         context.log.info(f"connector {stored.name} stored as version {stored.version}")
-        context.log_event(connectors_event(store, f"put {stored.name} v{stored.version}"))
+        context.log_event(connectors_event(store, f"put {stored.name} v{stored.version}", context.instance))
 
     @dg.job(
         name=PUT_CONNECTOR_JOB,
@@ -146,6 +155,7 @@ def _put_connector_job(connectors_event: ConnectorsEvent) -> dg.JobDefinition:
 def _state_job(action: str, connectors_event: ConnectorsEvent) -> dg.JobDefinition:
     @dg.op(name=admin_op_name(action), description=_ADMIN[action])
     def change_state(context: dg.OpExecutionContext, config: ConnectorNameConfig, platform: PlatformDatabase) -> None:
+        _tag_connector(context, config.name)
         store = platform.store()
         try:
             _ACTIONS[action](store, config.name)
@@ -154,7 +164,7 @@ def _state_job(action: str, connectors_event: ConnectorsEvent) -> dg.JobDefiniti
         if action == "delete":
             context.instance.delete_dynamic_partition(CONNECTOR_PARTITIONS, config.name)
         context.log.info(f"{action}: {config.name}")
-        context.log_event(connectors_event(store, f"{action} {config.name}"))
+        context.log_event(connectors_event(store, f"{action} {config.name}", context.instance))
 
     @dg.job(name=admin_job_name(action), description=_ADMIN[action], tags={TAG_KIND: KIND_ADMIN})
     def state_job() -> None:

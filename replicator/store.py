@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Engine, and_, delete, func, or_, select, text, tuple_, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.dialects.postgresql import aggregate_order_by, insert
 from sqlalchemy.orm import Session
 
 from replicator.assignment import SourcePartition
@@ -588,6 +588,17 @@ class Store:
             return
         with Session(self.engine) as s, s.begin():
             s.execute(insert(MetricSample).values([{"connector": connector, **r.__dict__} for r in rows]))
+
+    def partition_lags(self, connector: str) -> dict[SourcePartition, int | None]:
+        """Each source partition's lag in its newest metric sample (None where the broker gave no usable end)."""
+        newest = func.array_agg(aggregate_order_by(MetricSample.lag, MetricSample.interval_end.desc()))[1]
+        query = (
+            select(MetricSample.topic, MetricSample.partition, newest.label("lag"))
+            .where(MetricSample.connector == connector)
+            .group_by(MetricSample.topic, MetricSample.partition)
+        )
+        with self.engine.connect() as conn:
+            return {(r.topic, r.partition): r.lag for r in conn.execute(query)}
 
     def metric_samples(self, connector: str) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:

@@ -7,9 +7,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from sqlalchemy import Engine
 
+from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackEndpoints, free_port
 from replicator.database import make_engine, upgrade
@@ -61,3 +63,17 @@ def chromium() -> None:
     from tests.browser import ensure_chromium
 
     ensure_chromium()
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as instance:
+        # Each run start re-applies logging.config.dictConfig (for YAML-defined handlers, none here). Two runs in
+        # threads of one process then deadlock on logging's locks; real runs are separate processes. Skip it.
+        instance.get_yaml_python_handlers = list  # type: ignore[method-assign]
+        yield instance
+
+
+@pytest.fixture
+def resources(stack: StackEndpoints, db_engine: Engine) -> dict[str, object]:
+    return {"platform": PlatformDatabase(database_url=stack.database_url), "supervisor": SupervisorPolicy()}

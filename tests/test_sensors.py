@@ -3,7 +3,6 @@
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,7 +15,7 @@ from sqlalchemy import Engine
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET, TAG_CONNECTOR, TAG_REASON, TAG_TASK
 from mirus_dagster.definitions import admin_jobs, kafka_monitor, task_supervisor
 from mirus_dagster.jobs import replicator
-from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
+from mirus_dagster.resources import SupervisorPolicy
 from mirus_dagster.stack import StackEndpoints
 from replicator.store import Store
 from sensors.decisions import (
@@ -82,20 +81,6 @@ def test_the_supervisor_replaces_a_live_run_that_stopped_heartbeating() -> None:
 
 
 # -- the platform on a real Dagster instance ---------------------------------------------------------------
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        # Each run start re-applies logging.config.dictConfig (for YAML-defined handlers, none here). Two runs in
-        # threads of one process then deadlock on logging's locks; real runs are separate processes. Skip it.
-        instance.get_yaml_python_handlers = list  # type: ignore[method-assign]
-        yield instance
-
-
-@pytest.fixture
-def resources(stack: StackEndpoints, db_engine: Engine) -> dict[str, object]:
-    return {"platform": PlatformDatabase(database_url=stack.database_url), "supervisor": SupervisorPolicy()}
 
 
 def put(instance: dg.DagsterInstance, resources: dict, properties: dict) -> dg.ExecuteInProcessResult:
