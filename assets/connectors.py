@@ -74,8 +74,8 @@ def _tasks(status: ConnectorStatus, runs: Mapping[tuple[str, int], str]) -> list
     for task in status.tasks:
         run_id = runs.get((status.name, task.task_id))
         run = f"run [{run_id[:8]}](/runs/{run_id})" if run_id else "no run"
-        lines.append(f"{task.task_id}: {task.state}, {task.partitions} partitions, {run}, "
-                     f"heartbeat {_clock(task.heartbeat_at)}, restarts {task.restart_attempts}")  # fmt: skip
+        lines.append(f"{task.task_id}: {task.state} ({task.partitions} partitions, {run}, "
+                     f"heartbeat {_clock(task.heartbeat_at)}, restarts {task.restart_attempts})")  # fmt: skip
     return lines
 
 
@@ -117,15 +117,16 @@ def connectors_markdown(
     lines = [
         f"As of {_clock(now)}.",
         "",
-        "| connector | state | partitions | lag | tasks | problems | version | restarts |",
+        "| connector | state | partitions | lag | version | restarts | tasks | problems |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for s in statuses[:MAX_CONNECTORS]:
-        tasks = "<br>".join(_cell(t) for t in _capped(_tasks(s, runs))) or "none assigned"
-        problems = "<br>".join(_cell(p) for p in _capped(_problems(s, findings.get(s.name, ())))) or "—"
+        # Dagster's markdown shows no line breaks inside a table cell: list items are separated by "; ".
+        tasks = "; ".join(_cell(t) for t in _capped(_tasks(s, runs))) or "none assigned"
+        problems = "; ".join(_cell(p) for p in _capped(_problems(s, findings.get(s.name, ())))) or "—"
         lines.append(f"| {_cell(s.name)} | {s.state} | {sum(t.partitions for t in s.tasks)} "
-                     f"| {_lag(lags.get(s.name, {}))} | {tasks} | {problems} | {s.version} "
-                     f"| {sum(t.restart_attempts for t in s.tasks)} |")  # fmt: skip
+                     f"| {_lag(lags.get(s.name, {}))} | {s.version} | {sum(t.restart_attempts for t in s.tasks)} "
+                     f"| {tasks} | {problems} |")  # fmt: skip
     if len(statuses) > MAX_CONNECTORS:
         lines += ["", f"(+{len(statuses) - MAX_CONNECTORS} more connectors)"]
     return "\n".join(lines)
