@@ -538,7 +538,9 @@ class _ClusterReader:
             low, log.end = ends.get(tp, (0, None))
             if log.end is not None and log.end <= low:
                 log.finish(log.end, f"end offset {log.end} (empty)")
-        last_record = dict.fromkeys(logs, time.monotonic())
+        # Quiet means no partition still being read delivered anything: a partition waiting while the consumer
+        # is busy fetching another one's backlog is not quiet.
+        last_progress = time.monotonic()
         self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in logs])
         try:
             while not all(log.done for log in logs.values()):
@@ -546,7 +548,7 @@ class _ClusterReader:
                 if now >= deadline:
                     return False
                 for tp, log in logs.items():
-                    if log.done or now - last_record[tp] < idle_s:
+                    if log.done or now - last_progress < idle_s:
                         continue
                     if log.end is None:
                         log.finish(_next_offset(log), f"quiet for {idle_s:g}s")
@@ -566,6 +568,8 @@ class _ClusterReader:
                     if log is None:
                         continue
                     offset = msg.offset()
+                    if log.done and (log.end is None or log.end_confirmed or offset != log.checked_until == log.end):
+                        continue  # past a bound already settled; only the record right after the end is checked
                     if log.end is not None and offset >= log.end:
                         # Kafka: a served record is always below the end offset. A record past the snapshot's end
                         # was produced since if the broker now reports an end past it; otherwise its ends are wrong.
@@ -580,9 +584,7 @@ class _ClusterReader:
                             "was read up to the first record created after the check started, or until quiet"
                         )
                         log.end, log.checked_until = None, None
-                    elif log.done:
-                        continue
-                    last_record[tp] = time.monotonic()
+                    last_progress = time.monotonic()
                     timestamp_type, timestamp = msg.timestamp()
                     if log.end is None and timestamp_type != TIMESTAMP_NOT_AVAILABLE and timestamp > started_at_ms:
                         log.finish(offset, "first record created after the check started")

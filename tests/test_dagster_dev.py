@@ -287,7 +287,8 @@ def test_a_terminated_run_commits_ends_canceled_and_is_started_again(platform: P
         committed = platform.store.load_offsets(name, partitions)
         short = {tp: (committed.get(tp), before[tp]) for tp in partitions if committed.get(tp, -1) < before[tp]}
         assert not short, f"committed offsets below what was replicated before termination: {short}"
-        assert any(m.startswith("stopped:") for m in dev.run_messages(victim.run_id)), "no final task event"
+        final = f"{name}-1: stopped:"  # the task's last event, written after its final flush and commit
+        assert any(m.startswith(final) for m in dev.run_messages(victim.run_id)), "no final task event"
         resumed = wait_for_new_run(dev, name, 1, victim.run_id)
         assert resumed.tags[TAG_SENSOR] == MONITOR_SENSOR, resumed.tags
         assert resumed.tags[TAG_REASON] == "assigned, last run canceled", resumed.tags
