@@ -1,11 +1,12 @@
 """The `connectors` asset: every connector as an operator needs to see it, now.
 
 Per connector: its state and whether it replicates anything, its tasks with their run, lease state and last
-heartbeat, its partitions and lag, and its problems (metadata errors, paused or dropped partitions, source
-partitions whose destination is missing, nothing to replicate). Recorded by the administration jobs after each
-change and by the monitor sensor whenever what it shows changes, and at least every `REFRESH_S` while anything
-runs; times are absolute (UTC), so an older view never pretends to be current. Its size is bounded whatever the
-estate holds: long property values and long lists are cut with a count of what was left out.
+heartbeat, its partitions, lag, flow liveness (heartbeat records) and clusters, and its problems (metadata
+errors, flow duties that failed, paused or dropped partitions, source partitions whose destination is missing,
+nothing to replicate). Recorded by the administration jobs after each change and by the monitor sensor whenever
+what it shows changes, and at least every `REFRESH_S` while anything runs; times are absolute (UTC), so an older
+view never pretends to be current. Its size is bounded whatever the estate holds: long property values and long
+lists are cut with a count of what was left out.
 
 Both recorders get `connectors_materialization` from `mirus_dagster.definitions` (they never import this package).
 """
@@ -28,6 +29,7 @@ from mirus_dagster.constants import (
     TAG_KIND,
     TAG_TASK,
 )
+from replicator.heartbeats import liveness_s
 from replicator.masking import mask_properties
 from replicator.store import ConnectorState, ConnectorStatus, PartitionHealth, Store
 
@@ -81,6 +83,7 @@ def _tasks(status: ConnectorStatus, runs: Mapping[tuple[str, int], str]) -> list
 
 def _problems(status: ConnectorStatus, findings: Sequence[str]) -> list[str]:
     problems = [f"{cluster} metadata: {error}" for cluster, error in sorted(status.metadata_errors.items())]
+    problems += [f"{duty}: {reason}" for duty, reason in sorted(status.flow_problems.items())]
     problems += [
         f"{topic}[{partition}] {row.state}: {row.reason}"
         for (topic, partition), row in sorted(status.unhealthy_partitions.items())
@@ -117,16 +120,20 @@ def connectors_markdown(
     lines = [
         f"As of {_clock(now)}.",
         "",
-        "| connector | state | partitions | lag | version | restarts | tasks | problems |",
-        "|---|---|---|---|---|---|---|---|",
+        "| connector | state | partitions | lag | flow liveness | clusters (ids) | version | restarts | tasks "
+        "| problems |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in statuses[:MAX_CONNECTORS]:
         # Dagster's markdown shows no line breaks inside a table cell: list items are separated by "; ".
         tasks = "; ".join(_cell(t) for t in _capped(_tasks(s, runs))) or "none assigned"
         problems = "; ".join(_cell(p) for p in _capped(_problems(s, findings.get(s.name, ())))) or "—"
+        clusters = " → ".join(cluster or "?" for cluster in s.cluster_ids)
+        age = liveness_s(s.heartbeats, s.heartbeats_committed)
+        liveness = "—" if age is None else f"{age:.0f}s"
         lines.append(f"| {_cell(s.name)} | {s.state} | {sum(t.partitions for t in s.tasks)} "
-                     f"| {_lag(lags.get(s.name, {}))} | {s.version} | {sum(t.restart_attempts for t in s.tasks)} "
-                     f"| {tasks} | {problems} |")  # fmt: skip
+                     f"| {_lag(lags.get(s.name, {}))} | {liveness} | {_cell(clusters)} | {s.version} "
+                     f"| {sum(t.restart_attempts for t in s.tasks)} | {tasks} | {problems} |")  # fmt: skip
     if len(statuses) > MAX_CONNECTORS:
         lines += ["", f"(+{len(statuses) - MAX_CONNECTORS} more connectors)"]
     return "\n".join(lines)

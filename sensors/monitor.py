@@ -134,7 +134,8 @@ def _evaluate(
     statuses = store.connector_statuses()
     fingerprint = repr(
         [(s.name, s.state, s.version, s.assignment_generation, [(t.task_id, t.state, t.partitions, t.restart_attempts)
-          for t in s.tasks], s.metadata_errors, sorted(s.unhealthy_partitions)) for s in statuses]
+          for t in s.tasks], s.metadata_errors, sorted(s.flow_problems.items()), sorted(s.unhealthy_partitions))
+         for s in statuses]
         + [(r.name, r.restart_requested_at) for r in records]
         + sorted((name, poll.error, poll.findings) for name, poll in cursor.polls.items())
     )  # fmt: skip
