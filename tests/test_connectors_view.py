@@ -39,7 +39,10 @@ def test_the_view_shows_running_tasks_with_their_run_and_heartbeat_as_soon_as_th
 ) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: 3})
     create_topics(stack.destination_bootstrap_servers, {unique: 3})
-    properties = connector_properties(stack, unique, **{"topics.whitelist": unique, "tasks.max": "2"})
+    # Without heartbeats, whose source topic would add a partition to every connector.
+    properties = connector_properties(
+        stack, unique, **{"topics.whitelist": unique, "tasks.max": "2", "emit.heartbeats.enabled": "false"}
+    )
     assert put(instance, resources, properties).success
     first = evaluate(kafka_monitor, instance, resources, None)
     runs = [InProcessRun(instance, resources, r) for r in requests_for(first, unique)]
@@ -88,8 +91,9 @@ def test_the_view_is_recorded_again_while_tasks_run_so_heartbeats_stay_recent(
 def test_a_connector_whose_destinations_are_missing_shows_it_as_a_problem(
     instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, unique: str
 ) -> None:
-    create_topics(stack.source_bootstrap_servers, {unique: 3})  # no destination topic
-    assert put(instance, resources, connector_properties(stack, unique, **{"topics.whitelist": unique})).success
+    create_topics(stack.source_bootstrap_servers, {unique: 3})  # no destination topic, and none is created
+    no_creation = {"topics.whitelist": unique, "topic.creation.enable": "false", "emit.heartbeats.enabled": "false"}
+    assert put(instance, resources, connector_properties(stack, unique, **no_creation)).success
 
     line = row(connectors_view(evaluate(kafka_monitor, instance, resources, None)), unique)
 
