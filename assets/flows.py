@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import dagster as dg
 
-from mirus_dagster.constants import ASSET_GROUP, CONNECTOR_PARTITIONS, CONNECTORS_ASSET, FLOWS_ASSET
+from mirus_dagster.constants import (
+    ASSET_GROUP,
+    CONNECTOR_PARTITIONS,
+    CONNECTORS_ASSET,
+    FLOWS_ASSET,
+    SOURCE_TOPICS_ASSET,
+)
 from replicator.monitor import MonitorResult
 
 connector_partitions = dg.DynamicPartitionsDefinition(name=CONNECTOR_PARTITIONS)
@@ -17,7 +23,7 @@ flows_spec = dg.AssetSpec(
     description="Per connector: which source topics flow to which destination topics, over how many tasks. "
     "Recorded by the monitor each time a connector's assignment generation changes.",
     group_name=ASSET_GROUP,
-    deps=[CONNECTORS_ASSET],
+    deps=[CONNECTORS_ASSET, SOURCE_TOPICS_ASSET],
     partitions_def=connector_partitions,
 )
 

@@ -33,7 +33,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mirus_dagster.constants import PUT_CONNECTOR_JOB, REPLICATOR_JOB, STORE_CONNECTOR_OP, TAG_CONNECTOR, TAG_TASK
+from mirus_dagster.constants import (
+    ENV_REPORT_SCHEDULE,
+    PUT_CONNECTOR_JOB,
+    REPLICATOR_JOB,
+    STORE_CONNECTOR_OP,
+    TAG_CONNECTOR,
+    TAG_TASK,
+)
 from mirus_dagster.devserver import DagsterDev, RunInfo, dagster_dev
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackEndpoints
@@ -180,7 +187,9 @@ def main() -> None:
             src, dst = endpoints.source_bootstrap_servers, endpoints.destination_bootstrap_servers
             prefix = f"lat-{int(time.time())}"
             print("starting dagster dev ...", flush=True)
-            with dagster_dev(endpoints.as_env(), Path(state) / "dagster-dev") as dev:
+            with dagster_dev(
+                {**endpoints.as_env(), ENV_REPORT_SCHEDULE: "stopped"}, Path(state) / "dagster-dev"
+            ) as dev:
                 print(f"dagster dev on {dev.url} (log: {dev.log})", flush=True)
                 flow = f"{prefix}-flow"
                 create_topic(dst, flow)

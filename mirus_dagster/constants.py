@@ -7,13 +7,29 @@ from __future__ import annotations
 CONNECTORS_ASSET = "connectors"  # every connector, its state, tasks and problems (assets/connectors.py)
 FLOWS_ASSET = "replication_flows"  # per connector, source topics -> destination topics (assets/flows.py)
 CONNECTOR_PARTITIONS = "connectors"  # dynamic partitions: one per connector
-ASSET_GROUP = "mirus"
+ASSET_GROUP = "mirus"  # the estate's map: connectors, source topics, flows, destination topics
+SOURCE_TOPICS_ASSET = "source_topics"  # per connector, the selected source topics (assets/topology.py)
+DESTINATION_TOPICS_ASSET = "destination_topics"  # per connector, the topics its flow writes (assets/topology.py)
+
+# -- the lake and the reports (assets/lake.py, assets/reports.py) --
+LAKE_GROUP = "lake"
+REPORTS_GROUP = "reports"
+LAKE_METRIC_SAMPLES_ASSET = "lake/metric_samples"
+LAKE_SNAPSHOTS_ASSET = "lake/metadata_snapshots"
+LAKE_STATE_ASSET = "lake/platform_state"
+LAKE_PARTITIONS_START = "2026-01-01-00:00"  # hourly partitions; earlier hours hold no rows
+LATENCY_REPORT_ASSET = "replication_latency_report"
+MISSING_REPORT_ASSET = "missing_partitions_report"
+THROUGHPUT_REPORT_ASSET = "throughput_lag_report"
+P99_CHECK = "p99_latency_within_threshold"
+MISSING_CHECK = "no_missing_partitions"
 
 # -- jobs and ops --
 REPLICATOR_JOB = "replicator"
 REPLICATE_OP = "replicate"
 PUT_CONNECTOR_JOB = "put_connector"
 STORE_CONNECTOR_OP = "store_connector"
+REPORTS_JOB = "refresh_reports"
 
 
 def admin_job_name(action: str) -> str:
@@ -27,15 +43,17 @@ def admin_op_name(action: str) -> str:
 # -- sensors --
 MONITOR_SENSOR = "kafka_monitor"
 SUPERVISOR_SENSOR = "task_supervisor"
+REPORTS_SCHEDULE = "reports_schedule"
 
 # -- run tags --
-TAG_KIND = "mirus/kind"  # KIND_REPLICATOR or KIND_ADMIN; the run queue limits replicator runs by it
+TAG_KIND = "mirus/kind"  # KIND_REPLICATOR, KIND_ADMIN or KIND_REPORT; the run queue limits runs by it
 TAG_CONNECTOR = "mirus/connector"
 TAG_TASK = "mirus/task"
 TAG_REASON = "mirus/reason"  # why a sensor launched the run
 TAG_SENSOR = "dagster/sensor_name"  # set by Dagster on runs a sensor launched
 KIND_REPLICATOR = "replicator"
 KIND_ADMIN = "admin"
+KIND_REPORT = "report"
 
 # -- environment --
 ENV_STATE_DIR = "MIRUS_STATE_DIR"
@@ -46,6 +64,14 @@ ENV_SOURCE_PORT = "MIRUS_SOURCE_PORT"
 ENV_DESTINATION_PORT = "MIRUS_DESTINATION_PORT"
 ENV_POSTGRES_PORT = "MIRUS_POSTGRES_PORT"
 ENV_TASK_AUTO_RESTART = "MIRUS_TASK_AUTO_RESTART"
+ENV_SPARK_MASTER = "MIRUS_SPARK_MASTER"
+ENV_LAKE_DIR = "MIRUS_LAKE_DIR"
+ENV_RETENTION_HOURS = "MIRUS_METRICS_RETENTION_HOURS"
+ENV_WINDOW_HOURS = "MIRUS_REPORT_WINDOW_HOURS"
+ENV_STEP_MINUTES = "MIRUS_REPORT_STEP_MINUTES"
+ENV_P99_THRESHOLD_MS = "MIRUS_REPORT_P99_THRESHOLD_MS"
+ENV_REPORT_CRON = "MIRUS_REPORT_CRON"
+ENV_REPORT_SCHEDULE = "MIRUS_REPORT_SCHEDULE"  # "stopped": the schedule starts stopped (runs on demand only)
 
 # -- the demo that `mirus dev` sets up --
 DEMO_CONNECTOR = "orders-mirror"

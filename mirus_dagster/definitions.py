@@ -10,11 +10,17 @@ from __future__ import annotations
 import os
 
 import dagster as dg
+from dagster_pyspark import PySparkResource
 
 from assets.connectors import REFRESH_S, connectors_materialization, connectors_spec
 from assets.flows import flow_materialization, flows_spec
+from assets.lake import platform_lake
+from assets.reports import report_assets
+from assets.topology import destination_topics, source_topics
 from mirus_dagster.constants import ENV_DATABASE_URL, ENV_TASK_AUTO_RESTART
 from mirus_dagster.jobs import build_admin_jobs, replicator
+from mirus_dagster.report_schedule import reports_job, reports_schedule
+from mirus_dagster.reporting import Reporting, spark_config, spark_master_from_env
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack
@@ -36,13 +42,18 @@ kafka_monitor = build_kafka_monitor(
 task_supervisor = build_task_supervisor(replicator)
 
 defs = dg.Definitions(
-    assets=[connectors_spec, flows_spec],
-    jobs=[replicator, *admin_jobs],
+    assets=[connectors_spec, flows_spec, source_topics, destination_topics, platform_lake, *report_assets],
+    jobs=[replicator, *admin_jobs, reports_job],
+    schedules=[reports_schedule],
+    # Asset runs launched from the UI run in one process: the reports then share one Spark session.
+    executor=dg.in_process_executor,
     sensors=[kafka_monitor, task_supervisor],
     resources={
         "platform": PlatformDatabase(database_url=_database_url()),
         "supervisor": SupervisorPolicy(
             auto_restart=os.environ.get(ENV_TASK_AUTO_RESTART, "true").lower() != "false",
         ),
+        "reporting": Reporting.from_env(),
+        "pyspark": PySparkResource(spark_config=spark_config(spark_master_from_env())),
     },
 )

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from pyspark.sql import SparkSession
 from sqlalchemy import Engine
 
+from mirus_dagster.reporting import spark_config
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackEndpoints, free_port
@@ -47,6 +49,14 @@ def db_engine(stack: StackEndpoints) -> Iterator[Engine]:
     upgrade(engine)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local Spark session for the whole run (it takes ~20 s to start); report assets reuse it."""
+    session = SparkSession.builder.config(map=spark_config("local[2]")).getOrCreate()
+    yield session
+    session.stop()
 
 
 @pytest.fixture

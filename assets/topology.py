@@ -1,0 +1,96 @@
+"""The estate's map around the flows: the topics each connector selects on its source cluster and the topics it
+writes on its destination cluster (one row per connector; topics listed inside)."""
+
+import dagster as dg
+
+from mirus_dagster.constants import (
+    ASSET_GROUP,
+    CONNECTORS_ASSET,
+    DESTINATION_TOPICS_ASSET,
+    FLOWS_ASSET,
+    SOURCE_TOPICS_ASSET,
+)
+from mirus_dagster.resources import PlatformDatabase
+from replicator.config import ConnectorConfigError, load
+from replicator.store import Store
+
+SOURCE_TOPICS = dg.AssetKey(SOURCE_TOPICS_ASSET)
+DESTINATION_TOPICS = dg.AssetKey(DESTINATION_TOPICS_ASSET)
+LISTED_TOPICS = 30  # per connector in the table; the count is always complete
+
+
+def _listed(topics: list[str]) -> str:
+    shown = ", ".join(topics[:LISTED_TOPICS])
+    return shown + (f" … (+{len(topics) - LISTED_TOPICS})" if len(topics) > LISTED_TOPICS else "")
+
+
+def topology_rows(store: Store) -> list[dict[str, object]]:
+    """Per connector: clusters, selected source topics and their destination topics, with partition counts."""
+    rows = []
+    for record in store.list_connectors():
+        try:
+            config = load(record.properties)
+        except ConnectorConfigError as exc:
+            rows.append({"connector": record.name, "error": str(exc)})
+            continue
+        source_snapshot = store.latest_snapshot(record.name, "source")
+        destination_snapshot = store.latest_snapshot(record.name, "destination")
+        source = source_snapshot.topics if source_snapshot else {}
+        destination = destination_snapshot.topics if destination_snapshot else {}
+        selected = [t for t in config.selector.select(source) if not config.namer.is_cycle(t)]
+        targets = sorted({config.namer.destination_topic(t) for t in selected})
+        rows.append({
+            "connector": record.name, "source_cluster": config.source_alias, "target_cluster": config.target_alias,
+            "source_topics": selected, "source_partitions": sum(source[t] for t in selected),
+            "destination_topics": targets, "destination_partitions": sum(destination.get(t, 0) for t in targets),
+            "missing_topics": [t for t in targets if t not in destination],
+        })  # fmt: skip
+    return rows
+
+
+def _table(rows: list[dict[str, object]], side: str) -> str:
+    if side == "source":
+        lines = ["| connector | source cluster | topics | partitions | selected topics |", "|---|---|---|---|---|"]
+    else:
+        lines = ["| connector | destination cluster | topics | partitions | missing topics | destination topics |",
+                 "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['connector']} | configuration error: {r['error']} |")
+        elif side == "source":
+            lines.append(f"| {r['connector']} | {r['source_cluster']} | {len(r['source_topics'])} "  # type: ignore[arg-type]
+                         f"| {r['source_partitions']} | {_listed(r['source_topics'])} |")  # type: ignore[arg-type]  # fmt: skip
+        else:
+            lines.append(f"| {r['connector']} | {r['target_cluster']} | {len(r['destination_topics'])} "  # type: ignore[arg-type]
+                         f"| {r['destination_partitions']} | {_listed(r['missing_topics']) or '—'} "  # type: ignore[arg-type]
+                         f"| {_listed(r['destination_topics'])} |")  # type: ignore[arg-type]  # fmt: skip
+    return "\n".join(lines) if rows else "No connectors."
+
+
+@dg.asset(
+    key=SOURCE_TOPICS,
+    group_name=ASSET_GROUP,
+    deps=[CONNECTORS_ASSET],
+    description="Per connector: the source cluster's topics it selects (latest metadata the monitor saw).",
+)
+def source_topics(platform: PlatformDatabase) -> dg.MaterializeResult:
+    rows = topology_rows(platform.store())
+    return dg.MaterializeResult(metadata={
+        "connectors": dg.MetadataValue.md(_table(rows, "source")),
+        "topics": sum(len(r.get("source_topics", [])) for r in rows),  # type: ignore[arg-type]
+    })  # fmt: skip
+
+
+@dg.asset(
+    key=DESTINATION_TOPICS,
+    group_name=ASSET_GROUP,
+    deps=[FLOWS_ASSET],
+    description="Per connector: the destination topics its flow writes, and which of them do not exist.",
+)
+def destination_topics(platform: PlatformDatabase) -> dg.MaterializeResult:
+    rows = topology_rows(platform.store())
+    return dg.MaterializeResult(metadata={
+        "connectors": dg.MetadataValue.md(_table(rows, "destination")),
+        "topics": sum(len(r.get("destination_topics", [])) for r in rows),  # type: ignore[arg-type]
+        "missing topics": sum(len(r.get("missing_topics", [])) for r in rows),  # type: ignore[arg-type]
+    })  # fmt: skip

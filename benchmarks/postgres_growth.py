@@ -1,0 +1,124 @@
+"""Postgres growth from metric samples at 10,000 partitions, before and after retention (export, then prune).
+
+    python benchmarks/postgres_growth.py [--partitions 10000] [--hours 6] [--every-s 600] [--retention-hours 3]
+
+Writes samples through `Store.record_metrics` exactly as running tasks do (one row per partition and interval),
+for `--partitions` partitions over the last `--hours`, one interval every `--every-s` seconds of that span (a
+sample of the real 10 s cadence, to keep the run short), measures rows and bytes per row, exports every hour to
+a temporary lake and prunes with the retention. Prints the measured figures and the per-day arithmetic for the
+engine's real cadence (`metrics_interval_s`, 10 s). Uses `MIRUS_DATABASE_URL` when set, else a private embedded
+Postgres on free ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import Engine, text
+
+from mirus_dagster.settings import PlatformSettings
+from mirus_dagster.stack import LocalStack, free_port
+from replicator.database import make_engine, upgrade
+from replicator.lake import HOUR, export_hour, hour_floor, prune
+from replicator.metrics import TaskMetrics
+from replicator.store import MetricRow, Store
+
+ENGINE_INTERVAL_S = 10  # ReplicationTask's default metrics interval
+TASK_PARTITIONS = 100  # partitions per simulated task (one insert per task and interval, as tasks do)
+
+
+def _table_bytes(engine: Engine) -> tuple[int, int]:
+    with engine.connect() as conn:
+        conn.execute(text("ANALYZE metric_samples"))
+        rows = conn.execute(text("SELECT count(*) FROM metric_samples")).scalar_one()
+        size = conn.execute(text("SELECT pg_total_relation_size('metric_samples')")).scalar_one()
+    return rows, size
+
+
+def run(engine: Engine, partitions: int, hours: int, every_s: int, retention_hours: float) -> None:
+    upgrade(engine)
+    store = Store(engine)
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE metric_samples"))
+    now = datetime.now(UTC)
+    counters = TaskMetrics(0).counters_for(("t", 0))
+    counters.add_many([3, 8, 40, 120, 900, 2_000], 6_000)  # a realistic, fully populated histogram
+    histogram = counters.cumulative_histogram()
+    started = time.monotonic()
+    ends = [now - timedelta(seconds=s) for s in range(0, hours * 3600, every_s)]
+    for end in ends:
+        for task in range(partitions // TASK_PARTITIONS):
+            rows = [
+                MetricRow(task_id=task, topic=f"topic-{(task * TASK_PARTITIONS + p) // 10:05d}", partition=p % 10,
+                          interval_start=end - timedelta(seconds=ENGINE_INTERVAL_S), interval_end=end, records=6,
+                          bytes=6_000, latency_min_ms=3, latency_max_ms=2_000, latency_sum_ms=3_071, latency_count=6,
+                          latency_histogram=histogram, lag=12)
+                for p in range(TASK_PARTITIONS)
+            ]  # fmt: skip
+            store.record_metrics(f"c{task // 10:02d}", rows)
+    written = time.monotonic() - started
+    rows, size = _table_bytes(engine)
+    per_row = size / rows
+    print(f"wrote {rows:,} rows ({partitions:,} partitions x {len(ends)} intervals) in {written:.1f}s "
+          f"({rows / written:,.0f} rows/s); table + indexes {size / 1e6:.0f} MB = {per_row:.0f} bytes/row")  # fmt: skip
+    day_rows = partitions * 86_400 // ENGINE_INTERVAL_S
+    kept_rows = int(partitions * retention_hours * 3600 / ENGINE_INTERVAL_S)
+    print(
+        f"per day at {partitions:,} partitions, one sample per {ENGINE_INTERVAL_S}s: {day_rows:,} rows, "
+        f"{day_rows * per_row / 1e9:.1f} GB without retention"
+    )
+    print(
+        f"with retention {retention_hours:g}h: at most {kept_rows:,} rows ({kept_rows * per_row / 1e9:.1f} GB) "
+        "plus the hour being exported"
+    )
+
+    lake = Path(tempfile.mkdtemp(prefix="mirus-growth-lake-"))
+    started = time.monotonic()
+    hour = hour_floor(ends[-1])
+    exported = 0
+    while hour <= now:
+        exported += export_hour(engine, lake, hour, now=now + timedelta(hours=2)).rows["metric_samples"]
+        hour += HOUR
+    export_s = time.monotonic() - started
+    print(f"exported {exported:,} rows to Parquet in {export_s:.1f}s ({exported / export_s:,.0f} rows/s)")
+    started = time.monotonic()
+    result = prune(engine, lake, timedelta(hours=retention_hours), now=now)
+    prune_s = time.monotonic() - started
+    rows_after, size_after = _table_bytes(engine)
+    print(f"pruned {result.metric_samples_deleted:,} rows in {prune_s:.1f}s; {rows_after:,} rows remain "
+          f"(table {size_after / 1e6:.0f} MB until autovacuum reuses the space)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--partitions", type=int, default=10_000)
+    parser.add_argument("--hours", type=int, default=6)
+    parser.add_argument("--every-s", type=int, default=600)
+    parser.add_argument("--retention-hours", type=float, default=3.0)
+    args = parser.parse_args()
+    url = os.environ.get("MIRUS_DATABASE_URL")
+    local = None
+    if url is None:
+        # "External" clusters that are never contacted: only the embedded Postgres starts.
+        settings = PlatformSettings.from_env().model_copy(
+            update={"state_dir": Path(tempfile.mkdtemp(prefix="mirus-growth-")), "postgres_port": free_port(),
+                    "source_bootstrap_servers": "unused:9092", "destination_bootstrap_servers": "unused:9092"}
+        )  # fmt: skip
+        local = LocalStack(settings)
+        url = local.up().database_url
+    engine = make_engine(url)
+    try:
+        run(engine, args.partitions, args.hours, args.every_s, args.retention_hours)
+    finally:
+        engine.dispose()
+        if local is not None:
+            local.down()
+
+
+if __name__ == "__main__":
+    main()
