@@ -231,7 +231,8 @@ def missing_partitions_report(spark: SparkSession, lake: Path) -> DataFrame:
     from_tasks = (
         read_state(spark, lake, "partition_status")
         .where("state IN ('PAUSED', 'DROPPED')")
-        .join(routes.withColumnRenamed("source_topic", "topic"), ["connector", "topic"], "left")
+        # Only selected source topics: the task's own flows (e.g. heartbeats) are not source partitions.
+        .join(routes.withColumnRenamed("source_topic", "topic"), ["connector", "topic"])
         .join(
             from_metadata.select("connector", F.col("source_topic").alias("topic"), "partition"),
             ["connector", "topic", "partition"],

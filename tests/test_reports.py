@@ -102,7 +102,9 @@ def estate(
     create_topics(stack.destination_bootstrap_servers, {f"{a}.mirror": 2, f"{c}.mirror": 1})
     props = connector_properties(stack, u, **{"topics.whitelist": f"{a},{b},{c}",
                                               "destination.topic.name.suffix": ".mirror",
-                                              "enable.partition.matching": "true"})  # fmt: skip
+                                              "enable.partition.matching": "true",
+                                              # leave the destination as it is: the report must see the gaps
+                                              "topic.creation.enable": "false"})  # fmt: skip
     config = validate_submission(props)
     store.put_connector(u, config.raw, config.tasks_max)
     before = datetime.now(UTC)
