@@ -47,7 +47,7 @@ def run(engine: Engine, partitions: int, hours: int, every_s: int, retention_hou
         conn.execute(text("TRUNCATE metric_samples"))
     now = datetime.now(UTC)
     counters = TaskMetrics(0).counters_for(("t", 0))
-    counters.add_many([3, 8, 40, 120, 900, 2_000], 6_000)  # a realistic, fully populated histogram
+    counters.add([3, 8, 40, 120, 900, 2_000], 6, 6_000)  # a realistic, fully populated histogram
     histogram = counters.cumulative_histogram()
     started = time.monotonic()
     ends = [now - timedelta(seconds=s) for s in range(0, hours * 3600, every_s)]

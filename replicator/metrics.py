@@ -35,23 +35,21 @@ class PartitionCounters:
         self.latency_count = 0
         self.buckets = [0] * len(BUCKET_LABELS)
 
-    def add_samples(self, samples: list[tuple[int, int]], records: int, nbytes: int) -> None:
-        """Fold `records` acknowledged records; `samples` are (latency ms, records acknowledged before it): each
-        sample stands for the records up to the next one (the engine samples one latency per poll, not per record).
-        """
+    def add(self, latencies: list[int], records: int, nbytes: int) -> None:
+        """Fold `records` acknowledged records of `nbytes` and the latencies (ms) of those that carry a timestamp."""
         self.records += records
         self.bytes += nbytes
-        ends = [mark for _latency, mark in samples[1:]] + [records]
-        for (latency, mark), end in zip(samples, ends, strict=True):
-            weight = end - mark
-            if weight <= 0:
-                continue
-            latency = max(latency, 0)  # clocks of two clusters are never perfectly in step
-            self.latency_min = latency if self.latency_min is None else min(self.latency_min, latency)
-            self.latency_max = latency if self.latency_max is None else max(self.latency_max, latency)
-            self.latency_sum += latency * weight
-            self.latency_count += weight
-            self.buckets[bisect_left(LATENCY_BUCKETS_MS, latency)] += weight
+        if not latencies:
+            return
+        # Clocks of two clusters are never perfectly in step: a negative latency counts as 0.
+        low, high = max(min(latencies), 0), max(max(latencies), 0)
+        self.latency_min = low if self.latency_min is None else min(self.latency_min, low)
+        self.latency_max = high if self.latency_max is None else max(self.latency_max, high)
+        self.latency_sum += sum(latency for latency in latencies if latency > 0)
+        self.latency_count += len(latencies)
+        buckets = self.buckets
+        for latency in latencies:
+            buckets[bisect_left(LATENCY_BUCKETS_MS, latency)] += 1
 
     def cumulative_histogram(self) -> dict[str, int]:
         """Count of records at or below each upper bound (Prometheus-style), '+Inf' last."""

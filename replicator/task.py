@@ -95,7 +95,7 @@ class PartitionState:
     __slots__ = (
         "acked", "acked_bytes", "acked_early", "committed", "destination_partition", "destination_topic",
         "failed_at", "failures", "fifo", "in_flight", "latency_samples", "partition", "paused_reason", "pending",
-        "position", "retry_at", "sampled_at", "source_prefix", "topic", "tp",
+        "position", "retry_at", "source_prefix", "topic", "tp",
     )  # fmt: skip
 
     def __init__(self, tp: SourcePartition, start: int | None, destination_topic: str, source_cluster: str) -> None:
@@ -114,12 +114,12 @@ class PartitionState:
         self.failures = 0
         self.paused_reason: str | None = None
         self.retry_at = 0.0
-        # Acknowledged since the last metrics fold: records, bytes, and one latency sample per poll that served
-        # acknowledgements — the oldest record's, standing for the `acked` mark's successors up to the next sample.
+        # Acknowledged since the last metrics fold: records, bytes, and each record's latency (source CreateTime to
+        # acknowledgement). Per record, not sampled: a backlog mixes old and new records, and the latency report's
+        # buckets (Mirus's 5m … 12h) must count each one where it belongs.
         self.acked = 0
         self.acked_bytes = 0
-        self.latency_samples: list[tuple[int, int]] = []  # (latency ms, `acked` before the sample)
-        self.sampled_at = 0  # the poll (its `now_ms`) of the last sample
+        self.latency_samples: list[int] = []  # ms
 
     def committable(self) -> int | None:
         """The first source offset not yet replicated: everything before it is acknowledged."""
@@ -303,8 +303,9 @@ class ReplicationTask:
             self._refused(state, offset, err)
             return
         # Inlined `_acknowledged`: this runs once per record.
-        if state.sampled_at != self.now_ms:
-            self._sample_latency(state, msg)
+        ts_type, ts = msg.timestamp()
+        if ts_type:
+            state.latency_samples.append(self.now_ms - ts)
         state.acked += 1
         key = msg.key()
         state.acked_bytes += len(msg) + (len(key) if key else 0)
@@ -325,19 +326,12 @@ class ReplicationTask:
         self._acknowledged(state, msg)
 
     def _acknowledged(self, state: PartitionState, msg: Message) -> None:
-        if state.sampled_at != self.now_ms:
-            self._sample_latency(state, msg)
+        ts_type, ts = msg.timestamp()
+        if ts_type:
+            state.latency_samples.append(self.now_ms - ts)
         state.acked += 1
         key = msg.key()
         state.acked_bytes += len(msg) + (len(key) if key else 0)
-
-    def _sample_latency(self, state: PartitionState, msg: Message) -> None:
-        """The first acknowledgement of a partition served by this poll is its oldest record: its latency stands
-        for every record of the partition this poll acknowledges (an upper bound, off by at most one poll)."""
-        state.sampled_at = self.now_ms
-        ts_type, ts = msg.timestamp()
-        if ts_type:
-            state.latency_samples.append((self.now_ms - ts, state.acked))
 
     def _refused(self, state: PartitionState, offset: int, err: KafkaError) -> None:
         if err.fatal():
@@ -638,9 +632,9 @@ class ReplicationTask:
         """Move per-record acknowledgement data into the interval's counters, in bulk."""
         for state in self.partitions.values():
             if state.acked:
-                self.metrics.counters_for(state.tp).add_samples(state.latency_samples, state.acked, state.acked_bytes)
+                self.metrics.counters_for(state.tp).add(state.latency_samples, state.acked, state.acked_bytes)
                 state.latency_samples = []
-                state.acked = state.acked_bytes = state.sampled_at = 0
+                state.acked = state.acked_bytes = 0
 
     def _record_metrics(self) -> None:
         self._fold_metrics()
