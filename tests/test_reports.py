@@ -104,7 +104,9 @@ def estate(
                                               "destination.topic.name.suffix": ".mirror",
                                               "enable.partition.matching": "true",
                                               # leave the destination as it is: the report must see the gaps
-                                              "topic.creation.enable": "false"})  # fmt: skip
+                                              "topic.creation.enable": "false",
+                                              # the source's heartbeats topic (other tests' monitors) is no report's
+                                              "emit.heartbeats.enabled": "false"})  # fmt: skip
     config = validate_submission(props)
     store.put_connector(u, config.raw, config.tasks_max)
     before = datetime.now(UTC)
