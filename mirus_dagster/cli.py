@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 
 from mirus_dagster.admin_cli import OFFSET_COMMANDS, api_command, connectors_group
 from mirus_dagster.demo import traffic
+from mirus_dagster.faults.command import faults
 from mirus_dagster.offsets_command import offsets
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackError
@@ -174,6 +175,7 @@ for command in OFFSET_COMMANDS:  # connectors' own offsets, next to the consumer
     offsets.add_command(command)
 main.add_command(connectors_group)
 main.add_command(api_command)
+main.add_command(faults)
 
 
 if __name__ == "__main__":

@@ -28,10 +28,12 @@ from mirus_dagster.constants import (
 )
 from mirus_dagster.demo import example_connector
 from mirus_dagster.resources import PlatformDatabase
+from mirus_dagster.run_history import scrub_run_config
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack
 from replicator import connectors
 from replicator.config import ConnectorConfigError
+from replicator.masking import literal_secrets
 from replicator.store import Store, UnknownConnectorError
 from replicator.task import ReplicationTask
 
@@ -84,7 +86,7 @@ def replicator() -> None:
 
 
 class PutConnectorConfig(dg.Config):
-    properties: dict[str, Any] = Field(
+    properties: dict[str, Any | None] = Field(
         # The launchpad opens with this: an example that runs as is on the clusters of `mirus dev`.
         default=example_connector(LocalStack(PlatformSettings.from_env()).endpoints),
         description=(
@@ -135,6 +137,10 @@ def _put_connector_job(connectors_event: ConnectorsEvent) -> dg.JobDefinition:
         try:
             stored = connectors.put_connector(store, config.properties)
         except ConnectorConfigError as exc:
+            # Dagster stored this run's config before the op ran: a secret typed in clear must not stay there.
+            typed = literal_secrets(config.properties)
+            if typed:
+                scrub_run_config(context.instance, context.run_id, typed)
             raise _fail(f"connector configuration rejected, nothing was stored:\n{exc}") from None
         _tag_connector(context, stored.name)
         context.instance.add_dynamic_partitions(CONNECTOR_PARTITIONS, [stored.name])

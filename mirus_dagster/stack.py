@@ -208,6 +208,17 @@ class LocalStack:
                 del state.processes[name]
         return stopped
 
+    def stop_part(self, name: str, sig: int = signal.SIGTERM) -> bool:
+        """Stop one started part with `sig` and wait for it; `up()` starts it again. False if it was not running."""
+        with self._locked() as state:
+            record = state.processes.get(name)
+            proc = record.process() if record else None
+            if proc is None:
+                return False
+            _terminate(proc.pid, sig)
+            del state.processes[name]
+        return True
+
     def status(self) -> list[PartStatus]:
         state = self._read_state()
         ep = self.endpoints

@@ -22,6 +22,7 @@ hold resolved values; `raw` holds the properties exactly as submitted and is wha
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
@@ -176,6 +177,12 @@ class _ConnectorModel(BaseModel):
             # Idempotence keeps each partition's order across retries; acks=all means acknowledged = durable.
             "enable.idempotence": True,
             "acks": "all",
+            # A record given up while later ones of its partition are written is a gap, and its retry lands
+            # after them: out of order. So, as Kafka Connect does, never give a record up for time (a network
+            # cut or a broker restart only delays), and stop the producer at any error that could leave a gap
+            # (the task then replaces it and every partition resumes from its first unacknowledged record).
+            "message.timeout.ms": 0,
+            "enable.gapless.guarantee": True,
             # Never let a produce re-create a deleted destination topic with the broker's default layout.
             "allow.auto.create.topics": False,
             # 5 ms: at low rates a record waits at most that long for companions; at high rates batches fill first.
@@ -266,6 +273,14 @@ def load(props: Mapping[str, object], *, resolve_references: bool = True) -> Con
 # --- parsing -------------------------------------------------------------------------------------------------
 
 
+_MAX_VALUE_LENGTH = 100_000  # client settings and transforms (a CA bundle in ssl.ca.pem can be long)
+_OFFSET_RESETS = frozenset({"earliest", "smallest", "beginning", "latest", "largest", "end"})
+_PORT = r"(?:[1-9]\d{0,3}|[1-5]\d{4}|6[0-4]\d{3}|65[0-4]\d{2}|655[0-2]\d|6553[0-5])"
+_BOOTSTRAP_ENTRY = re.compile(
+    rf"(?:[A-Za-z_]+://)?(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{{0,252}}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):{_PORT}"
+)
+
+
 def _client_setting(name: str) -> tuple[Client | None, str]:
     """Which client a property configures, and the librdkafka setting it names (`(None, name)` if none)."""
     spec = SPECS.get(name)
@@ -334,6 +349,8 @@ class _Parser(TopicRules):
         fields.update(self.clients())
         fields["selector"] = self.selector()
         fields["namer"] = self.namer(fields.get("source_alias", "source"), fields.get("target_alias", "target"))
+        if fields["selector"] is not None and fields["namer"] is not None:
+            self.check_destination_names(fields["selector"], fields["namer"])
         if not self.errors:
             try:
                 return ConnectorConfig(**fields)
@@ -351,6 +368,15 @@ class _Parser(TopicRules):
                 self.referenced[name] = value
                 if not self.resolve_references:
                     self.unresolved.add(name)  # kept as written, and never complained about
+                    resolved[name] = value
+                    continue
+                if not is_secret_property(name) and _client_setting(name)[0] is None:
+                    # Not even resolved: the connector's own properties become topic names, counts and behaviour
+                    # that the platform shows, so a reference would display whatever it points to. (Client
+                    # settings may hold references: their resolved values are masked wherever shown.)
+                    self.fail(name, "${...} references are only accepted in secret properties and client settings "
+                              "(consumer.*, producer.*, ...): this property's value is shown")  # fmt: skip
+                    self.unresolved.add(name)
                     resolved[name] = value
                     continue
                 try:
@@ -382,6 +408,13 @@ class _Parser(TopicRules):
                 continue
             if not is_scalar(value):
                 self.fail(name, f"must be a string, number or boolean, got {_json_type(value)}")
+            spec = SPECS.get(name)
+            if spec is not None and spec.is_text and is_scalar(value) and not isinstance(value, str):
+                self.fail(name, f"must be a string, got {self.shown(name, value)}")
+            if isinstance(value, str) and len(value) > (spec.max_length if spec else _MAX_VALUE_LENGTH):
+                limit = spec.max_length if spec else _MAX_VALUE_LENGTH
+                self.fail(name, f"must be at most {limit:,} characters, got {len(value):,}")
+                self.unresolved.add(name)  # nothing else is said about a value this long
             if name in KNOWN_PROPERTIES or name in IGNORED_PROPERTIES or name.startswith(IGNORED_PREFIXES):
                 continue
             if name.startswith((*_CLIENT_PREFIX_NAMES, "transforms.")):
@@ -401,9 +434,13 @@ class _Parser(TopicRules):
             if client is None:
                 continue
             if client is Client.SOURCE and key == "auto.offset.reset":
-                # Interpreted by us (Mirus semantics), not handed to librdkafka, which would reject `none`/`foo`.
-                if offset_reset is None or name.startswith("consumer."):
-                    offset_reset = (name, self.stripped(name) or "")
+                # Interpreted by us (Mirus semantics), not handed to librdkafka.
+                value = (self.stripped(name) or "").lower()
+                if value not in _OFFSET_RESETS:
+                    self.fail(name, f"must be earliest or latest (or smallest, beginning, largest, end), "
+                                    f"got {self.shown(name, self.stripped(name) or '')}")  # fmt: skip
+                elif offset_reset is None or name.startswith("consumer."):
+                    offset_reset = (name, value)
                 continue
             self.add_setting(clients[client], name, key)
 
@@ -459,6 +496,8 @@ class _Parser(TopicRules):
         if key in _PYTHON_HOOKS:
             self.fail(name, f"{key!r} is a confluent-kafka Python hook, not a client setting")
             return
+        if key == "bootstrap.servers" and not self.check_bootstrap_servers(name, value):
+            return
         if key in client.settings and client.settings[key] != value:
             self.fail(
                 name,
@@ -467,6 +506,24 @@ class _Parser(TopicRules):
             return
         client.settings[key] = value
         client.origin.setdefault(key, name)
+
+    def check_bootstrap_servers(self, name: str, value: str) -> bool:
+        """`host:port` entries (an optional `PROTOCOL://` before each), as librdkafka and Kafka take them."""
+        if not value.strip():
+            return True  # reported as missing where the clients are checked
+        if "@" in value:
+            # user:password@host: credentials in a URL. The value is never repeated (it holds a password).
+            self.fail(name, "must not contain credentials (user:password@host): give sasl.username and a "
+                            "sasl.password reference instead")  # fmt: skip
+            self.unresolved.add(name)
+            return False
+        bad = [entry for entry in value.split(",") if not _BOOTSTRAP_ENTRY.fullmatch(entry.strip())]
+        if bad:
+            self.fail(
+                name, f"must be a comma-separated list of host:port (port 1-65535), got {self.shown(name, value)}"
+            )
+            return False
+        return True
 
     def check_with_librdkafka(self, kind: str, client: _ClientSettings, prefix: str) -> None:
         """Let librdkafka judge every setting (names, values, combinations) and map its complaints to properties.

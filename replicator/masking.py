@@ -6,6 +6,7 @@ one place is hidden in all of them, always as `SECRET_MASK`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from replicator.secrets import has_reference
@@ -14,6 +15,8 @@ SECRET_MASK = "********"
 
 # Client settings whose values are safe to repeat in free text (see `redact_settings`).
 PUBLIC_SETTINGS = frozenset({"bootstrap.servers", "group.id", "client.id", "security.protocol", "sasl.mechanism"})
+# `user:password@` as in a URL (`https://u:p@host/`, or a bootstrap server written `u:p@host:9092`).
+_URL_CREDENTIALS = re.compile(r"(?P<user>[^\s/@:,]+):(?P<password>[^\s/@,]+)@")
 _SECRET_PARTS = ("password", "secret", "jaas.config", ".pem", "token", "credentials")
 # Shorter values are masked in free text only where quoted: elsewhere they would garble messages.
 _MIN_REDACTED_LENGTH = 4
@@ -30,6 +33,11 @@ def is_secret_property(name: str) -> bool:
     return any(part in lowered for part in _SECRET_PARTS) or lowered.endswith(".key")
 
 
+def mask_url_credentials(value: object) -> object:
+    """A string with the password of any `user:password@host` in it (a URL's credentials) masked."""
+    return _URL_CREDENTIALS.sub(rf"\g<user>:{SECRET_MASK}@", value) if isinstance(value, str) else value
+
+
 def mask_properties(props: Mapping[str, object]) -> dict[str, object]:
     """`props` with every literal secret value replaced by `SECRET_MASK`: safe to return from an API or log.
 
@@ -39,7 +47,7 @@ def mask_properties(props: Mapping[str, object]) -> dict[str, object]:
     values (client settings) must be masked with `mask_settings`.
     """
     return {
-        name: SECRET_MASK if is_secret_property(str(name)) and not has_reference(value) else value
+        name: SECRET_MASK if is_secret_property(str(name)) and not has_reference(value) else mask_url_credentials(value)
         for name, value in props.items()
     }
 
@@ -47,7 +55,10 @@ def mask_properties(props: Mapping[str, object]) -> dict[str, object]:
 def mask_settings(settings: Mapping[str, str], also: Iterable[str] = ()) -> dict[str, str]:
     """Resolved client settings with secrets, and the settings named in `also`, masked (by name only)."""
     hidden = set(also)
-    return {key: SECRET_MASK if is_secret_property(key) or key in hidden else value for key, value in settings.items()}
+    return {
+        key: SECRET_MASK if is_secret_property(key) or key in hidden else str(mask_url_credentials(value))
+        for key, value in settings.items()
+    }
 
 
 def literal_secrets(props: Mapping[str, object]) -> list[str]:

@@ -53,6 +53,7 @@ DEFAULT_CONFIG_PROPERTIES_EXCLUDE = (
     r"unclean\.leader\.election\.enable",
     r"min\.insync\.replicas",
 )
+MAX_TOPIC_NAME = 249  # Kafka's limit on topic names (`Topic.MAX_NAME_LENGTH`)
 MIRUS_CONNECTOR_CLASS = "com.salesforce.mirus.MirusSourceConnector"
 MM2_CONNECTOR_CLASS = "org.apache.kafka.connect.mirror.MirrorSourceConnector"
 _BYTE_ARRAY_CONVERTER = "org.apache.kafka.connect.converters.ByteArrayConverter"
@@ -87,10 +88,16 @@ class PropertySpec:
     part: Part | None = None
     client: Client | None = None
     setting: str = ""
+    max_length: int = 10_000  # text kinds: longer values are refused before any other check reads them
 
     @property
     def names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
+
+    @property
+    def is_text(self) -> bool:
+        """A string-valued kind: a JSON number or boolean given for it is a mistake, not a value."""
+        return self.kind in (Kind.STRING, Kind.LIST, Kind.CLASS)
 
     def bounds(self) -> str:
         """How an INT's bounds read in messages and docs."""

@@ -17,6 +17,16 @@ without a colon (e.g. a RegexRouter replacement's `${group}`) is not a reference
 
 Unlike Kafka Connect, which leaves a reference it cannot resolve in place, every failure raises
 `SecretReferenceError`, whose message names the reference but never a resolved value or file content.
+
+What a connector config may reference is an allowlist set where the platform runs, denying everything else
+(whoever can submit a config must not be able to read the machine's environment or files through it); the
+operator's own settings (e.g. the API's credentials) are resolved with `restricted=False`:
+
+- `MIRUS_CONFIG_PROVIDER_ALLOWED_PATHS`: comma-separated directories whose files may be referenced (Kafka
+  Connect's `allowed.paths` of FileConfigProvider); unset, no file may be. Paths are compared after resolving
+  `..` and symbolic links, and a refused path is never looked at: the error says nothing about whether it exists.
+- `MIRUS_CONFIG_PROVIDER_ALLOWED_ENV`: a regular expression that a variable name must match in full (Kafka
+  Connect's EnvVarConfigProvider `allowlist.pattern`); unset, `MIRUS_SECRET_.*`.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from pathlib import Path
 
 __all__ = [
     "MAX_FILE_BYTES",
@@ -36,6 +47,10 @@ __all__ = [
 
 # Kafka's ConfigTransformer pattern: `${provider:[path:]key}`.
 _REFERENCE = re.compile(r"\$\{([^}]*?):(?:([^}]*?):)?([^}]*?)\}")
+
+ENV_ALLOWED_PATHS = "MIRUS_CONFIG_PROVIDER_ALLOWED_PATHS"
+ENV_ALLOWED_ENV = "MIRUS_CONFIG_PROVIDER_ALLOWED_ENV"
+DEFAULT_ALLOWED_ENV = r"MIRUS_SECRET_.*"
 
 # A referenced file is read into memory: refuse anything bigger than any secret or PEM bundle would be.
 MAX_FILE_BYTES = 1024 * 1024
@@ -50,15 +65,15 @@ def has_reference(value: object) -> bool:
     return isinstance(value, str) and _REFERENCE.search(value) is not None
 
 
-def resolve_references(value: str) -> str:
+def resolve_references(value: str, *, restricted: bool = True) -> str:
     """`value` with every reference replaced by what it refers to; raises `SecretReferenceError`.
 
-    When several references fail, the error lists all of them.
+    When several references fail, the error lists all of them. `restricted`: only what the allowlist allows.
     """
-    return substitute_references(value)[0]
+    return substitute_references(value, restricted=restricted)[0]
 
 
-def substitute_references(value: str) -> tuple[str, list[str]]:
+def substitute_references(value: str, *, restricted: bool = True) -> tuple[str, list[str]]:
     """`value` resolved, and the values substituted for its references (so that callers can mask them)."""
     substituted: list[str] = []
     problems: list[str] = []
@@ -66,7 +81,7 @@ def substitute_references(value: str) -> tuple[str, list[str]]:
 
     def replace(match: re.Match[str]) -> str:
         try:
-            resolved = _resolve_one(match, files)
+            resolved = _resolve_one(match, files, restricted)
         except SecretReferenceError as err:
             problems.append(str(err))
             return match.group(0)
@@ -79,7 +94,7 @@ def substitute_references(value: str) -> tuple[str, list[str]]:
     return result, substituted
 
 
-def _resolve_one(match: re.Match[str], files: dict[str, str]) -> str:
+def _resolve_one(match: re.Match[str], files: dict[str, str], restricted: bool) -> str:
     reference = match.group(0)
     provider, path, key = match.group(1), match.group(2), match.group(3)
     if provider == "env":
@@ -87,6 +102,11 @@ def _resolve_one(match: re.Match[str], files: dict[str, str]) -> str:
             raise SecretReferenceError(f"cannot resolve {reference}: env references take one name, as in ${{env:NAME}}")
         if not key:
             raise SecretReferenceError(f"cannot resolve {reference}: the environment variable name is missing")
+        if restricted and not _env_allowed(key):
+            raise SecretReferenceError(
+                f"cannot resolve {reference}: {key} is not an allowed variable ({ENV_ALLOWED_ENV} is "
+                f"{os.environ.get(ENV_ALLOWED_ENV) or DEFAULT_ALLOWED_ENV!r})"
+            )
         if key not in os.environ:
             raise SecretReferenceError(f"cannot resolve {reference}: environment variable {key} is not set")
         return os.environ[key]
@@ -94,13 +114,13 @@ def _resolve_one(match: re.Match[str], files: dict[str, str]) -> str:
         if path is None:  # `${file:/path}`: the whole file
             if not key:
                 raise SecretReferenceError(f"cannot resolve {reference}: the file path is missing")
-            content = _read_file(key, reference, files)
+            content = _read_file(key, reference, files, restricted)
             if content.endswith("\r\n"):
                 return content[:-2]
             return content.removesuffix("\n")
         if not path:
             raise SecretReferenceError(f"cannot resolve {reference}: the file path is missing")
-        content = _read_file(path, reference, files)
+        content = _read_file(path, reference, files, restricted)
         try:
             entries = parse_java_properties(content)
         except ValueError as err:
@@ -113,9 +133,35 @@ def _resolve_one(match: re.Match[str], files: dict[str, str]) -> str:
     raise SecretReferenceError(f"cannot resolve {reference}: unknown config provider {provider!r} (use env or file)")
 
 
-def _read_file(path: str, reference: str, cache: dict[str, str]) -> str:
+def _env_allowed(name: str) -> bool:
+    pattern = os.environ.get(ENV_ALLOWED_ENV) or DEFAULT_ALLOWED_ENV
+    try:
+        return re.fullmatch(pattern, name) is not None
+    except re.error:
+        return False  # a broken allowlist allows nothing
+
+
+def allowed_directories() -> list[Path]:
+    """The directories file references may point into (resolved), from `MIRUS_CONFIG_PROVIDER_ALLOWED_PATHS`."""
+    configured = os.environ.get(ENV_ALLOWED_PATHS, "")
+    return [Path(os.path.realpath(p.strip())) for p in configured.split(",") if p.strip()]
+
+
+def _file_allowed(path: str) -> bool:
+    if not os.path.isabs(path):
+        return False  # relative to what? The working directory differs between the platform's processes.
+    real = Path(os.path.realpath(path))
+    return any(real == d or d in real.parents for d in allowed_directories())
+
+
+def _read_file(path: str, reference: str, cache: dict[str, str], restricted: bool) -> str:
     if path in cache:
         return cache[path]
+    if restricted and not _file_allowed(path):
+        # Checked before the file is touched: the answer must not tell whether it exists or is readable.
+        raise SecretReferenceError(
+            f"cannot resolve {reference}: the path is not inside a directory allowed by {ENV_ALLOWED_PATHS}"
+        )
     try:
         # Only regular files: a FIFO or device (`/dev/stdin`, `/dev/zero`) could block or never end.
         if not stat.S_ISREG(os.stat(path).st_mode):

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from functools import partial
+from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -58,6 +59,16 @@ SOURCE_GONE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, Kafk
 # The task loop's periodic jobs besides committing (every offset.flush.interval.ms) and metrics (TaskMetrics).
 REFRESH_INTERVAL_S = 1.0  # "refreshing": pause, delete, restart, new config versions and assignment generations
 DESTINATION_CHECK_INTERVAL_S = 5.0  # "checking destinations": route or pause partitions by destination metadata
+# The destination no longer accepts this producer's identity (id, epoch, sequence), or the producer stopped after
+# an error that could leave a gap (`enable.gapless.guarantee`): retrying with the same producer cannot succeed, a
+# new one can (seen after a network cut timed records out mid-flight). A timeout (only with a user-set
+# `producer.message.timeout.ms`) replaces it too, so no later record of the partition is written before the
+# timed-out one is sent again.
+PRODUCER_BROKEN = {
+    KafkaError._MSG_TIMED_OUT, KafkaError._FATAL,
+    KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FENCED, KafkaError.UNKNOWN_PRODUCER_ID,
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.INVALID_PRODUCER_ID_MAPPING, KafkaError._INCONSISTENT,
+}  # fmt: skip
 
 
 class TaskExit(enum.Enum):
@@ -95,7 +106,7 @@ class PartitionState:
     __slots__ = (
         "acked", "acked_bytes", "acked_early", "committed", "destination_partition", "destination_topic",
         "failed_at", "failures", "fifo", "in_flight", "latency_samples", "partition", "paused_reason", "pending",
-        "position", "retry_at", "source_prefix", "topic", "tp",
+        "position", "retry_at", "routed", "source_prefix", "topic", "tp",
     )  # fmt: skip
 
     def __init__(self, tp: SourcePartition, start: int | None, destination_topic: str, source_cluster: str) -> None:
@@ -103,6 +114,7 @@ class PartitionState:
         self.topic, self.partition = tp
         self.destination_topic = destination_topic
         self.destination_partition = UNASSIGNED_PARTITION
+        self.routed = False  # whether destination metadata has decided `destination_partition` yet
         self.fifo: deque[PartitionState] | None = None  # acknowledgement order of the destination partition
         self.source_prefix = provenance.source_prefix(source_cluster, self.topic, self.partition)
         self.pending: deque[int] = deque()  # offsets produced and not yet acknowledged, in send order
@@ -242,7 +254,7 @@ class ReplicationTask:
         if msgs:
             self._forward(msgs)
         self.now_ms = time.time_ns() // 1_000_000  # acknowledgement time of everything this poll serves
-        producer.poll(0)
+        self._serve(producer, 0)
         if self.fatal_producer_error is not None:
             self._recreate_producer()
 
@@ -287,8 +299,8 @@ class ReplicationTask:
                     state.in_flight += 1
                     break
                 except BufferError:
-                    self.producer.poll(0.05)  # local queue full: serve acknowledgements
-                except KafkaException as exc:  # refused before sending, e.g. larger than `message.max.bytes`
+                    self._serve(self.producer, 0.05)  # local queue full: serve acknowledgements
+                except KafkaException as exc:  # refused before sending: too large, or the producer stopped
                     self._refused(state, offset, exc.args[0])
                     break
 
@@ -334,7 +346,7 @@ class ReplicationTask:
         state.acked_bytes += len(msg) + (len(key) if key else 0)
 
     def _refused(self, state: PartitionState, offset: int, err: KafkaError) -> None:
-        if err.fatal():
+        if err.fatal() or err.code() in PRODUCER_BROKEN:
             self.fatal_producer_error = err
         if state.failed_at is None or offset < state.failed_at:
             state.failed_at = offset
@@ -387,8 +399,11 @@ class ReplicationTask:
 
     def _committed(self, offsets: dict[SourcePartition, int]) -> None:
         for tp, offset in offsets.items():
-            if tp in self.partitions:  # (a partition may have been dropped while its commit was under way)
-                self.partitions[tp].committed = offset
+            state = self.partitions.get(tp)
+            if state is not None:  # (a partition may have been dropped while its commit was under way)
+                state.committed = offset
+                if state.paused_reason is None:
+                    state.failures = 0  # progress since the last refusal: the next one starts its backoff over
         self.last_commit_ok = time.monotonic()
         self.uncommitted = False
 
@@ -413,7 +428,11 @@ class ReplicationTask:
                     "records were being replicated (commit.failure.restart.ms)"
                 )
         if self.refreshing.due(now, REFRESH_INTERVAL_S):
-            outcome = self._refresh()
+            try:
+                outcome = self._refresh()
+            except SQLAlchemyError as exc:  # the database is away: keep replicating, commits retry, so does this
+                log.warning("reading the connector %s failed, will retry: %s", self.connector, exc)
+                outcome = None
             if outcome is not None:
                 return outcome
         if self.metadata_in_flight is not None and self.metadata_in_flight.done():
@@ -467,7 +486,7 @@ class ReplicationTask:
         self.config = config
         self.version, self.restart_marker = record.version, restart_marker
         self.consumer = Consumer(config.consumer_settings())
-        self.producer = Producer({**config.producer_settings(self.task_id), "on_delivery": self._delivered})
+        self.producer = Producer(self._producer_settings(config))
         self.fifos = {}
         self.destination_admin = AdminClient(config.admin_settings("destination"))
         self.clients_open = True
@@ -532,6 +551,11 @@ class ReplicationTask:
             metadata = self.destination_admin.list_topics(timeout=5)
         except Exception as exc:
             log.warning("destination metadata unavailable for %s-%d: %s", self.connector, self.task_id, exc)
+            for state in states:
+                if not state.routed and state.paused_reason is None:
+                    # Its destination partition is unknown: producing now would let the partitioner scatter the
+                    # partition's records over the destination's partitions, out of order. Wait and retry.
+                    self._pause(state, f"destination metadata unavailable: {exc}")
             return
         self._map_destinations(states, metadata)
 
@@ -553,6 +577,7 @@ class ReplicationTask:
 
     def _route(self, state: PartitionState, partition: int) -> None:
         state.destination_partition = partition
+        state.routed = True
         if partition == UNASSIGNED_PARTITION or not self.config.ordered_acks:
             state.fifo = None
         else:
@@ -578,7 +603,7 @@ class ReplicationTask:
         state.failures += 1
         state.retry_at = time.monotonic() + RETRY_BACKOFF_S[min(state.failures - 1, len(RETRY_BACKOFF_S) - 1)]
         self.consumer.pause([TopicPartition(state.topic, state.partition)])
-        self.store.set_partition_state(self.lease, state.tp, PartitionHealth.PAUSED, reason)
+        self._show_state(state, PartitionHealth.PAUSED, reason)
         self.on_event(f"paused {state.topic}[{state.partition}]: {reason}")
 
     def _resume(self, state: PartitionState) -> None:
@@ -599,8 +624,15 @@ class ReplicationTask:
             tp.offset = restart
             self.consumer.seek(tp)
         self.consumer.resume([TopicPartition(state.topic, state.partition)])
-        self.store.set_partition_state(self.lease, state.tp, PartitionHealth.ACTIVE, None)
+        self._show_state(state, PartitionHealth.ACTIVE, None)
         self.on_event(f"resumed {state.topic}[{state.partition}] at offset {restart} (was: {reason})")
+
+    def _show_state(self, state: PartitionState, shown: PartitionHealth, reason: str | None) -> None:
+        """Record a pause or resume for operators; a database outage must not stop replication for it."""
+        try:
+            self.store.set_partition_state(self.lease, state.tp, shown, reason)
+        except SQLAlchemyError as exc:
+            log.warning("partition state of %s[%d] not recorded: %s", state.topic, state.partition, exc)
 
     def _drop(self, tp: SourcePartition, reason: str) -> None:
         self.consumer.incremental_unassign([TopicPartition(*tp)])
@@ -616,12 +648,13 @@ class ReplicationTask:
         producer = self.producer
         producer.purge()
         while len(producer):  # purged records come back as refusals: serve them
-            producer.poll(0.1)
+            self._serve(producer, 0.1)
+        self.fatal_producer_error = None  # this producer's own error again, if it is repeated while purging
         for state in self.partitions.values():
             if state.paused_reason is None:
                 self._pause(state, f"producer restarted after fatal error: {err}")
         self.fifos = {}
-        self.producer = Producer({**self.config.producer_settings(self.task_id), "on_delivery": self._delivered})
+        self.producer = Producer(self._producer_settings(self.config))
         for state in self.partitions.values():
             if state.destination_partition != UNASSIGNED_PARTITION:
                 self._route(state, state.destination_partition)
@@ -651,6 +684,30 @@ class ReplicationTask:
             self.store.record_metrics(self.connector, rows)
         except SQLAlchemyError as exc:
             log.warning("metrics of %s-%d not recorded: %s", self.connector, self.task_id, exc)
+
+    def _producer_settings(self, config: ConnectorConfig) -> dict[str, Any]:
+        return {
+            **config.producer_settings(self.task_id),
+            "on_delivery": self._delivered,
+            "error_cb": self._producer_error,
+        }
+
+    def _serve(self, producer: Producer, timeout: float) -> None:
+        """Serve acknowledgements; a fatal producer error (raised by poll()) marks the producer for replacement."""
+        try:
+            producer.poll(timeout)
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            if not err.fatal():
+                raise
+            self.fatal_producer_error = self.fatal_producer_error or err
+
+    def _producer_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback: without one, a fatal producer error is raised from poll()."""
+        if err.fatal():
+            self.fatal_producer_error = self.fatal_producer_error or err
+        else:  # transient (a broker down, a connection reset): librdkafka retries by itself
+            log.debug("producer of %s-%d: %s", self.connector, self.task_id, err.str())
 
 
 def _fmt(partitions: list[SourcePartition], limit: int = 8) -> str:

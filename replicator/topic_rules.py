@@ -17,6 +17,7 @@ from replicator.naming import (
     ReplicationPolicy,
     TopicNamer,
 )
+from replicator.properties import MAX_TOPIC_NAME
 from replicator.property_reader import PropertyReader
 from replicator.selection import TopicSelector, compile_java_regex, regex_list_pattern
 
@@ -26,6 +27,11 @@ _IDENTITY_POLICY_NAMES = frozenset({_MM2_POLICY_PACKAGE + "IdentityReplicationPo
 _REGEX_ROUTER_TYPES = frozenset({"org.apache.kafka.connect.transforms.RegexRouter", "RegexRouter"})
 _SELECTION_PROPERTIES = ("topics.whitelist", "topics.regex", "topics.regex.list", "topics")
 _TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]*")
+_LEGAL_TOPIC = f"1 to {MAX_TOPIC_NAME} letters, digits, '.', '_' or '-', not '.' or '..'"
+
+
+def _legal_topic(name: str) -> bool:
+    return 0 < len(name) <= MAX_TOPIC_NAME and name not in (".", "..") and _TOPIC_CHARS.fullmatch(name) is not None
 
 
 class TopicRules(PropertyReader):
@@ -63,6 +69,22 @@ class TopicRules(PropertyReader):
             include=tuple(include),
             exclude=tuple(exclude),
         )
+
+    def check_destination_names(self, selector: TopicSelector, namer: TopicNamer) -> None:
+        """Named topics must be legal Kafka names, and so must what the naming policy makes of them."""
+        naming = next(
+            (p for p in ("destination.topic.name.suffix", "destination.topic.name.prefix", "transforms",
+                         "replication.policy.class", "source.cluster.alias") if self.props.get(p)),
+            "source.cluster.alias",
+        )  # fmt: skip
+        for topic in sorted(selector.whitelist):
+            if not _legal_topic(topic):
+                self.fail("topics.whitelist", f"{topic[:60]!r}: not a Kafka topic name ({_LEGAL_TOPIC})")
+                continue
+            destination = namer.destination_topic(topic)
+            if not _legal_topic(destination):
+                shown = destination if len(destination) <= 60 else f"{destination[:60]}… ({len(destination)} chars)"
+                self.fail(naming, f"names topic {topic!r} {shown!r}, not a Kafka topic name ({_LEGAL_TOPIC})")
 
     def check_regex(self, prop: str, pattern: str, compile_one: Callable[[str], object]) -> bool:
         try:
@@ -102,6 +124,15 @@ class TopicRules(PropertyReader):
                         prop, f"may only contain letters, digits, '.', '_' and '-', got {self.shown(prop, value)}"
                     )
                     ok = False
+            if ok and len(prefix or "") + len(suffix or "") >= MAX_TOPIC_NAME:
+                self.fail(
+                    "destination.topic.name.suffix"
+                    if len(suffix or "") >= len(prefix or "")
+                    else "destination.topic.name.prefix",
+                    f"prefix and suffix together are {len(prefix or '') + len(suffix or '')} characters: no "
+                    f"destination topic name would fit Kafka's limit of {MAX_TOPIC_NAME}",
+                )
+                ok = False
             return MirusNamingPolicy(prefix or "", suffix or "") if ok else None
 
         for prop in mirus_props:  # only reachable with an explicit replication.policy.class
@@ -133,6 +164,13 @@ class TopicRules(PropertyReader):
                         prop, f"may only contain letters, digits, '.', '_' and '-', got {self.shown(prop, alias)}"
                     )
                     ok = False
+            if ok and len(source_alias) + len(separator) >= MAX_TOPIC_NAME:
+                self.fail(
+                    "source.cluster.alias",
+                    f"remote topic names start with the alias and separator ({len(source_alias) + len(separator)} "
+                    f"characters): none would fit Kafka's limit of {MAX_TOPIC_NAME}",
+                )
+                ok = False
             if not ok or mirus_props:
                 return None
             return DefaultReplicationPolicy(source_alias, target_alias, separator)

@@ -43,6 +43,8 @@ from replicator.masking import redact_settings
 
 SAMPLE_SIZE = 10
 """How many missing or mismatched offsets a report lists per partition (the counts are always complete)."""
+MAX_REPLAYS = 1000
+"""How many replays a report lists per partition."""
 
 BATCH_SIZE = 10_000
 POLL_TIMEOUT_S = 0.5
@@ -71,6 +73,19 @@ class Mismatch:
 
 
 @dataclass
+class Replay:
+    """Copies of one source partition went back to `start` after reaching `highest`: a restart re-sent them."""
+
+    start: int
+    highest: int
+
+    @property
+    def resent(self) -> int:
+        """How many already-delivered records this replay can re-send (the most it can duplicate)."""
+        return self.highest - self.start + 1
+
+
+@dataclass
 class PartitionResult:
     """What the destination holds of one source partition.
 
@@ -79,7 +94,10 @@ class PartitionResult:
     records after a restart is at-least-once behaviour and is not counted); `unknown` counts copies naming an
     offset the source did not return (records deleted at the source); `after_snapshot` counts copies of records
     past the checked range (produced after the check started), which are not checked. `bound` says where reading
-    the source partition stopped and why.
+    the source partition stopped and why. `replays` lists each time the copies went back to an already-delivered
+    offset (where a restart resumed); `elsewhere` counts copies in a destination partition whose number differs
+    from the source partition's (not an error in itself: a destination with fewer partitions, or partition
+    matching turned off, spreads them).
     """
 
     source_topic: str
@@ -91,12 +109,15 @@ class PartitionResult:
     missing_offsets: list[int] = field(default_factory=list)
     duplicated: int = 0
     out_of_order: int = 0
+    out_of_order_offsets: list[int] = field(default_factory=list)
+    elsewhere: int = 0
     mismatched: int = 0
     mismatched_offsets: list[Mismatch] = field(default_factory=list)
     unknown: int = 0
     content_matched: int = 0
     after_snapshot: int = 0
     bound: str = ""
+    replays: list[Replay] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -144,7 +165,8 @@ class VerifyReport:
 
     @property
     def totals(self) -> dict[str, int]:
-        names = ("source_records", "replicated", "missing", "duplicated", "out_of_order", "mismatched", "unknown")
+        names = ("source_records", "replicated", "missing", "duplicated", "out_of_order", "mismatched", "unknown",
+                 "elsewhere")  # fmt: skip
         return {name: sum(getattr(p, name) for p in self.partitions) for name in names}
 
     @property
@@ -184,6 +206,10 @@ class VerifyReport:
             name = f"{p.source_topic}[{p.source_partition}]"
             if p.missing:
                 details.append(f"{name}: missing offsets {_sample(p.missing_offsets, p.missing)}")
+            if p.out_of_order:
+                details.append(
+                    f"{name}: arrived after higher offsets {_sample(p.out_of_order_offsets, p.out_of_order)}"
+                )
             if p.mismatched:
                 shown = [f"{m.offset} ({m.differs})" for m in p.mismatched_offsets]
                 details.append(f"{name}: mismatched offsets {_sample(shown, p.mismatched)}")
@@ -283,6 +309,8 @@ class _SourceLog:
         self.delivered = bytearray()
         self.differs = bytearray()
         self.out_of_order = 0
+        self.out_of_order_offsets: list[int] = []
+        self.elsewhere = 0
         self.unknown = 0
         self.content_matched = 0
         self.after_snapshot = 0
@@ -291,6 +319,7 @@ class _SourceLog:
         self.end_confirmed = False  # a record past `end` was served and a fresh query accounted for it
         self.checked_until: int | None = None  # first offset not checked, once reading stopped
         self.bound = "not read"  # where reading stopped and why, for the report
+        self.replays: list[Replay] = []
         # Per destination partition: [previous source offset, highest source offset, end of a replay or -1].
         self._streams: dict[tuple[str, int], list[int]] = {}
         self._by_content: dict[int, int | list[int]] | None = None
@@ -364,18 +393,26 @@ class _SourceLog:
         previous, highest, replay_end = state
         if offset < previous:
             if not delivered_before:
-                self.out_of_order += 1
+                self._out_of_order(offset)
                 replay_end = -1
-            elif replay_end < 0:
-                replay_end = highest  # a restart re-sending what was delivered: fine while it stays exact
+            else:
+                if len(self.replays) < MAX_REPLAYS:
+                    self.replays.append(Replay(offset, highest))
+                if replay_end < 0:
+                    replay_end = highest  # a restart re-sending what was delivered: fine while it stays exact
         elif replay_end >= 0:
             if offset > replay_end:
                 replay_end = -1
             elif not delivered_before:
                 # The replay brought a record that had been skipped: it arrived after higher offsets.
-                self.out_of_order += 1
+                self._out_of_order(offset)
                 replay_end = -1
         state[:] = [offset, max(highest, offset), replay_end]
+
+    def _out_of_order(self, offset: int) -> None:
+        self.out_of_order += 1
+        if len(self.out_of_order_offsets) < SAMPLE_SIZE:
+            self.out_of_order_offsets.append(offset)
 
     def result(self) -> PartitionResult:
         delivered = self.delivered
@@ -392,12 +429,15 @@ class _SourceLog:
             missing_offsets=missing_offsets,
             duplicated=len(delivered) - missing - delivered.count(1),
             out_of_order=self.out_of_order,
+            out_of_order_offsets=list(self.out_of_order_offsets),
+            elsewhere=self.elsewhere,
             mismatched=len(self.differs) - self.differs.count(0),
             mismatched_offsets=[Mismatch(self.offsets[i], _DIFFERENCE[self.differs[i]]) for i in mismatched_at],
             unknown=self.unknown,
             content_matched=self.content_matched,
             after_snapshot=self.after_snapshot,
             bound=self.bound,
+            replays=list(self.replays),
         )
 
 
@@ -454,6 +494,8 @@ class _Run:
         if i is None:
             log.unknown += 1
             return False
+        if partition != origin.source_partition:
+            log.elsewhere += 1
         log.deliver((topic, partition), i, content, timestamp)
         return True
 

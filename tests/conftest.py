@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackEndpoints, free_port
 from replicator.database import make_engine, upgrade
+from replicator.secrets import ENV_ALLOWED_ENV
 
 
 def private_stack_settings(state_dir: Path) -> PlatformSettings:
@@ -30,6 +32,11 @@ def private_stack_settings(state_dir: Path) -> PlatformSettings:
             "postgres_port": free_port(),
         }
     )
+
+
+# The suite's deployment allows these variables in `${env:...}` references (the default is MIRUS_SECRET_.*);
+# set in the process environment so that `mirus task run` and `dagster dev` started by tests inherit it.
+os.environ[ENV_ALLOWED_ENV] = r"MIRUS_SECRET_.*|MIRUS_TEST_.*|KAFKA_.*|TEST_.*|EMPTY_VAR|OUTER|INNER"
 
 
 @pytest.fixture(scope="session")

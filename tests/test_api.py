@@ -18,6 +18,7 @@ from mirus_dagster.definitions import kafka_monitor
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.stack import StackEndpoints
 from replicator.monitor import KafkaMonitor
+from replicator.secrets import ENV_ALLOWED_PATHS
 from replicator.store import Store
 from replicator.task import TaskExit
 
@@ -260,6 +261,7 @@ def test_secrets_never_appear_in_responses(
 ) -> None:
     secrets = tmp_path / "client.properties"
     secrets.write_text("key.password=s3cr3t-value\n")
+    monkeypatch.setenv(ENV_ALLOWED_PATHS, str(tmp_path))  # the deployment allows its secrets directory
     monkeypatch.setenv("MIRUS_TEST_TRUSTSTORE_PASSWORD", "other-s3cr3t")
     config = connector_properties(stack, unique, **{
         "topics.whitelist": unique,

@@ -13,6 +13,7 @@ import pytest
 from replicator.config import ConnectorConfig, ConnectorConfigError, validate_submission
 from replicator.masking import SECRET_MASK, is_secret_property, literal_secrets, mask_properties
 from replicator.naming import DefaultReplicationPolicy, IdentityReplicationPolicy, MirusNamingPolicy
+from replicator.secrets import ENV_ALLOWED_PATHS
 
 # The body of the Mirus quickstart's `PUT /connectors/mirus-quickstart-source/config`.
 MIRUS_QUICKSTART: dict[str, object] = {
@@ -188,14 +189,20 @@ def test_java_only_client_settings_are_dropped() -> None:
         ("largest", "latest"),
         ("earliest", "earliest"),
         ("smallest", "earliest"),
-        ("none", "earliest"),
-        ("whatever", "earliest"),
     ],
 )
 def test_auto_offset_reset_follows_mirus(value: str, expected: str) -> None:
     config = parse(**{"consumer.auto.offset.reset": value})
     assert config.auto_offset_reset == expected
     assert "auto.offset.reset" not in config.source_client
+
+
+@pytest.mark.parametrize("value", ["none", "whatever", "sideways", ""])
+def test_an_auto_offset_reset_that_is_neither_earliest_nor_latest_is_refused(value: str) -> None:
+    # It used to run silently as earliest; Kafka's `none` (fail without a committed offset) is not supported.
+    assert "must be earliest or latest" in error_for(
+        "consumer.auto.offset.reset", **{"consumer.auto.offset.reset": value}
+    )
 
 
 def test_producer_bootstrap_serves_as_destination_bootstrap() -> None:
@@ -654,7 +661,8 @@ def test_references_are_resolved_for_the_clients_but_raw_keeps_them() -> None:
     assert config.raw == {**BASE, **REFERENCED}  # exactly as submitted: this is what gets stored
 
 
-def test_file_references_reach_the_clients(tmp_path: Path) -> None:
+def test_file_references_reach_the_clients(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_ALLOWED_PATHS, str(tmp_path))
     secrets = tmp_path / "kafka.properties"
     secrets.write_text("# source cluster\nsasl.password = hunter2-file\n", encoding="utf-8")
     pem = tmp_path / "client.key.pem"
@@ -670,15 +678,17 @@ def test_file_references_reach_the_clients(tmp_path: Path) -> None:
     assert config.raw == {**BASE, **props}
 
 
-def test_references_in_non_client_properties(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_references_are_accepted_in_client_settings_and_refused_in_shown_properties(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("MIRUS_TEST_TASKS", "3")
     monkeypatch.setenv("MIRUS_TEST_BOOTSTRAP", "kafka-a:9092")
-    config = parse(
-        **{"tasks.max": "${env:MIRUS_TEST_TASKS}", "consumer.bootstrap.servers": "${env:MIRUS_TEST_BOOTSTRAP}"}
-    )
-    assert config.tasks_max == 3
+    config = parse(**{"consumer.bootstrap.servers": "${env:MIRUS_TEST_BOOTSTRAP}"})
     assert config.source_client["bootstrap.servers"] == "kafka-a:9092"
-    assert config.raw["tasks.max"] == "${env:MIRUS_TEST_TASKS}"
+    assert config.raw["consumer.bootstrap.servers"] == "${env:MIRUS_TEST_BOOTSTRAP}"
+    # The connector's own properties become names and numbers the platform shows: a reference is refused.
+    for prop in ("tasks.max", "destination.topic.name.suffix", "name", "source.cluster.alias"):
+        assert "only accepted in secret properties" in error_for(prop, **{prop: "${env:MIRUS_TEST_TASKS}"})
 
 
 def test_a_regex_router_group_reference_is_not_a_secret_reference() -> None:
@@ -694,7 +704,10 @@ def test_a_regex_router_group_reference_is_not_a_secret_reference() -> None:
 
 
 @pytest.mark.usefixtures("secret_env")
-def test_unresolvable_references_are_reported_per_property_all_at_once(tmp_path: Path) -> None:
+def test_unresolvable_references_are_reported_per_property_all_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_ALLOWED_PATHS, str(tmp_path))
     secrets = tmp_path / "s.properties"
     secrets.write_text("other=hunter2-other\n", encoding="utf-8")
     missing_file = tmp_path / "missing"
@@ -769,8 +782,8 @@ def test_resolved_values_never_appear_in_error_messages(monkeypatch: pytest.Monk
         "consumer.sasl.jaas.config",
         "consumer.security.protocol",
     }
-    assert reasons["tasks.max"] == "must be an integer >= 1, got '${env:MIRUS_TEST_LEAK}' (resolved value not shown)"
-    assert "'${env:MIRUS_TEST_REGEX}' (resolved value not shown)" in reasons["topics.regex"]
+    assert "only accepted in secret properties" in reasons["tasks.max"]
+    assert "only accepted in secret properties" in reasons["topics.regex"]
     assert "hunter2" not in str(err)
     assert "hunter2" not in repr(err.errors)
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from replicator.secrets import (
+    ENV_ALLOWED_ENV,
+    ENV_ALLOWED_PATHS,
     MAX_FILE_BYTES,
     SecretReferenceError,
     has_reference,
@@ -18,11 +21,69 @@ from replicator.secrets import (
 PEM = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBg\n-----END PRIVATE KEY-----"
 
 
+@pytest.fixture(autouse=True)
+def files_allowed_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator allows the test's directory, as a deployment allows its secrets directory."""
+    monkeypatch.setenv(ENV_ALLOWED_PATHS, str(tmp_path))
+
+
 def resolve_error(value: str) -> str:
     with pytest.raises(SecretReferenceError) as caught:
         resolve_references(value)
     assert isinstance(caught.value, ValueError)
     return str(caught.value)
+
+
+# --- the allowlist ---------------------------------------------------------------------------------------------
+
+
+def test_files_outside_the_allowed_paths_are_refused_without_a_hint(tmp_path: Path) -> None:
+    inside = tmp_path / "allowed" / "s.properties"
+    inside.parent.mkdir()
+    inside.write_text("pw=hunter2\n")
+    outside = tmp_path / "elsewhere.properties"
+    outside.write_text("pw=hunter2\n")
+    (inside.parent / "link.properties").symlink_to(outside)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ENV_ALLOWED_PATHS, f"/nonexistent, {inside.parent}")
+        assert resolve_references(f"${{file:{inside}:pw}}") == "hunter2"
+        existing, missing = resolve_error(f"${{file:{outside}:pw}}"), resolve_error(f"${{file:{tmp_path}/nope:pw}}")
+        escapes = [
+            resolve_error(f"${{file:{inside.parent}/../elsewhere.properties:pw}}"),
+            resolve_error(f"${{file:{inside.parent}/link.properties:pw}}"),  # a symbolic link pointing out
+            resolve_error("${file:relative/s.properties:pw}"),
+            resolve_error("${file:/etc/shadow:root}"),
+            resolve_error("${file:/etc/shadow:x}"),
+        ]
+    # Same answer whether the file exists or not: nothing is learnt about the machine's files.
+    assert existing.replace(str(outside), "P") == missing.replace(f"{tmp_path}/nope", "P")
+    for message in [existing, missing, *escapes]:
+        assert f"not inside a directory allowed by {ENV_ALLOWED_PATHS}" in message, message
+        assert "hunter2" not in message and "no key" not in message and "cannot read" not in message
+
+
+def test_no_file_is_allowed_unless_configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secrets = tmp_path / "s.properties"
+    secrets.write_text("pw=hunter2\n")
+    monkeypatch.delenv(ENV_ALLOWED_PATHS)
+    assert "not inside a directory allowed" in resolve_error(f"${{file:{secrets}:pw}}")
+
+
+def test_env_references_are_limited_to_the_allowed_pattern(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_ALLOWED_ENV, raising=False)  # the default: MIRUS_SECRET_.*
+    monkeypatch.setenv("MIRUS_SECRET_PW", "hunter2")
+    assert resolve_references("${env:MIRUS_SECRET_PW}") == "hunter2"
+    for name in ("HOME", "PATH", "MIRUS_DATABASE_URL", "XMIRUS_SECRET_PW"):
+        message = resolve_error(f"${{env:{name}}}")
+        assert f"{name} is not an allowed variable" in message and os.environ.get("HOME", "@@") not in message
+    monkeypatch.setenv(ENV_ALLOWED_ENV, "KAFKA_[A-Z_]+")
+    monkeypatch.setenv("KAFKA_PW", "pw2")
+    assert resolve_references("${env:KAFKA_PW}") == "pw2"
+    assert "not an allowed variable" in resolve_error("${env:MIRUS_SECRET_PW}")
+    monkeypatch.setenv(ENV_ALLOWED_ENV, "(")  # a broken pattern allows nothing
+    assert "not an allowed variable" in resolve_error("${env:KAFKA_PW}")
+    # The operator's own settings are not submitted by users: they may name any variable or file.
+    assert resolve_references("${env:KAFKA_PW}", restricted=False) == "pw2"
 
 
 # --- env -------------------------------------------------------------------------------------------------------
@@ -139,8 +200,9 @@ def test_unreadable_file(tmp_path: Path) -> None:
 
 def test_directories_and_devices_are_refused(tmp_path: Path) -> None:
     assert "is not a regular file" in resolve_error(f"${{file:{tmp_path}}}")
-    if Path("/dev/zero").exists():
-        assert "is not a regular file" in resolve_error("${file:/dev/zero}")
+    fifo = tmp_path / "fifo"  # would block a reader forever
+    os.mkfifo(fifo)
+    assert "is not a regular file" in resolve_error(f"${{file:{fifo}}}")
 
 
 def test_oversized_and_binary_files_are_refused(tmp_path: Path) -> None:

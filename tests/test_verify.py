@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from mirus_dagster.stack import StackEndpoints
 from mirus_dagster.verify_command import verify
-from replicator.verify import Mismatch, PartitionResult, VerifyReport, verify_replication
+from replicator.verify import Mismatch, PartitionResult, Replay, VerifyReport, verify_replication
 
 from .kafka_helpers import Rec, consume_all, create_topics, produce, replicated_headers, wait_for
 
@@ -75,7 +75,8 @@ def partition(report: VerifyReport, number: int) -> PartitionResult:
 
 def test_a_perfect_copy_is_ok_even_when_partitions_are_merged(stack: StackEndpoints, unique: str) -> None:
     src = source_records(stack, unique)
-    # One destination partition takes both source partitions interleaved: provenance still attributes each copy.
+    # One destination partition takes both source partitions interleaved: provenance still attributes each copy
+    # (partition 1's six copies are counted as `elsewhere`: in a partition of another number, which is allowed).
     interleaved = [
         copy(rec, f"{unique}.copy", partition=0) for pair in zip(src[0], src[1], strict=True) for rec in pair
     ]
@@ -85,7 +86,7 @@ def test_a_perfect_copy_is_ok_even_when_partitions_are_merged(stack: StackEndpoi
 
     assert report.ok and report.complete, report.to_text()
     assert report.totals == {"source_records": 12, "replicated": 12, "missing": 0, "duplicated": 0,
-                               "out_of_order": 0, "mismatched": 0, "unknown": 0}  # fmt: skip
+                               "out_of_order": 0, "mismatched": 0, "unknown": 0, "elsewhere": 6}  # fmt: skip
     assert not report.content_matching_used
     assert report.to_json()["ok"] is True
     assert report.to_text().splitlines()[-1].startswith("result: OK")
@@ -118,6 +119,9 @@ def test_duplicates_from_a_replay_are_allowed_and_counted(stack: StackEndpoints,
     p0 = partition(report, 0)
     assert (p0.replicated, p0.duplicated, p0.out_of_order, p0.missing) == (6, 3, 0, 0)
     assert report.totals["duplicated"] == 3
+    # Where the restart resumed and how far the copies had got: what the fault harness checks against its bound.
+    assert p0.replays == [Replay(start=3, highest=5)] and p0.replays[0].resent == 3
+    assert partition(report, 1).replays == []
 
 
 def test_records_out_of_order_fail(stack: StackEndpoints, unique: str) -> None:
@@ -133,6 +137,10 @@ def test_records_out_of_order_fail(stack: StackEndpoints, unique: str) -> None:
     assert not report.ok
     assert (partition(report, 0).out_of_order, partition(report, 0).missing) == (1, 0)
     assert (partition(report, 1).out_of_order, partition(report, 1).duplicated) == (1, 2)
+    # The offsets that arrived after higher ones are named, so a fault run can trace them.
+    assert partition(report, 0).out_of_order_offsets == [2]
+    assert partition(report, 1).out_of_order_offsets == [3]
+    assert "arrived after higher offsets 3" in report.to_text()
 
 
 def test_changed_and_stray_records_are_reported(stack: StackEndpoints, unique: str) -> None:

