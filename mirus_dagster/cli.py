@@ -101,11 +101,14 @@ def task() -> None:
 @click.argument("connector")
 @click.argument("task_id", type=int)
 def task_run(connector: str, task_id: int) -> None:
-    """Run one task of CONNECTOR in this process until it is removed, paused, deleted or fenced (Ctrl-C stops it)."""
+    """Run one task of CONNECTOR in this process until it is removed, paused, deleted or fenced (Ctrl-C stops it).
+
+    While another process owns the task, this one stands by and takes over the moment that one dies."""
     import logging
     import socket
 
     from replicator.database import make_engine
+    from replicator.ownership import run_owned
     from replicator.store import Store
     from replicator.task import ReplicationTask
 
@@ -113,11 +116,11 @@ def task_run(connector: str, task_id: int) -> None:
     store = Store(make_engine(_database_url()))
     owner = f"{socket.gethostname()}:{os.getpid()}"
     try:
-        outcome = ReplicationTask(store, connector, task_id, owner).run()
+        outcome = run_owned(ReplicationTask(store, connector, task_id, owner))
     except KeyboardInterrupt:
         click.echo("stopped")
         return
-    click.echo(f"task ended: {outcome.value}")
+    click.echo(f"task ended: {outcome.value if outcome else 'connector deleted while standing by'}")
 
 
 # -- development -------------------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ ASSET_GROUP = "mirus"
 # -- jobs and ops --
 REPLICATOR_JOB = "replicator"
 REPLICATE_OP = "replicate"
+WATCHER_JOB = "metadata_watcher"
+WATCH_OP = "watch_metadata"
 PUT_CONNECTOR_JOB = "put_connector"
 STORE_CONNECTOR_OP = "store_connector"
 
@@ -29,13 +31,14 @@ MONITOR_SENSOR = "kafka_monitor"
 SUPERVISOR_SENSOR = "task_supervisor"
 
 # -- run tags --
-TAG_KIND = "mirus/kind"  # KIND_REPLICATOR or KIND_ADMIN; the run queue limits replicator runs by it
+TAG_KIND = "mirus/kind"  # KIND_REPLICATOR, KIND_WATCHER or KIND_ADMIN; the run queue limits replicator runs by it
 TAG_CONNECTOR = "mirus/connector"
 TAG_TASK = "mirus/task"
 TAG_REASON = "mirus/reason"  # why a sensor launched the run
 TAG_SENSOR = "dagster/sensor_name"  # set by Dagster on runs a sensor launched
 KIND_REPLICATOR = "replicator"
 KIND_ADMIN = "admin"
+KIND_WATCHER = "watcher"
 
 # -- environment --
 ENV_STATE_DIR = "MIRUS_STATE_DIR"

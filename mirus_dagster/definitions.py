@@ -14,7 +14,7 @@ import dagster as dg
 from assets.connectors import connectors_materialization, connectors_spec
 from assets.flows import flow_materialization, flows_spec
 from mirus_dagster.constants import ENV_DATABASE_URL, ENV_TASK_AUTO_RESTART
-from mirus_dagster.jobs import build_admin_jobs, replicator
+from mirus_dagster.jobs import build_admin_jobs, build_watcher_job, replicator
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack
@@ -30,14 +30,13 @@ def _database_url() -> str | dg.EnvVar:
 
 
 admin_jobs = build_admin_jobs(connectors_materialization)
-kafka_monitor = build_kafka_monitor(
-    replicator, connectors_event=connectors_materialization, flow_event=flow_materialization
-)
+metadata_watcher = build_watcher_job(connectors_materialization, flow_materialization)
+kafka_monitor = build_kafka_monitor(replicator, metadata_watcher, connectors_event=connectors_materialization)
 task_supervisor = build_task_supervisor(replicator)
 
 defs = dg.Definitions(
     assets=[connectors_spec, flows_spec],
-    jobs=[replicator, *admin_jobs],
+    jobs=[replicator, metadata_watcher, *admin_jobs],
     sensors=[kafka_monitor, task_supervisor],
     resources={
         "platform": PlatformDatabase(database_url=_database_url()),
