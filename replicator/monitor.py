@@ -9,7 +9,7 @@ Running tasks pick the new generation up live; nothing is restarted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -102,12 +102,14 @@ def held_reasons(
 
 
 class KafkaMonitor:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, read_view: Callable[[AdminClient, str], ClusterView] = read_cluster) -> None:
+        """`read_view`: how a cluster is read (the metadata watcher passes the reading it shares among connectors)."""
         self.store = store
+        self.read_view = read_view
 
     def _read(self, connector: str, admin: AdminClient, role: str) -> ClusterView:
         try:
-            view = read_cluster(admin, role)
+            view = self.read_view(admin, role)
         except MetadataUnavailableError as exc:
             self.store.record_snapshot(connector, role, {}, str(exc))
             raise

@@ -61,7 +61,7 @@ def task_histories(instance: dg.DagsterInstance, connector: str) -> dict[int, Ta
                 break
             failures += 1
         histories[task_id] = TaskRunHistory(
-            live=bool(live),
+            live_runs=len(live),
             live_started_at=_ts(live[0].start_time) if live else None,
             latest_status=done[0].dagster_run.status.value if done else None,
             latest_ended_at=_ts(done[0].end_time or done[0].update_timestamp.timestamp()) if done else None,
@@ -78,4 +78,4 @@ def live_runs(instance: dg.DagsterInstance, connector: str, task_id: int) -> lis
     )
 
 
-NEVER_RAN = TaskRunHistory(False, None, None, None, 0)
+NEVER_RAN = TaskRunHistory(0, None, None, None, 0)
