@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+
+# A failed run that lived this long had been replicating (or standing by, ready to): its crash is not part of a
+# crash loop, and its replacement starts at once however many crashes came before.
+HEALTHY_RUN_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -14,7 +19,7 @@ class TaskRunHistory:
     live_started_at: datetime | None  # when the newest live run started (None while queued)
     latest_status: str | None  # SUCCESS, FAILURE, CANCELED, ... of the newest finished run; None if never run
     latest_ended_at: datetime | None
-    consecutive_failures: int  # FAILURE runs in a row, newest first
+    consecutive_failures: int  # FAILURE runs in a row, newest first, that crashed soon after they started
 
     @property
     def live(self) -> bool:
@@ -80,6 +85,20 @@ def requested_restart(history: TaskRunHistory, restart_requested_at: datetime | 
         and restart_requested_at is not None
         and restart_requested_at > history.latest_ended_at
     )
+
+
+def failure_streak(finished: Iterable[tuple[str, float | None]]) -> int:
+    """Failed runs in a row among `finished` (status, seconds the run lived; newest first) that make a crash loop:
+    the streak ends at a run that did not fail, and after a failed run that lived `HEALTHY_RUN_S` (counted: a
+    crash after healthy replication is a first failure)."""
+    streak = 0
+    for status, lived_s in finished:
+        if status != "FAILURE":
+            break
+        streak += 1
+        if lived_s is not None and lived_s >= HEALTHY_RUN_S:
+            break
+    return streak
 
 
 def restart_backoff_s(consecutive_failures: int, initial_s: float, max_s: float) -> float:

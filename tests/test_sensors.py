@@ -26,7 +26,9 @@ from mirus_dagster.stack import StackEndpoints
 from replicator.store import Store
 from replicator.watcher import MetadataWatcher, WatchRound
 from sensors.decisions import (
+    HEALTHY_RUN_S,
     TaskRunHistory,
+    failure_streak,
     requested_restart,
     restart_backoff_s,
     restart_decision,
@@ -78,6 +80,17 @@ def test_the_supervisor_backs_off_doubling_up_to_a_cap() -> None:
     once = history(latest_status="FAILURE", latest_ended_at=NOW, consecutive_failures=1)
     assert restart_decision(once, None, NOW, **policy).launch
     assert not restart_decision(history(latest_status="SUCCESS", latest_ended_at=NOW), None, NOW, **policy).launch
+
+
+def test_a_crash_after_healthy_replication_restarts_at_once_however_many_came_before() -> None:
+    healthy, crash = HEALTHY_RUN_S + 1, 2.0
+    # Killed again and again, each time after replicating for a while: every replacement starts at once.
+    assert failure_streak([("FAILURE", healthy)] * 5) == 1
+    assert restart_backoff_s(failure_streak([("FAILURE", healthy)] * 5), 1.0, 60.0) == 0
+    # A crash loop (each run dies soon after it started) backs off, until a healthy run or a success ends it.
+    assert failure_streak([("FAILURE", crash)] * 3 + [("FAILURE", healthy), ("FAILURE", crash)]) == 4
+    assert failure_streak([("FAILURE", crash), ("FAILURE", None), ("SUCCESS", crash), ("FAILURE", crash)]) == 2
+    assert failure_streak([("CANCELED", crash), ("FAILURE", crash)]) == 0
 
 
 def test_an_operator_restart_brings_a_failed_task_back_at_once() -> None:
