@@ -88,14 +88,26 @@ class Traffic:
         return self.written
 
 
+def origin_of(record: Rec) -> tuple[int, int]:
+    """The source (partition, offset) a copy is of."""
+    origin = provenance.parse(record.headers)
+    assert origin is not None and origin.source_partition == record.partition
+    return origin.source_partition, origin.source_offset
+
+
+def copies(stack: StackEndpoints, topic: str, written: int) -> list[Rec]:
+    """Every copy at the destination, read until each of the `written` source records was seen: counting copies
+    instead would stop early by the number of duplicates, which a loaded machine may then never read."""
+    return consume_all(stack.destination_bootstrap_servers, topic, PARTITIONS, expected=written, distinct=origin_of)
+
+
 def assert_complete_and_in_order(copied: list[Rec], written: int) -> None:
     """Every source record arrived; per partition, copies follow source order except for replays of a suffix
     that was not yet committed (at-least-once), which restart at or below what was already copied."""
     by_partition: dict[int, list[int]] = defaultdict(list)
     for r in copied:
-        origin = provenance.parse(r.headers)
-        assert origin is not None and origin.source_partition == r.partition
-        by_partition[r.partition].append(origin.source_offset)
+        partition, offset = origin_of(r)
+        by_partition[partition].append(offset)
     total = 0
     for partition, offsets in by_partition.items():
         first_seen = list(dict.fromkeys(offsets))
@@ -191,13 +203,12 @@ def test_kill_9_of_the_owner_hands_over_to_the_standby_without_loss_or_reorderin
         if standby is not None:
             standby.stop()
 
-    copied = consume_all(stack.destination_bootstrap_servers, unique, PARTITIONS, expected=written)
+    copied = copies(stack, unique, written)
     assert_complete_and_in_order(copied, written)
     # Copied twice: only records after the owner's last commit.
     counts: dict[tuple[int, int], int] = defaultdict(int)
     for r in copied:
-        origin = provenance.parse(r.headers)
-        counts[(origin.source_partition, origin.source_offset)] += 1
+        counts[origin_of(r)] += 1
     assert all(offset >= committed_at_kill[(unique, p)] for (p, offset), n in counts.items() if n > 1)
 
 
@@ -238,7 +249,5 @@ def test_a_stopped_owner_is_fenced_after_the_lease_timeout_and_never_commits_aga
         owner.stop()
         if standby is not None:
             standby.stop()
-    copied = consume_all(stack.destination_bootstrap_servers, unique, PARTITIONS, expected=written)
-    origins = {(provenance.parse(r.headers).source_partition, provenance.parse(r.headers).source_offset)
-               for r in copied}  # fmt: skip
-    assert len(origins) == written  # nothing lost (the woken owner may have sent a last batch twice)
+    # Nothing lost (the woken owner may have sent a last batch twice).
+    assert len({origin_of(r) for r in copies(stack, unique, written)}) == written
