@@ -19,7 +19,7 @@ from replicator.store import ConnectorRecord, Store
 from sensors.monitor import build_kafka_monitor
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import create_topics, wait_for
-from tests.test_sensors import InProcessRun, admin, evaluate, put, requests_for, watch
+from tests.test_sensors import InProcessRun, admin, evaluate, put, requests_for, watched
 
 
 def connectors_view(result: dg.SensorResult) -> str:
@@ -43,7 +43,7 @@ def test_the_view_shows_running_tasks_with_their_run_and_heartbeat_as_soon_as_th
         "topics.whitelist": unique, "tasks.max": "2", "emit.heartbeats.enabled": "false", "task.standby.runs": "0"
     })  # fmt: skip
     assert put(instance, resources, properties).success
-    watch(Store(db_engine))
+    watched(Store(db_engine), unique)
     first = evaluate(kafka_monitor, instance, resources, None)
     runs = [InProcessRun(instance, resources, r) for r in requests_for(first, unique)]
     try:
@@ -94,7 +94,7 @@ def test_a_connector_whose_destinations_are_missing_shows_it_as_a_problem(
     create_topics(stack.source_bootstrap_servers, {unique: 3})  # no destination topic, and none is created
     no_creation = {"topics.whitelist": unique, "topic.creation.enable": "false", "emit.heartbeats.enabled": "false"}
     assert put(instance, resources, connector_properties(stack, unique, **no_creation)).success
-    watch(Store(db_engine))
+    watched(Store(db_engine), unique)
 
     line = row(connectors_view(evaluate(kafka_monitor, instance, resources, None)), unique)
 

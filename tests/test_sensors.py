@@ -144,6 +144,16 @@ def watch(store: Store) -> WatchRound:
     return MetadataWatcher(store).watch_once()
 
 
+def watched(store: Store, connector: str) -> WatchRound:
+    """A watcher round that polled `connector` without error: a round that met a slow broker is retried."""
+
+    def polled() -> WatchRound | None:
+        done = watch(store)
+        return done if connector in done.polled and connector not in done.errors else None
+
+    return wait_for(polled, what=f"a watcher round polling {connector}")  # type: ignore[return-value]
+
+
 class InProcessRun:
     """A replicator run executed in-process in a thread, as the run launcher would execute it."""
 
@@ -224,7 +234,7 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     assert unique in instance.get_dynamic_partitions(CONNECTOR_PARTITIONS)
 
     assert requests_for(evaluate(kafka_monitor, instance, resources, None), unique) == []  # nothing assigned yet
-    assert unique in [r.connector for r in watch(store).changed]
+    assert unique in [r.connector for r in watched(store, unique).changed]
     result = evaluate(kafka_monitor, instance, resources, None)
     assert [r.job_name for r in result.run_requests if TAG_CONNECTOR not in r.tags] == [WATCHER_JOB]
     requests = requests_for(result, unique)
@@ -304,14 +314,14 @@ def test_the_supervisor_restarts_a_failed_task(
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
     properties = connector_properties(stack, unique, **{"topics.whitelist": unique, "task.standby.runs": "0"})
     assert put(instance, resources, properties).success
-    watch(store)
+    watched(store, unique)
     request = requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
     # A real failure: the connector disappears under the run before it claims its task.
     assert admin(instance, resources, "delete", unique).success
     assert not InProcessRun(instance, resources, request).join().success
     assert put(instance, resources, properties).success
     # Assignment again (a watcher round can miss a slow broker: it is retried); the failed run is left alone.
-    wait_for(lambda: watch(store) and store.read_assignment(unique), what="the task assigned again")
+    wait_for(lambda: watched(store, unique) and store.read_assignment(unique), what="the task assigned again")
     assert requests_for(evaluate(kafka_monitor, instance, resources, None), unique) == []  # left to the supervisor
 
     restart = wait_for(
