@@ -256,7 +256,11 @@ def test_the_supervisor_restarts_a_failed_task(
     assert admin(instance, resources, "delete", unique).success
     assert not InProcessRun(instance, resources, request).join().success
     assert put(instance, resources, properties).success
-    evaluate(kafka_monitor, instance, resources, None)  # assignment again; the failed run is left alone
+    # Assignment again (a monitor tick can miss a slow broker: it is retried); the failed run is left alone.
+    wait_for(
+        lambda: evaluate(kafka_monitor, instance, resources, None) and store.read_assignment(unique),
+        what="the task assigned again",
+    )  # fmt: skip
 
     restart = wait_for(
         lambda: requests_for(evaluate(task_supervisor, instance, resources, None), unique),
