@@ -52,6 +52,7 @@ from replicator.transactions import (
     CommitResult,
     ResumePoint,
     TransactionAborted,
+    TransactionError,
     Transactions,
     fence,
     resume_offsets,
@@ -455,6 +456,9 @@ class ReplicationTask:
                     self.abort_reason = f"transaction not committed within {wait_s:.0f}s"
         except TransactionAborted as exc:
             self.abort_reason = str(exc)
+        except TransactionError as exc:
+            self._replace_transactional_producer(str(exc))
+            return
         self._abort_and_rewind(reopen)
 
     def _abort_and_rewind(self, reopen: bool = True) -> None:
@@ -467,6 +471,11 @@ class ReplicationTask:
             deadline = time.monotonic() + COMMIT_WAIT_S
             while len(self.producer) and time.monotonic() < deadline:  # purged records come back as refusals
                 self._serve(self.producer, 0.1)
+        except TransactionError as exc:
+            # E.g. a broker before 2.5 cannot bump the producer epoch after a failed batch (KIP-360): the producer
+            # is done for. A new one fences it, which aborts its transaction, as a task restart would.
+            self._replace_transactional_producer(str(exc))
+            return
         finally:
             self.aborting = False
         self.transaction_due = False
@@ -796,6 +805,22 @@ class ReplicationTask:
             self.transactions = Transactions(self.producer, f"task {self.connector}-{self.task_id}")
             self.transactions.start(COMMIT_WAIT_S)
 
+    def _replace_transactional_producer(self, reason: str) -> None:
+        """Exactly-once: a new producer fences the failed one (its transaction is aborted); every partition rewinds."""
+        self.on_event(f"transactional producer failed ({reason}); replacing it, every partition rewinds")
+        self.aborting = True
+        try:
+            self.producer.purge()
+            deadline = time.monotonic() + COMMIT_WAIT_S
+            while len(self.producer) and time.monotonic() < deadline:
+                self._serve(self.producer, 0.1)
+        finally:
+            self.aborting = False
+        self.fatal_producer_error = None
+        self.producer = Producer(self._producer_settings(self.config))
+        self._start_transactions()
+        self._rewind()
+
     def _recreate_producer(self) -> None:
         """An idempotent producer's fatal error ends that producer; rewind every partition and start a new one."""
         err, self.fatal_producer_error = self.fatal_producer_error, None
@@ -803,19 +828,7 @@ class ReplicationTask:
         if self.transactions is not None:
             if err.code() in FENCED_CODES:
                 raise FencedError(f"the destination fenced this task's transactional producer ({err.name()})")
-            self.on_event(f"producer failed fatally ({err}); recreating it")
-            self.aborting = True
-            try:
-                self.producer.purge()
-                deadline = time.monotonic() + COMMIT_WAIT_S
-                while len(self.producer) and time.monotonic() < deadline:
-                    self._serve(self.producer, 0.1)
-            finally:
-                self.aborting = False
-            self.fatal_producer_error = None
-            self.producer = Producer(self._producer_settings(self.config))
-            self._start_transactions()  # fences the old producer: its open transaction is aborted
-            self._rewind()
+            self._replace_transactional_producer(f"{err.name()}: {err.str()}")
             return
         self.on_event(f"producer failed fatally ({err}); recreating it")
         producer = self.producer
