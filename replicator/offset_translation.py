@@ -180,6 +180,7 @@ class OffsetTranslator:
         consumer = Consumer({
             **self.config.admin_settings("destination"), "group.id": f"mirus-{self.config.name}-translate",
             "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",  # copies of an aborted transaction are not there
         })  # fmt: skip
         try:
             assignment = []
