@@ -36,7 +36,9 @@ from replicator.config import validate_submission  # noqa: E402
 from replicator.database import make_engine, upgrade  # noqa: E402
 from replicator.store import Store  # noqa: E402
 
-SOURCE, DESTINATION = "127.0.0.1:39092", "127.0.0.1:49092"
+# The kit's clusters, or others named as the suite names them (e.g. the second kit on 39192/49192).
+SOURCE = os.environ.get("MIRUS_SOURCE_BOOTSTRAP_SERVERS", "127.0.0.1:39092")
+DESTINATION = os.environ.get("MIRUS_DESTINATION_BOOTSTRAP_SERVERS", "127.0.0.1:49092")
 KIT = Path(os.environ.get("MIRUS_KAFKA_KIT", "/work/shared/apache-kafka"))
 MIRUS = [sys.executable, "-c", "from mirus_dagster.cli import main; main()"]
 
@@ -152,15 +154,17 @@ def start_process(argv: list[str], env: dict[str, str]) -> subprocess.Popen[byte
 
 def timed_copy(
     copier: str, argvs: list[list[str]], target: str, partitions: int, records: int, env: dict[str, str],
-    stop_signal: int = signal.SIGINT, timeout_s: float = 300.0,
+    stop_signal: int = signal.SIGINT, timeout_s: float = 300.0, copied: Callable[[], int] | None = None,
 ) -> Run:  # fmt: skip
-    """Start the copier's processes; wall = start until `target` holds `records`; CPU-s of all its processes."""
+    """Start the copier's processes; wall = start until `target` holds `records` (or `copied()` reaches it: a
+    transactional copy's commit markers count in high watermarks); CPU-s of all its processes."""
     counter = Consumer({"bootstrap.servers": DESTINATION, "group.id": "bench-counter"})
+    count = copied or (lambda: destination_count(counter, target, partitions))
     load = os.getloadavg()[0]
     start = time.perf_counter()
     procs = [start_process(argv, env) for argv in argvs]
     try:
-        while destination_count(counter, target, partitions) < records:
+        while count() < records:
             if time.perf_counter() - start > timeout_s:
                 raise TimeoutError(f"{copier}: not all {records} records at {target} after {timeout_s}s")
             if any(p.poll() is not None and p.returncode != 0 for p in procs):
