@@ -69,7 +69,22 @@ def kit_is_up() -> bool:
 
 
 def preload(topic: str, records: int, partitions: int) -> None:
-    """`records` 100-byte records into `topic` on cluster a, written by Kafka's own ProducerPerformance."""
+    """`records` 100-byte records into `topic` on cluster a, written by Kafka's own ProducerPerformance (the
+    kit's script knows only its own ports: another source is filled by a confluent-kafka producer)."""
+    if SOURCE != "127.0.0.1:39092":
+        create_topic(SOURCE, topic, partitions)
+        producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 5, "batch.size": 65536, "acks": 1,
+                             "queue.buffering.max.messages": 1_000_000})  # fmt: skip
+        value = b"x" * 100
+        for i in range(records):
+            while True:
+                try:
+                    producer.produce(topic, value, partition=i % partitions)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.flush()
+        return
     subprocess.run([str(KIT / "preload.sh"), str(records), topic, str(partitions)], check=True, capture_output=True)
 
 

@@ -27,6 +27,9 @@ def main() -> None:
     parser.add_argument("--copiers", default="mirrormaker,naive,engine",
                         help="also: engine-plain (the engine with provenance headers off), engine-eos "
                              "(exactly.once.support=required)")  # fmt: skip
+    parser.add_argument("--until", choices=("destination", "committed"), default="destination",
+                        help="an engine run ends when the destination holds every record, or when Postgres holds "
+                             "every offset (engine-eos always: commit markers count in high watermarks)")  # fmt: skip
     args = kit.parse_args(parser)
 
     copiers = []
