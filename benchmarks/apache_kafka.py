@@ -73,19 +73,23 @@ def preload(topic: str, records: int, partitions: int) -> None:
     kit's script knows only its own ports: another source is filled by a confluent-kafka producer)."""
     if SOURCE != "127.0.0.1:39092":
         create_topic(SOURCE, topic, partitions)
-        producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 5, "batch.size": 65536, "acks": 1,
-                             "queue.buffering.max.messages": 1_000_000})  # fmt: skip
-        value = b"x" * 100
-        for i in range(records):
-            while True:
-                try:
-                    producer.produce(topic, value, partition=i % partitions)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-        producer.flush()
+        load(SOURCE, topic, records, partitions, 100)
         return
     subprocess.run([str(KIT / "preload.sh"), str(records), topic, str(partitions)], check=True, capture_output=True)
+
+
+def load(bootstrap: str, topic: str, records: int, partitions: int, size: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
+                         "queue.buffering.max.messages": 500000})  # fmt: skip
+    value = b"x" * size
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, value, partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush()
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:

@@ -23,11 +23,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from replicator import provenance
 from replicator.assignment import SourcePartition
+from replicator.partition_reader import PartitionReadError, read_to_end
 from replicator.store import FencedError
 
 # A newer producer with the same transactional.id exists: this instance must stop (as a fenced Postgres write).
 FENCED_CODES = {KafkaError.PRODUCER_FENCED, KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
-SCAN_IDLE_S = 30.0  # a destination partition that neither delivers records nor reports its end for this long
+# A destination partition that neither delivers records nor reports its end for this long: longer than the
+# default transaction.timeout.ms (60 s), after which the broker aborts a transaction its dead producer left open.
+SCAN_IDLE_S = 90.0
 
 
 class TransactionError(RuntimeError):
@@ -152,28 +155,15 @@ def resume_offsets(
     try:
         starts = {(p.topic, p.partition): p.start for p in points.values()}
         consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING if s is None else s) for (t, p), s in starts.items()])
-        open_partitions = set(starts)
-        idle_since = time.monotonic()
-        while open_partitions:
-            messages = consumer.consume(1000, 1.0)
-            if not messages and time.monotonic() - idle_since > SCAN_IDLE_S:
-                shown = ", ".join(f"{t}[{p}]" for t, p in sorted(open_partitions))
-                raise TransactionError(f"reading the destination to resume: no end reached for {shown}")
-            for msg in messages:
-                idle_since = time.monotonic()
-                key = (msg.topic(), msg.partition())
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        open_partitions.discard(key)
-                        continue
-                    raise TransactionError(f"reading destination {key[0]}[{key[1]}] to resume: {err.str()}")
-                for name, value in msg.headers() or ():
-                    if name == provenance.SOURCE and value is not None:
-                        prefix, _, offset = value.rpartition(b"/")
-                        tp = wanted[key].get(prefix + b"/")
-                        if tp is not None:
-                            found[tp] = max(found.get(tp, 0), int(offset) + 1)
+        for msg in read_to_end(consumer, set(starts), SCAN_IDLE_S):
+            for name, value in msg.headers() or ():
+                if name == provenance.SOURCE and value is not None:
+                    prefix, _, offset = value.rpartition(b"/")
+                    tp = wanted[(msg.topic(), msg.partition())].get(prefix + b"/")
+                    if tp is not None:
+                        found[tp] = max(found.get(tp, 0), int(offset) + 1)
+    except PartitionReadError as exc:
+        raise TransactionError(f"reading the destination to resume: {exc}") from None
     finally:
         consumer.close()
     return found

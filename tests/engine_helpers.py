@@ -7,9 +7,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import Engine, text
+
 from mirus_dagster.stack import StackEndpoints
 from replicator.assignment import SourcePartition
 from replicator.config import ConnectorConfig, validate_submission
+from replicator.database import make_engine, upgrade
 from replicator.store import Store
 from replicator.task import ReplicationTask, TaskExit
 
@@ -24,6 +27,17 @@ def connector_properties(stack: StackEndpoints, name: str, **extra: Any) -> dict
         "offset.flush.interval.ms": "200",
         **extra,
     }
+
+
+def private_database(stack: StackEndpoints, name: str) -> Engine:
+    """A migrated database of its own on the stack's Postgres, for tests that break its tables on purpose."""
+    admin = make_engine(stack.database_url).execution_options(isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name.replace("-", "_")}"'))
+    admin.dispose()
+    engine = make_engine(stack.database_url.rsplit("/", 1)[0] + f"/{name.replace('-', '_')}")
+    upgrade(engine)
+    return engine
 
 
 def create_connector(

@@ -21,12 +21,11 @@ from mirus_dagster.faults.brokers import DEFAULT_KAFKA_HOME, KafkaKit
 from mirus_dagster.stack import StackEndpoints, free_port
 from replicator import provenance
 from replicator.clusters import cluster_id
-from replicator.database import make_engine, upgrade
 from replicator.store import Store
 from replicator.task import CommitWatchdogError, TaskExit
 from replicator.transactions import transactional_id
 
-from .engine_helpers import TaskThread, connector_properties, create_connector
+from .engine_helpers import TaskThread, connector_properties, create_connector, private_database
 from .kafka_helpers import Rec, consume_all, create_topics, produce, wait_for
 
 EXACTLY_ONCE = {"exactly.once.support": "required"}
@@ -73,22 +72,29 @@ def _exactly(records: list[Rec], partitions: int, per_partition: int) -> None:
         assert offsets == sorted(offsets)
 
 
+def _two_partitions(stack: StackEndpoints, store: Store, unique: str, records: int, **extra: str) -> None:
+    """Two-partition topics on both clusters, `records` source records, an exactly-once connector on task 0."""
+    create_topics(stack.source_bootstrap_servers, {unique: 2})
+    create_topics(stack.destination_bootstrap_servers, {unique: 2})
+    _produce(stack, unique, b"a", records)
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique, **EXACTLY_ONCE,
+                                                                   **extra}),
+                     {0: [(unique, 0), (unique, 1)]})  # fmt: skip
+
+
+def _produce(stack: StackEndpoints, topic: str, prefix: bytes, records: int) -> None:
+    produce(stack.source_bootstrap_servers,
+            [{"topic": topic, "partition": i % 2, "value": prefix + b"%d" % i} for i in range(records)])  # fmt: skip
+
+
 def test_records_are_written_once_and_a_restart_resumes_exactly(
     stack: StackEndpoints, store: Store, unique: str
 ) -> None:
-    create_topics(stack.source_bootstrap_servers, {unique: 2})
-    create_topics(stack.destination_bootstrap_servers, {unique: 2})
-    produce(
-        stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"a%d" % i} for i in range(200)]
-    )
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique, **EXACTLY_ONCE}),
-                     {0: [(unique, 0), (unique, 1)]})  # fmt: skip
+    _two_partitions(stack, store, unique, 200)
     first = TaskThread.start(store, unique)
     consume_all(stack.destination_bootstrap_servers, unique, 2, expected=200)
     assert first.finish() is TaskExit.STOPPED
-    produce(
-        stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"b%d" % i} for i in range(100)]
-    )
+    _produce(stack, unique, b"b", 100)
     second = TaskThread.start(store, unique)
     copied = consume_all(stack.destination_bootstrap_servers, unique, 2, expected=300)
     second.finish()
@@ -108,12 +114,7 @@ def test_a_task_that_died_after_its_transaction_but_before_its_offsets_resumes_f
     # The state a crash between the destination commit and the Postgres commit leaves, produced for real: the
     # offsets table of a private database disappears, so transactions keep committing while offset commits fail,
     # until the commit watchdog ends the task.
-    admin = make_engine(stack.database_url).execution_options(isolation_level="AUTOCOMMIT")
-    db = unique.replace("-", "_")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{db}"'))
-    engine = make_engine(stack.database_url.rsplit("/", 1)[0] + f"/{db}")
-    upgrade(engine)
+    engine = private_database(stack, unique)
     store = Store(engine)
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
@@ -145,22 +146,13 @@ def test_a_task_that_died_after_its_transaction_but_before_its_offsets_resumes_f
 def test_a_partition_moves_between_tasks_only_after_its_transaction_committed(
     stack: StackEndpoints, store: Store, unique: str
 ) -> None:
-    create_topics(stack.source_bootstrap_servers, {unique: 2})
-    create_topics(stack.destination_bootstrap_servers, {unique: 2})
-    produce(
-        stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"a%d" % i} for i in range(200)]
-    )
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique, "tasks.max": "2",
-                                                                   **EXACTLY_ONCE}),
-                     {0: [(unique, 0), (unique, 1)]})  # fmt: skip
+    _two_partitions(stack, store, unique, 200, **{"tasks.max": "2"})
     zero = TaskThread.start(store, unique, 0)
     wait_for(lambda: sum(store.load_offsets(unique).values()) == 200, what="task 0 replicating")
     store.write_assignment(unique, {0: [(unique, 0)], 1: [(unique, 1)]})
     one = TaskThread.start(store, unique, 1)  # takes the partition once task 0 committed and released it
     wait_for(lambda: any(e.startswith("replicating 1 partition") for e in one.events), what="the hand-over")
-    produce(
-        stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"b%d" % i} for i in range(100)]
-    )
+    _produce(stack, unique, b"b", 100)
     wait_for(lambda: sum(store.load_offsets(unique).values()) == 300, what="both tasks replicating")
     zero.finish()
     one.finish()
