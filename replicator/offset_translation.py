@@ -212,6 +212,7 @@ class OffsetTranslator:
         consumer = Consumer({
             **self.config.admin_settings("source"), "group.id": f"mirus-{self.config.name}-translate",
             "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "latest",
+            "isolation.level": "read_committed",  # the opposite flow's copies, as its readers see them
         })  # fmt: skip
         prefix = f"{self.destination_cluster}/"
         try:

@@ -108,6 +108,20 @@ def test_records_are_written_once_and_a_restart_resumes_exactly(
     assert [o for o, _d in stored] == [150, 150] and all(d is not None and d >= 150 for _o, d in stored)
 
 
+def test_a_second_instance_fences_the_first_through_its_transactional_id(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    _two_partitions(stack, store, unique, 100)
+    first = TaskThread.start(store, unique, owner="first")
+    wait_for(lambda: sum(store.load_offsets(unique).values()) == 100, what="the first instance replicating")
+    second = TaskThread.start(store, unique, owner="second")
+    assert first.join() is TaskExit.FENCED
+    _produce(stack, unique, b"b", 50)
+    wait_for(lambda: sum(store.load_offsets(unique).values()) == 150, what="the second instance replicating")
+    assert second.finish() is TaskExit.STOPPED
+    _exactly(consume_all(stack.destination_bootstrap_servers, unique, 2, expected=150), 2, 75)
+
+
 def test_a_task_that_died_after_its_transaction_but_before_its_offsets_resumes_from_the_destination(
     stack: StackEndpoints, unique: str
 ) -> None:

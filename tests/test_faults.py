@@ -122,11 +122,11 @@ def test_exactly_once_loses_and_duplicates_nothing_under_kills_and_outages(tmp_p
     if not (DEFAULT_KAFKA_HOME / "libs").is_dir():
         pytest.skip(f"needs the Apache Kafka kit in {DEFAULT_KAFKA_HOME}: the embedded broker shows aborted records")
     plan = FaultPlan(
-        duration_s=30,
+        duration_s=20,
         rate=400,
         partitions=4,
         tasks=2,
-        faults=("kill", "postgres", "network", "refuse"),
+        faults=("kill", "postgres", "kill", "network", "refuse"),  # kills twice per round
         gap_s=(1.5, 3.0),
         outage_s=(3.0, 5.0),
         seed=7,
@@ -139,7 +139,7 @@ def test_exactly_once_loses_and_duplicates_nothing_under_kills_and_outages(tmp_p
 
     assert Counter(e.kind for e in report.events)["kill"] >= 2, report.to_text()
     totals = report.verify.totals
-    assert report.verify.complete and totals["source_records"] == report.produced > 5_000
+    assert report.verify.complete and totals["source_records"] == report.produced > 6_000
     # Counted by an independent read_committed reader from the provenance of each copy, not by the engine.
     assert totals["missing"] == 0 and totals["out_of_order"] == 0 and totals["mismatched"] == 0, report.to_text()
     assert totals["duplicated"] == 0 and totals["elsewhere"] == 0, report.to_text()
