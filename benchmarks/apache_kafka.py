@@ -36,7 +36,9 @@ from replicator.config import validate_submission  # noqa: E402
 from replicator.database import make_engine, upgrade  # noqa: E402
 from replicator.store import Store  # noqa: E402
 
-SOURCE, DESTINATION = "127.0.0.1:39092", "127.0.0.1:49092"
+# The kit's clusters, or others named as the suite names them (e.g. the second kit on 39192/49192).
+SOURCE = os.environ.get("MIRUS_SOURCE_BOOTSTRAP_SERVERS", "127.0.0.1:39092")
+DESTINATION = os.environ.get("MIRUS_DESTINATION_BOOTSTRAP_SERVERS", "127.0.0.1:49092")
 KIT = Path(os.environ.get("MIRUS_KAFKA_KIT", "/work/shared/apache-kafka"))
 MIRUS = [sys.executable, "-c", "from mirus_dagster.cli import main; main()"]
 
@@ -67,8 +69,27 @@ def kit_is_up() -> bool:
 
 
 def preload(topic: str, records: int, partitions: int) -> None:
-    """`records` 100-byte records into `topic` on cluster a, written by Kafka's own ProducerPerformance."""
+    """`records` 100-byte records into `topic` on cluster a, written by Kafka's own ProducerPerformance (the
+    kit's script knows only its own ports: another source is filled by a confluent-kafka producer)."""
+    if SOURCE != "127.0.0.1:39092":
+        create_topic(SOURCE, topic, partitions)
+        load(SOURCE, topic, records, partitions, 100)
+        return
     subprocess.run([str(KIT / "preload.sh"), str(records), topic, str(partitions)], check=True, capture_output=True)
+
+
+def load(bootstrap: str, topic: str, records: int, partitions: int, size: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
+                         "queue.buffering.max.messages": 500000})  # fmt: skip
+    value = b"x" * size
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, value, partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush()
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
@@ -152,15 +173,17 @@ def start_process(argv: list[str], env: dict[str, str]) -> subprocess.Popen[byte
 
 def timed_copy(
     copier: str, argvs: list[list[str]], target: str, partitions: int, records: int, env: dict[str, str],
-    stop_signal: int = signal.SIGINT, timeout_s: float = 300.0,
+    stop_signal: int = signal.SIGINT, timeout_s: float = 300.0, copied: Callable[[], int] | None = None,
 ) -> Run:  # fmt: skip
-    """Start the copier's processes; wall = start until `target` holds `records`; CPU-s of all its processes."""
+    """Start the copier's processes; wall = start until `target` holds `records` (or `copied()` reaches it: a
+    transactional copy's commit markers count in high watermarks); CPU-s of all its processes."""
     counter = Consumer({"bootstrap.servers": DESTINATION, "group.id": "bench-counter"})
+    count = copied or (lambda: destination_count(counter, target, partitions))
     load = os.getloadavg()[0]
     start = time.perf_counter()
     procs = [start_process(argv, env) for argv in argvs]
     try:
-        while destination_count(counter, target, partitions) < records:
+        while count() < records:
             if time.perf_counter() - start > timeout_s:
                 raise TimeoutError(f"{copier}: not all {records} records at {target} after {timeout_s}s")
             if any(p.poll() is not None and p.returncode != 0 for p in procs):

@@ -16,12 +16,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from apache_kafka import naive_copy
+from apache_kafka import load, naive_copy
 
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack
@@ -40,20 +39,6 @@ def create(bootstrap: str, topic: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         future.result()
-
-
-def load(bootstrap: str, topic: str, records: int, partitions: int, size: int) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
-                         "queue.buffering.max.messages": 500000})  # fmt: skip
-    value = b"x" * size
-    for i in range(records):
-        while True:
-            try:
-                producer.produce(topic, value, partition=i % partitions)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush()
 
 
 def engine_copy(

@@ -25,13 +25,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", default="1", help="engine runs with these tasks.max values, e.g. 1,2,4")
     parser.add_argument("--copiers", default="mirrormaker,naive,engine",
-                        help="also: engine-plain (the engine with provenance headers off)")  # fmt: skip
+                        help="also: engine-plain (the engine with provenance headers off), engine-eos "
+                             "(exactly.once.support=required)")  # fmt: skip
+    parser.add_argument("--until", choices=("destination", "committed"), default="destination",
+                        help="an engine run ends when the destination holds every record, or when Postgres holds "
+                             "every offset (engine-eos always: commit markers count in high watermarks)")  # fmt: skip
     args = kit.parse_args(parser)
 
     copiers = []
     for name in args.copiers.split(","):
-        if name == "engine":
-            copiers += [f"engine x{t}" if t != "1" else "engine" for t in args.tasks.split(",")]
+        if name in ("engine", "engine-eos"):
+            copiers += [f"{name} x{t}" if t != "1" else name for t in args.tasks.split(",")]
         else:
             copiers.append(name)
     n, parts = args.records, args.partitions
@@ -51,15 +55,19 @@ def main() -> None:
                     argvs = kit.naive_argv(topic, target, n, parts)
                 else:
                     tasks = int(copier.partition("x")[2] or 1)
-                    plain = copier.startswith("engine-plain")
-                    name = f"{topic}-{'plain' if plain else 'engine'}{tasks}"
-                    target = f"{topic}.{'plain' if plain else 'engine'}{tasks}"
-                    headers = {"provenance.headers.enabled": "false"} if plain else {}
-                    kit.put_engine_connector(store, name, topic, target.removeprefix(topic), parts, tasks, **headers)
+                    kind = copier.split()[0].removeprefix("engine-") if "-" in copier else "engine"
+                    name, target = f"{topic}-{kind}{tasks}", f"{topic}.{kind}{tasks}"
+                    extra = {"plain": {"provenance.headers.enabled": "false"},
+                             "eos": {"exactly.once.support": "required"}}.get(kind, {})  # fmt: skip
+                    kit.put_engine_connector(store, name, topic, target.removeprefix(topic), parts, tasks, **extra)
                     argvs, stop = kit.engine_argv(name, tasks), signal.SIGINT
                 kit.create_topic(DESTINATION, target, parts)
                 targets.append(target)
-                run = kit.timed_copy(copier, argvs, target, parts, n, env, stop)
+                # Exactly-once: commit markers count in high watermarks; its copies are all there (visible to
+                # read_committed readers) once Postgres holds every offset, which follows the transaction commit.
+                by_commits = copier.startswith("engine") and (args.until == "committed" or "eos" in copier)
+                committed = (lambda c=name: sum(store.load_offsets(c).values())) if by_commits else None
+                run = kit.timed_copy(copier, argvs, target, parts, n, env, stop, copied=committed)
                 runs[copier].append(run)
                 print(f"round {r + 1} {copier:<12} {run.wall_s:6.2f} s wall {run.cpu_s:6.2f} CPU-s "
                       f"(load average {run.load:.2f})", flush=True)  # fmt: skip

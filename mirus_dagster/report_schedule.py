@@ -37,7 +37,7 @@ LAKE_ASSETS = (LAKE_METRIC_SAMPLES_ASSET, LAKE_SNAPSHOTS_ASSET, LAKE_STATE_ASSET
 reports_job = dg.define_asset_job(
     REPORTS_JOB,
     selection=dg.AssetSelection.groups(LAKE_GROUP, REPORTS_GROUP)
-    | dg.AssetSelection.keys(SOURCE_TOPICS_ASSET, DESTINATION_TOPICS_ASSET),
+    | dg.AssetSelection.assets(SOURCE_TOPICS_ASSET, DESTINATION_TOPICS_ASSET),
     tags={TAG_KIND: KIND_REPORT},
     # One process, hence one Spark session, for the three reports (the multiprocess executor would start three).
     executor_def=dg.in_process_executor,

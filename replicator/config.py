@@ -50,6 +50,7 @@ from replicator.property_reader import is_scalar
 from replicator.secrets import SecretReferenceError, has_reference, substitute_references
 from replicator.selection import TopicSelector, compile_java_regex
 from replicator.topic_rules import TopicRules
+from replicator.transactions import transactional_id
 
 
 class ConnectorConfigError(ValueError):
@@ -144,7 +145,16 @@ class _ConnectorModel(BaseModel):
         creates and grows destination topics itself, so a missing partition is waited for (and the reason shown),
         never replaced by the partitioner (which would break partition preservation).
         """
-        return self.partition_matching is True or (self.partition_matching is None and self.topic_creation)
+        return (
+            self.exactly_once
+            or self.partition_matching is True
+            or (self.partition_matching is None and self.topic_creation)
+        )
+
+    @property
+    def exactly_once(self) -> bool:
+        """`exactly.once.support` asks for exactly-once (`replicator.transactions`)."""
+        return self.exactly_once_support != "disabled"
 
     @property
     def checkpoint_interval_s(self) -> int:
@@ -172,11 +182,12 @@ class _ConnectorModel(BaseModel):
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": self.auto_offset_reset,
+            **({"isolation.level": "read_committed"} if self.exactly_once else {}),
         }
 
     def producer_settings(self, task_id: int) -> dict[str, Any]:
         """The task's destination producer: defaults, destination connection settings, then `producer.*`."""
-        return {
+        settings = {
             # Idempotence keeps each partition's order across retries; acks=all means acknowledged = durable.
             "enable.idempotence": True,
             "acks": "all",
@@ -199,6 +210,14 @@ class _ConnectorModel(BaseModel):
             **connection_settings(self.destination_client),
             **self.producer_client,
         }
+        if self.exactly_once:
+            # A record that times out fails its transaction, which is aborted and written again: no gap can
+            # become visible, so librdkafka's default (message.timeout.ms = transaction.timeout.ms) is right.
+            settings["transactional.id"] = transactional_id(self.name, task_id)
+            for name in ("message.timeout.ms", "enable.gapless.guarantee"):
+                if name not in self.producer_client:
+                    del settings[name]
+        return settings
 
     @property
     def ordered_acks(self) -> bool:
@@ -350,6 +369,8 @@ class _Parser(TopicRules):
                 if value is not None and spec.field:
                     fields[spec.field] = value
         fields.update(self.clients())
+        if fields.get("exactly_once_support", "disabled") != "disabled":
+            self.check_exactly_once(fields)
         fields["selector"] = self.selector()
         fields["namer"] = self.namer(fields.get("source_alias", "source"), fields.get("target_alias", "target"))
         if fields["selector"] is not None and fields["namer"] is not None:
@@ -478,9 +499,35 @@ class _Parser(TopicRules):
             "destination_client": destination.settings,
             "producer_client": producer.settings,
         }
+        self.client_origins = {client: c.origin for client, c in clients.items()}
         if offset_reset is not None:
             out["auto_offset_reset"] = "latest" if offset_reset[1].lower() in ("latest", "largest") else "earliest"
         return out
+
+    def check_exactly_once(self, fields: Mapping[str, Any]) -> None:
+        """Refuse what would contradict exactly-once, naming the property that does."""
+        mode = f"exactly.once.support={self.stripped('exactly.once.support')}"
+        if fields.get("provenance_headers") is False:
+            self.fail("provenance.headers.enabled", f"must stay true with {mode}: each partition resumes after its "
+                      "last copy at the destination, found by these headers")  # fmt: skip
+        if fields.get("partition_matching") is False:
+            self.fail("enable.partition.matching", f"must not be false with {mode}: a partition's copies are found "
+                      "in the destination partition with its number")  # fmt: skip
+        # (client, setting, accepted values (empty: none), why)
+        rules = (
+            (Client.PRODUCER, "transactional.id", (), "is set by the platform (one per task, mirus-<connector>-"
+             "<task>, so that a new instance fences older ones); remove it"),
+            (Client.PRODUCER, "enable.idempotence", ("true",), "must be true: transactions need the idempotent "
+             "producer"),
+            (Client.PRODUCER, "acks", ("all", "-1"), "must be all (or -1): transactions need it"),
+            (Client.SOURCE, "isolation.level", ("read_committed",), "must be read_committed: records of aborted "
+             "source transactions must not be copied"),
+        )  # fmt: skip
+        for client, key, accepted, why in rules:
+            name = self.client_origins[client].get(key)
+            value = self.text(name) if name else None
+            if value is not None and value.strip().lower() not in accepted:
+                self.fail(name, f"{why} ({mode})")
 
     def add_setting(self, client: _ClientSettings, name: str, key: str) -> None:
         value = self.text(name)

@@ -15,8 +15,8 @@ SECRET_MASK = "********"
 
 # Client settings whose values are safe to repeat in free text (see `redact_settings`).
 PUBLIC_SETTINGS = frozenset({"bootstrap.servers", "group.id", "client.id", "security.protocol", "sasl.mechanism"})
-# `user:password@` as in a URL (`https://u:p@host/`, or a bootstrap server written `u:p@host:9092`).
-_URL_CREDENTIALS = re.compile(r"(?P<user>[^\s/@:,]+):(?P<password>[^\s/@,]+)@")
+# Where a URL's `user:password@` can stand: a run of characters without whitespace, `/` or `,`.
+_URL_TOKEN = re.compile(r"[^\s/,]+")
 _SECRET_PARTS = ("password", "secret", "jaas.config", ".pem", "token", "credentials")
 # Shorter values are masked in free text only where quoted: elsewhere they would garble messages.
 _MIN_REDACTED_LENGTH = 4
@@ -34,8 +34,20 @@ def is_secret_property(name: str) -> bool:
 
 
 def mask_url_credentials(value: object) -> object:
-    """A string with the password of any `user:password@host` in it (a URL's credentials) masked."""
-    return _URL_CREDENTIALS.sub(rf"\g<user>:{SECRET_MASK}@", value) if isinstance(value, str) else value
+    """A string with the password of any `user:password@host` in it (a URL's credentials, or a bootstrap server
+    written `u:p@host:9092`) masked. Linear in the length of the value (values of any size are shown masked)."""
+    if not isinstance(value, str) or "@" not in value:
+        return value
+    return _URL_TOKEN.sub(_mask_token_credentials, value)
+
+
+def _mask_token_credentials(match: re.Match[str]) -> str:
+    *before_at, rest = match.group().split("@")
+    masked = []
+    for part in before_at:  # each is followed by `@`: `user:password` there is a credential
+        user, colon, password = part.partition(":")
+        masked.append(f"{user}:{SECRET_MASK}" if user and colon and password else part)
+    return "@".join([*masked, rest])
 
 
 def mask_properties(props: Mapping[str, object]) -> dict[str, object]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -31,7 +30,6 @@ from confluent_kafka import (
     Consumer,
     ConsumerGroupState,
     ConsumerGroupTopicPartitions,
-    KafkaError,
     KafkaException,
     TopicPartition,
 )
@@ -40,6 +38,7 @@ from confluent_kafka.admin import AdminClient
 from replicator import provenance
 from replicator.assignment import SourcePartition
 from replicator.config import ConnectorConfig, split_list
+from replicator.partition_reader import PartitionReadError, read_to_end
 from replicator.selection import compile_java_regex
 from replicator.store import Store
 from replicator.topic_sync import broker_reason
@@ -180,6 +179,7 @@ class OffsetTranslator:
         consumer = Consumer({
             **self.config.admin_settings("destination"), "group.id": f"mirus-{self.config.name}-translate",
             "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",  # copies of an aborted transaction are not there
         })  # fmt: skip
         try:
             assignment = []
@@ -212,6 +212,7 @@ class OffsetTranslator:
         consumer = Consumer({
             **self.config.admin_settings("source"), "group.id": f"mirus-{self.config.name}-translate",
             "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "latest",
+            "isolation.level": "read_committed",  # the opposite flow's copies, as its readers see them
         })  # fmt: skip
         prefix = f"{self.destination_cluster}/"
         try:
@@ -244,27 +245,17 @@ class OffsetTranslator:
         found: dict[tuple[str, str, int], int],
     ) -> None:
         prefix = f"{self.source_cluster}/"
-        idle_since = time.monotonic()
-        while open_partitions:
-            messages = consumer.consume(1000, 1.0)
-            if not messages and time.monotonic() - idle_since > SCAN_IDLE_TIMEOUT_S:
-                shown = ", ".join(f"{t}[{p}]" for t, p in sorted(open_partitions))
-                raise TranslationError(f"destination partitions did not reach their end: {shown}")
-            for msg in messages:
-                idle_since = time.monotonic()
-                key = (msg.topic(), msg.partition())
-                if msg.error() is not None:
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        open_partitions.discard(key)
-                        continue
-                    raise TranslationError(f"reading destination {key[0]}[{key[1]}]: {msg.error().str()}")
+        try:
+            for msg in read_to_end(consumer, open_partitions, SCAN_IDLE_TIMEOUT_S):
                 origin = _source_of(msg.headers(), prefix)
                 if origin is None:
                     continue
                 topic, partition, offset = origin
-                for group, (want_topic, want_partition), committed in targets[key]:
+                for group, (want_topic, want_partition), committed in targets[(msg.topic(), msg.partition())]:
                     if (topic, partition) == (want_topic, want_partition) and offset < committed:
                         found[(group, topic, partition)] = max(found[(group, topic, partition)], msg.offset() + 1)
+        except PartitionReadError as exc:
+            raise TranslationError(f"reading the destination: {exc}") from None
 
     def save(self, translated: Iterable[TranslatedOffset]) -> None:
         """Keep complete translations as checkpoints (an incomplete one would make a failover re-read)."""

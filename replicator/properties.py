@@ -175,10 +175,20 @@ PROPERTIES: tuple[PropertySpec, ...] = (
     PropertySpec("commit.failure.restart.ms", _I, "A task that replicates records but cannot commit offsets for "
                  "this long fails, and the supervisor restarts it.", default=300000,
                  field="commit_failure_restart_ms", minimum=1000),
-    PropertySpec("offset.flush.interval.ms", _I, "How often a task commits replicated offsets to Postgres.",
+    PropertySpec("offset.flush.interval.ms", _I, "How often a task commits replicated offsets to Postgres (and, "
+                 "in exactly-once mode, its destination transaction first).",
                  default=1000, field="offset_commit_interval_ms", minimum=100),
     PropertySpec("provenance.headers.enabled", _B, "Add `mirus.origin` and `mirus.source` headers to every copy: "
-                 "cycle prevention, exact resume and offset translation.", default=True, field="provenance_headers"),
+                 "cycle prevention, exact resume and offset translation; required by exactly-once.", default=True,
+                 field="provenance_headers"),
+    PropertySpec("exactly.once.support", _S, "MirrorMaker 2's name. `required` or `requested`: exactly-once "
+                 "(each task writes through a transactional producer, commits a destination transaction every "
+                 "offset.flush.interval.ms, and resumes each partition after its last committed record at the "
+                 "destination; consumers of the destination must read with isolation.level=read_committed). Both "
+                 "mean the same here: MM2 distinguishes them only by a pre-flight check of the connector plug-in. A "
+                 "destination without transactions fails the task with the broker's error. `disabled`: "
+                 "at-least-once.", default="disabled", field="exactly_once_support",
+                 choices=frozenset({"disabled", "requested", "required"}), expected="disabled, requested or required"),
     PropertySpec("task.heartbeat.interval.ms", _I, "How often a task proves it is alive.", default=2000,
                  field="heartbeat_interval_ms", minimum=100),
     PropertySpec("task.lease.timeout.ms", _I, "A task silent this long is replaced and its partitions may be "

@@ -3,7 +3,8 @@
 - `connectors` / `connector_configs`: a connector and every version of its configuration.
 - `assignments`: which source partitions each task owns, per assignment generation.
 - `task_leases`: which task instance may write, fenced by a growing epoch, with heartbeats.
-- `offsets`: the next source offset to replicate, per connector and source partition.
+- `offsets`: the next source offset to replicate, per connector and source partition (exactly-once: and where
+  its copies end at the destination).
 - `partition_status`: a partition paused or dropped by the engine, and why.
 - `metadata_snapshots`: what the monitor saw on a cluster.
 - `metric_samples`: per task, partition and interval: records, bytes, latency summary and histogram, lag.
@@ -100,6 +101,9 @@ class Offset(Base):
     partition: Mapped[int] = mapped_column(Integer, primary_key=True)
     offset: Mapped[int] = mapped_column(BigInteger, nullable=False, doc="Next source offset to replicate.")
     epoch: Mapped[int] = mapped_column(BigInteger, nullable=False, doc="Lease epoch of the writer.")
+    destination_offset: Mapped[int | None] = mapped_column(
+        BigInteger, doc="Exactly-once: the destination offset after the last committed transaction's copies."
+    )
     updated_at: Mapped[datetime] = _now()
 
 

@@ -345,21 +345,32 @@ class Store:
                 "(or its connector was deleted)"
             )
 
-    def commit(self, lease: Lease, offsets: Mapping[SourcePartition, int]) -> None:
-        """Heartbeat and store `offsets` (next offset to replicate) atomically, only under `lease`'s epoch."""
+    def commit(
+        self,
+        lease: Lease,
+        offsets: Mapping[SourcePartition, int],
+        destination_offsets: Mapping[SourcePartition, int] | None = None,
+    ) -> None:
+        """Heartbeat and store `offsets` (next offset to replicate) atomically, only under `lease`'s epoch.
+
+        Exactly-once also stores `destination_offsets`: where the partition's copies end at the destination (a
+        partition without a new one keeps its stored value)."""
+        positions = destination_offsets or {}
         with Session(self.engine) as s, s.begin():
             self._fence_check(s, lease)
             if offsets:
                 stmt = insert(Offset).values(
-                    [{"connector": lease.connector, "topic": t, "partition": p, "offset": o, "epoch": lease.epoch}
-                     for (t, p), o in sorted(offsets.items())]
+                    [{"connector": lease.connector, "topic": t, "partition": p, "offset": o, "epoch": lease.epoch,
+                      "destination_offset": positions.get((t, p))} for (t, p), o in sorted(offsets.items())]
                 )  # fmt: skip
                 s.execute(
                     stmt.on_conflict_do_update(
                         index_elements=[Offset.connector, Offset.topic, Offset.partition],
-                        set_={"offset": stmt.excluded.offset, "epoch": stmt.excluded.epoch, "updated_at": func.now()},
+                        set_={"offset": stmt.excluded.offset, "epoch": stmt.excluded.epoch, "updated_at": func.now(),
+                              "destination_offset": func.coalesce(stmt.excluded.destination_offset,
+                                                                  Offset.destination_offset)},
                     )
-                )
+                )  # fmt: skip
 
     def finish_task(self, lease: Lease, state: str, error: str | None = None) -> None:
         """Record how the task instance ended and release its partitions, if it still holds the lease."""
@@ -406,6 +417,21 @@ class Store:
             if not wanted:
                 return {}
             query = query.where(tuple_(Offset.topic, Offset.partition).in_(wanted))
+        with self.engine.connect() as conn:
+            return {(t, p): o for t, p, o in conn.execute(query)}
+
+    def load_destination_offsets(
+        self, connector: str, partitions: Iterable[SourcePartition]
+    ) -> dict[SourcePartition, int]:
+        """Exactly-once: where each partition's committed copies end at the destination, where recorded."""
+        wanted = list(partitions)
+        if not wanted:
+            return {}
+        query = select(Offset.topic, Offset.partition, Offset.destination_offset).where(
+            Offset.connector == connector,
+            Offset.destination_offset.is_not(None),
+            tuple_(Offset.topic, Offset.partition).in_(wanted),
+        )
         with self.engine.connect() as conn:
             return {(t, p): o for t, p, o in conn.execute(query)}
 
@@ -456,10 +482,26 @@ class Store:
         A partition held by another task is taken only once that task released it (after flushing and
         committing) or its lease stopped heartbeating for `stale_after`.
         """
+        return sorted(self.claim_partitions_from(lease, partitions, stale_after))
+
+    def claim_partitions_from(
+        self, lease: Lease, partitions: Sequence[SourcePartition], stale_after: timedelta
+    ) -> dict[SourcePartition, int | None]:
+        """`claim_partitions`, telling for each partition taken the other task that held it without releasing it
+        (a silent one: exactly-once fences it before writing), or None."""
         if not partitions:
-            return []
+            return {}
         with Session(self.engine) as s, s.begin():
             self._fence_check(s, lease)
+            held = dict(
+                ((t, p), task) for t, p, task in s.execute(
+                    select(PartitionStatus.topic, PartitionStatus.partition, PartitionStatus.task_id)
+                    .where(PartitionStatus.connector == lease.connector, PartitionStatus.task_id.is_not(None),
+                           PartitionStatus.task_id != lease.task_id,
+                           tuple_(PartitionStatus.topic, PartitionStatus.partition).in_(list(partitions)))
+                    .with_for_update()
+                )
+            )  # fmt: skip
             # The conflicting row's owner is referenced by name: a correlated subquery cannot be expressed here.
             owner_gone = text(
                 "NOT EXISTS (SELECT 1 FROM task_leases l WHERE l.connector = partition_status.connector"
@@ -480,7 +522,7 @@ class Store:
                 },
                 where=or_(PartitionStatus.task_id.is_(None), PartitionStatus.task_id == lease.task_id, owner_gone),
             ).returning(PartitionStatus.topic, PartitionStatus.partition)
-            return sorted((t, p) for t, p in s.execute(stmt))
+            return {(t, p): held.get((t, p)) for t, p in s.execute(stmt)}
 
     def release_partitions(self, lease: Lease, partitions: Iterable[SourcePartition]) -> None:
         wanted = list(partitions)

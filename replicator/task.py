@@ -8,6 +8,9 @@ A record's path, top to bottom in this file:
   acknowledge `_delivered`: the destination acknowledged (or refused) the record
   commit     `_commit_in_background`: per partition, the first offset not yet acknowledged goes to Postgres under
              the lease epoch
+Exactly-once (`replicator.transactions`) adds, before commit, `_end_transaction`: intake stops until every record
+is acknowledged, the destination transaction commits, and only then are the offsets it covers written to Postgres;
+an aborted transaction rewinds every partition (`_rewind`), and `_start` resumes after the destination's last copy.
 
 Consumption never waits for commits: acknowledgements advance each partition on their own and a commit is one
 small transaction every `offset.flush.interval.ms`, on a background thread.
@@ -44,6 +47,16 @@ from replicator.clusters import cluster_id
 from replicator.config import ConnectorConfig, load
 from replicator.metrics import TaskMetrics
 from replicator.store import ConnectorState, FencedError, Lease, MetricRow, PartitionHealth, Store
+from replicator.transactions import (
+    FENCED_CODES,
+    CommitResult,
+    ResumePoint,
+    TransactionAborted,
+    TransactionError,
+    Transactions,
+    fence,
+    resume_offsets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +118,10 @@ class PartitionState:
     """What the task knows about one owned source partition."""
 
     __slots__ = (
-        "acked", "acked_bytes", "acked_early", "committed", "destination_partition", "destination_topic",
-        "failed_at", "failures", "fifo", "in_flight", "latency_samples", "partition", "paused_reason", "pending",
-        "position", "retry_at", "routed", "source_prefix", "topic", "tp",
+        "acked", "acked_bytes", "acked_early", "committed", "destination_durable", "destination_next",
+        "destination_partition", "destination_topic", "durable", "failed_at", "failures", "fifo", "in_flight",
+        "latency_samples", "partition", "paused_reason", "pending", "position", "retry_at", "routed", "source_prefix",
+        "topic", "tp",
     )  # fmt: skip
 
     def __init__(self, tp: SourcePartition, start: int | None, destination_topic: str, source_cluster: str) -> None:
@@ -122,6 +136,10 @@ class PartitionState:
         self.acked_early: set[int] = set()  # acknowledged while an earlier offset is still pending
         self.position = start  # next source offset to forward; None until the first record arrives
         self.committed: int | None = start
+        # Exactly-once: the next source offset and destination offset as of the last committed transaction.
+        self.durable: int | None = start
+        self.destination_durable: int | None = None
+        self.destination_next: int | None = None  # after the last acknowledged copy
         self.failed_at: int | None = None  # first offset the destination refused since the last resume
         self.in_flight = 0
         self.failures = 0
@@ -174,6 +192,13 @@ class ReplicationTask:
         self.version = 0
         self.restart_marker: object = None
         self.fatal_producer_error: KafkaError | None = None
+        self.transactions: Transactions | None = None  # exactly-once mode only
+        # Whether this instance holds the task: a warm standby's prepared producer must not `init_transactions`,
+        # which would fence the live owner's producer (same transactional.id).
+        self.owning = False
+        self.transaction_due = False  # the transaction commits once its records are acknowledged; intake waits
+        self.abort_reason: str | None = None  # a record of the transaction failed: it must be aborted
+        self.aborting = False
         # Per destination partition, the states whose records await acknowledgement, in produce order: an
         # idempotent producer acknowledges a partition's records in order, so one shared callback suffices.
         self.fifos: dict[tuple[str, int], deque[PartitionState]] = {}
@@ -198,10 +223,13 @@ class ReplicationTask:
         `lease`: a claim already taken (`replicator.ownership`); without it the task claims now, fencing any owner.
         """
         self.lease = lease or self.store.claim_task(self.connector, self.task_id, self.owner)
+        self.owning = True
         self.on_event(f"claimed with epoch {self.lease.epoch}")
         outcome: TaskExit | None = None
         error: BaseException | None = None
         try:
+            if self.clients_open:  # prepared while standing by: its transactions start now, fencing the last owner
+                self._start_transactions()
             outcome = self._refresh(force=True)
             while outcome is None:
                 if should_stop():
@@ -271,13 +299,16 @@ class ReplicationTask:
             return
         # Forward whatever has arrived, at once: `consume(n, t)` would hold records back until n arrived or t
         # passed. Only an empty queue is waited on, and only until its first record (or an acknowledgement) is due.
-        msgs = consumer.consume(BATCH, 0)
-        if not msgs:
-            msgs = consumer.consume(1, ACK_SERVE_S if len(producer) else timeout)
+        if self.transaction_due:  # exactly-once: no intake until the transaction's records are acknowledged
+            msgs = []
+        else:
+            msgs = consumer.consume(BATCH, 0)
+            if not msgs:
+                msgs = consumer.consume(1, ACK_SERVE_S if len(producer) else timeout)
         if msgs:
             self._forward(msgs)
         self.now_ms = time.time_ns() // 1_000_000  # acknowledgement time of everything this poll serves
-        self._serve(producer, 0)
+        self._serve(producer, ACK_SERVE_S if self.transaction_due else 0)
         if self.fatal_producer_error is not None:
             self._recreate_producer()
 
@@ -344,6 +375,7 @@ class ReplicationTask:
         state.acked += 1
         key = msg.key()
         state.acked_bytes += len(msg) + (len(key) if key else 0)
+        state.destination_next = msg.offset() + 1
 
     def _delivered_any_order(self, state: PartitionState, offset: int, err: KafkaError | None, msg: Message) -> None:
         state.in_flight -= 1
@@ -369,6 +401,10 @@ class ReplicationTask:
         state.acked_bytes += len(msg) + (len(key) if key else 0)
 
     def _refused(self, state: PartitionState, offset: int, err: KafkaError) -> None:
+        if self.aborting:
+            return  # purged by an abort: the partition is rewound and the record written again
+        if self.transactions is not None:
+            self.abort_reason = self.abort_reason or f"{state.topic}[{state.partition}] offset {offset}: {err.name()}"
         if err.fatal() or err.code() in PRODUCER_BROKEN:
             self.fatal_producer_error = err
         if state.failed_at is None or offset < state.failed_at:
@@ -380,8 +416,9 @@ class ReplicationTask:
 
     def _committable(self) -> dict[SourcePartition, int]:
         offsets = {}
+        exactly_once = self.transactions is not None
         for state in self.partitions.values():
-            offset = state.committable()
+            offset = state.durable if exactly_once else state.committable()
             if offset is not None and offset != state.committed:
                 offsets[state.tp] = offset
         return offsets
@@ -389,9 +426,11 @@ class ReplicationTask:
     def _commit(self, final: bool = False) -> None:
         """Commit now, in this thread (a final commit, or before partitions change hands)."""
         self._collect_commit(wait=True)  # never let an older commit land after this one
+        if self.transactions is not None and self.transactions.open:
+            self._end_transaction(COMMIT_WAIT_S, reopen=not final)
         offsets = self._committable()
         try:
-            self.store.commit(self.lease, offsets)
+            self.store.commit(self.lease, offsets, self._destination_offsets(offsets))
         except SQLAlchemyError as exc:
             if final:
                 raise
@@ -402,7 +441,98 @@ class ReplicationTask:
     def _commit_in_background(self) -> None:
         offsets = self._committable()
         self.commit_started = time.monotonic()
-        self.commit_in_flight = (self.background.submit(self.store.commit, self.lease, offsets), offsets)
+        future = self.background.submit(self.store.commit, self.lease, offsets, self._destination_offsets(offsets))
+        self.commit_in_flight = (future, offsets)
+
+    def _destination_offsets(self, offsets: dict[SourcePartition, int]) -> dict[SourcePartition, int] | None:
+        """Exactly-once: where the committed copies of `offsets`' partitions end at the destination."""
+        if self.transactions is None:
+            return None
+        ends = {tp: self.partitions[tp].destination_durable for tp in offsets if tp in self.partitions}
+        return {tp: end for tp, end in ends.items() if end is not None}
+
+    # -- exactly-once: end the transaction, or abort it and rewind ---------------------------------------
+
+    def _end_transaction(self, wait_s: float = 0.0, reopen: bool = True) -> None:
+        """Commit the transaction once its records are acknowledged; with `wait_s`, wait that long and abort if it
+        could not commit (a partition changing hands must not leave an open transaction behind)."""
+        assert self.transactions is not None
+        producer = self.producer
+        deadline = time.monotonic() + wait_s
+        while len(producer) and self.abort_reason is None and self.fatal_producer_error is None:
+            if time.monotonic() >= deadline:
+                if not wait_s:
+                    return  # acknowledgements still due: the loop serves them and calls again
+                self.abort_reason = f"records not acknowledged within {wait_s:.0f}s"
+                break
+            self._serve(producer, 0.1)
+        if self.fatal_producer_error is not None:
+            self._recreate_producer()  # aborts (fences) the transaction and rewinds
+            return
+        try:
+            while self.abort_reason is None:
+                if self.transactions.commit(MAX_BLOCK_S) is CommitResult.COMMITTED:
+                    self.transaction_due = False
+                    for state in self.partitions.values():
+                        state.durable = state.committable()
+                        state.destination_durable = state.destination_next
+                    if reopen:
+                        self.transactions.begin()
+                    return
+                if time.monotonic() >= deadline:
+                    if not wait_s:
+                        return  # the coordinator is slow or away: retried on the next loop
+                    self.abort_reason = f"transaction not committed within {wait_s:.0f}s"
+        except TransactionAborted as exc:
+            self.abort_reason = str(exc)
+        except TransactionError as exc:
+            self._replace_transactional_producer(str(exc))
+            return
+        self._abort_and_rewind(reopen)
+
+    def _abort_and_rewind(self, reopen: bool = True) -> None:
+        assert self.transactions is not None
+        reason, self.abort_reason = self.abort_reason, None
+        self.on_event(f"transaction aborted ({reason}): every partition resumes after its last committed record")
+        self.aborting = True
+        try:
+            self.transactions.abort(COMMIT_WAIT_S)
+            deadline = time.monotonic() + COMMIT_WAIT_S
+            while len(self.producer) and time.monotonic() < deadline:  # purged records come back as refusals
+                self._serve(self.producer, 0.1)
+        except TransactionError as exc:
+            # E.g. a broker before 2.5 cannot bump the producer epoch after a failed batch (KIP-360): the producer
+            # is done for. A new one fences it, which aborts its transaction, as a task restart would.
+            self._replace_transactional_producer(str(exc))
+            return
+        finally:
+            self.aborting = False
+        self.transaction_due = False
+        self._rewind()
+        if reopen:
+            self.transactions.begin()
+
+    def _rewind(self) -> None:
+        """Exactly-once: read every partition again from its last committed position (nothing after it is visible)."""
+        self.fifos = {}
+        reset = OFFSET_END if self.config.auto_offset_reset == "latest" else OFFSET_BEGINNING
+        positions = []
+        for state in self.partitions.values():
+            state.pending.clear()
+            state.acked_early.clear()
+            state.in_flight = 0
+            state.failed_at = None
+            state.position = state.durable
+            state.destination_next = state.destination_durable
+            if state.routed:
+                self._route(state, state.destination_partition)
+            offset = reset if state.durable is None else state.durable
+            positions.append(TopicPartition(state.topic, state.partition, offset))
+        if positions:
+            self.consumer.incremental_unassign([TopicPartition(tp.topic, tp.partition) for tp in positions])
+            self.consumer.incremental_assign(positions)
+        if self.paused:
+            self.consumer.pause([TopicPartition(s.topic, s.partition) for s in self.paused.values()])
 
     def _collect_commit(self, wait: bool = False) -> None:
         """Apply the outcome of the background commit once it is done (raises FencedError if it was fenced)."""
@@ -440,6 +570,7 @@ class ReplicationTask:
         now = time.monotonic()
         self._collect_commit()
         if self.committing.due(now, self.config.offset_commit_interval_ms / 1000):
+            self.transaction_due = self.transactions is not None
             if self.commit_in_flight is None:
                 self._commit_in_background()
             self._fold_metrics()
@@ -450,6 +581,10 @@ class ReplicationTask:
                     f"no offset commit succeeded for {now - self.last_commit_ok:.0f}s while "
                     "records were being replicated (commit.failure.restart.ms)"
                 )
+        if self.transactions is not None and (self.transaction_due or self.abort_reason is not None):
+            self._end_transaction()
+            if self.commit_in_flight is None and self._committable():
+                self._commit_in_background()  # what the transaction made durable, at once
         if self.refreshing.due(now, REFRESH_INTERVAL_S):
             try:
                 outcome = self._refresh()
@@ -510,6 +645,8 @@ class ReplicationTask:
         self.version, self.restart_marker = record.version, restart_marker
         self.consumer = Consumer(config.consumer_settings())
         self.producer = Producer(self._producer_settings(config))
+        if self.owning:
+            self._start_transactions()
         self.fifos = {}
         self.destination_admin = AdminClient(config.admin_settings("destination"))
         self.clients_open = True
@@ -538,9 +675,15 @@ class ReplicationTask:
 
     def _claim(self, wanted: list[SourcePartition]) -> None:
         stale = timedelta(milliseconds=self.config.lease_timeout_ms)
-        claimed = self.store.claim_partitions(self.lease, wanted, stale)
+        claimed = self.store.claim_partitions_from(self.lease, wanted, stale)
+        if self.transactions is not None:
+            # Taken from a task that went silent without releasing them: its open transaction may hold their
+            # records. Fencing its transactional.id aborts it before anything of ours is written or read.
+            for silent in sorted({task for task in claimed.values() if task is not None}):
+                fence(self.config.producer_settings(silent), COMMIT_WAIT_S)
+                self.on_event(f"fenced silent task {silent}'s transactions before taking its partitions over")
         self.waiting.difference_update(claimed)
-        self._start(claimed)
+        self._start(sorted(claimed))
 
     def _start(self, partitions: list[SourcePartition]) -> None:
         """Begin consuming `partitions` at their committed offsets (or per auto.offset.reset)."""
@@ -551,6 +694,8 @@ class ReplicationTask:
             self.consumer.list_topics(timeout=5)
         except Exception as exc:
             log.info("%s-%d: source metadata not refreshed: %s", self.connector, self.task_id, exc)
+        if self.transactions is not None:
+            self._resume_after_destination(partitions, stored)
         reset = OFFSET_END if self.config.auto_offset_reset == "latest" else OFFSET_BEGINNING
         assign = []
         for tp in partitions:
@@ -566,6 +711,24 @@ class ReplicationTask:
                 log.warning("destination metadata of %s unavailable: %s", topic, exc)
         self._check_destination(partitions)
         self.on_event(f"replicating {len(partitions)} partition(s): {_fmt(partitions)}")
+
+    def _resume_after_destination(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> None:
+        """Exactly-once: a partition resumes after its last committed copy at the destination when that is ahead
+        of Postgres (the task stopped between a transaction's commit and the offsets' commit)."""
+        ends = self.store.load_destination_offsets(self.connector, partitions)
+        metadata = self.destination_admin.list_topics(timeout=5)
+        points = {}
+        for tp in partitions:
+            destination = self.config.namer.destination_topic(tp[0])
+            topic = metadata.topics.get(destination)
+            if topic is not None and topic.error is None and tp[1] in topic.partitions:
+                points[tp] = ResumePoint(destination, tp[1], ends.get(tp))
+        settings = self.config.admin_settings("destination")
+        for tp, offset in resume_offsets(settings, self.source_cluster, points).items():
+            if offset > stored.get(tp, 0):
+                self.on_event(f"{tp[0]}[{tp[1]}] resumes at {offset} after its last copy at the destination "
+                              f"(Postgres had {stored.get(tp)})")  # fmt: skip
+                stored[tp] = offset
 
     # -- per-partition fault isolation ------------------------------------------------------------------
 
@@ -668,9 +831,39 @@ class ReplicationTask:
         self.store.set_partition_state(self.lease, tp, PartitionHealth.DROPPED, reason)
         self.on_event(f"dropped {tp[0]}[{tp[1]}]: {reason}")
 
+    def _start_transactions(self) -> None:
+        """Exactly-once: `init_transactions` fences older instances of this task, then the first one begins."""
+        self.transactions = None
+        self.transaction_due, self.abort_reason = False, None
+        if self.config.exactly_once:
+            self.transactions = Transactions(self.producer, f"task {self.connector}-{self.task_id}")
+            self.transactions.start(COMMIT_WAIT_S)
+
+    def _replace_transactional_producer(self, reason: str) -> None:
+        """Exactly-once: a new producer fences the failed one (its transaction is aborted); every partition rewinds."""
+        self.on_event(f"transactional producer failed ({reason}); replacing it, every partition rewinds")
+        self.aborting = True
+        try:
+            self.producer.purge()
+            deadline = time.monotonic() + COMMIT_WAIT_S
+            while len(self.producer) and time.monotonic() < deadline:
+                self._serve(self.producer, 0.1)
+        finally:
+            self.aborting = False
+        self.fatal_producer_error = None
+        self.producer = Producer(self._producer_settings(self.config))
+        self._start_transactions()
+        self._rewind()
+
     def _recreate_producer(self) -> None:
         """An idempotent producer's fatal error ends that producer; rewind every partition and start a new one."""
         err, self.fatal_producer_error = self.fatal_producer_error, None
+        assert err is not None
+        if self.transactions is not None:
+            if err.code() in FENCED_CODES:
+                raise FencedError(f"the destination fenced this task's transactional producer ({err.name()})")
+            self._replace_transactional_producer(f"{err.name()}: {err.str()}")
+            return
         self.on_event(f"producer failed fatally ({err}); recreating it")
         producer = self.producer
         producer.purge()

@@ -57,7 +57,8 @@ _IS_ZERO = bytes([1] + [0] * 255)  # translate table: zero bytes become 1, all o
 _DIFFERENCE = {_CONTENT: "content", _TIMESTAMP: "timestamp", _CONTENT | _TIMESTAMP: "content and timestamp"}
 
 # Settings the check always overrides: it must never commit, whatever the caller's settings say.
-_FORCED = {"enable.auto.commit": False, "enable.auto.offset.store": False}
+# read_committed: records of aborted transactions (exactly-once mode, or a transactional source) are not records.
+_FORCED = {"enable.auto.commit": False, "enable.auto.offset.store": False, "isolation.level": "read_committed"}
 
 
 class VerifyError(RuntimeError):

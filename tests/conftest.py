@@ -19,6 +19,7 @@ from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackEndpoints, free_port
 from replicator.database import make_engine, upgrade
 from replicator.secrets import ENV_ALLOWED_ENV
+from replicator.store import Store
 
 
 def private_stack_settings(state_dir: Path) -> PlatformSettings:
@@ -67,10 +68,19 @@ def spark() -> Iterator[SparkSession]:
 
 
 @pytest.fixture
-def unique(request: pytest.FixtureRequest) -> str:
-    """A name no other test uses: for topics, connectors and groups."""
+def unique(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A name no other test uses: for topics, connectors and groups.
+
+    The test's connectors in the shared store are deleted after it: a monitor or supervisor tick in a later test
+    reads every stored connector, and one left pointing at a cluster that is gone costs that tick a timeout."""
     slug = re.sub(r"[^a-zA-Z0-9]+", "-", request.node.name).strip("-").lower()[:40]
-    return f"{slug}-{uuid.uuid4().hex[:8]}"
+    name = f"{slug}-{uuid.uuid4().hex[:8]}"
+    yield name
+    if "db_engine" in request.fixturenames:
+        store = Store(request.getfixturevalue("db_engine"))
+        for record in store.list_connectors():
+            if record.name.startswith(name):
+                store.delete_connector(record.name)
 
 
 @pytest.fixture(scope="session")

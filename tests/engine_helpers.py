@@ -7,9 +7,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import Engine, text
+
 from mirus_dagster.stack import StackEndpoints
 from replicator.assignment import SourcePartition
 from replicator.config import ConnectorConfig, validate_submission
+from replicator.database import make_engine, upgrade
+from replicator.ownership import run_owned
 from replicator.store import Store
 from replicator.task import ReplicationTask, TaskExit
 
@@ -24,6 +28,17 @@ def connector_properties(stack: StackEndpoints, name: str, **extra: Any) -> dict
         "offset.flush.interval.ms": "200",
         **extra,
     }
+
+
+def private_database(stack: StackEndpoints, name: str) -> Engine:
+    """A migrated database of its own on the stack's Postgres, for tests that break its tables on purpose."""
+    admin = make_engine(stack.database_url).execution_options(isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name.replace("-", "_")}"'))
+    admin.dispose()
+    engine = make_engine(stack.database_url.rsplit("/", 1)[0] + f"/{name.replace('-', '_')}")
+    upgrade(engine)
+    return engine
 
 
 def create_connector(
@@ -45,10 +60,13 @@ class TaskThread:
     error: BaseException | None = None
     events: list[str] = field(default_factory=list)
     thread: threading.Thread | None = None
+    owned: bool = False  # as a run does: standing by while another instance owns the task (replicator.ownership)
 
     @classmethod
-    def start(cls, store: Store, connector: str, task_id: int = 0, owner: str = "test") -> TaskThread:
-        runner = cls(task=ReplicationTask(store, connector, task_id, owner, metrics_interval_s=1.0))
+    def start(
+        cls, store: Store, connector: str, task_id: int = 0, owner: str = "test", *, owned: bool = False
+    ) -> TaskThread:
+        runner = cls(task=ReplicationTask(store, connector, task_id, owner, metrics_interval_s=1.0), owned=owned)
         runner.task.on_event = runner.events.append
         runner.thread = threading.Thread(target=runner._run, daemon=True, name=f"{connector}-{task_id}")
         runner.thread.start()
@@ -56,7 +74,10 @@ class TaskThread:
 
     def _run(self) -> None:
         try:
-            self.outcome = self.task.run(self.stop.is_set)
+            if self.owned:
+                self.outcome = run_owned(self.task, self.stop.is_set)
+            else:
+                self.outcome = self.task.run(self.stop.is_set)
         except BaseException as exc:
             self.error = exc
 

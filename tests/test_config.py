@@ -848,3 +848,38 @@ def test_literal_secrets() -> None:
     ]
     assert literal_secrets(BASE) == []
     assert literal_secrets({**BASE, **REFERENCED}) == []
+
+
+# --- exactly-once ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["required", "requested"])
+def test_exactly_once_gives_each_task_a_transactional_producer(value: str) -> None:
+    config = parse(**{"exactly.once.support": value})
+    assert config.exactly_once and config.requires_destination_partition
+    settings = config.producer_settings(3)
+    assert settings["transactional.id"] == f"mirus-{config.name}-3"
+    # A timed-out record fails its transaction (aborted, written again): librdkafka's transactional defaults apply.
+    assert "message.timeout.ms" not in settings and "enable.gapless.guarantee" not in settings
+    assert config.consumer_settings()["isolation.level"] == "read_committed"
+    assert not parse().exactly_once and "transactional.id" not in parse().producer_settings(0)
+
+
+@pytest.mark.parametrize(
+    ("prop", "value", "reason"),
+    [
+        ("provenance.headers.enabled", "false", "must stay true"),
+        ("enable.partition.matching", "false", "must not be false"),
+        ("producer.transactional.id", "mine", "is set by the platform"),
+        ("producer.enable.idempotence", "false", "must be true"),
+        ("producer.acks", "1", "must be all"),
+        ("consumer.isolation.level", "read_uncommitted", "must be read_committed"),
+    ],
+)
+def test_settings_that_contradict_exactly_once_are_refused(prop: str, value: str, reason: str) -> None:
+    assert reason in error_for(prop, **{"exactly.once.support": "required", prop: value})
+    submit({**BASE, prop: value} if prop != "producer.transactional.id" else BASE)  # fine in at-least-once mode
+
+
+def test_an_unknown_exactly_once_value_is_refused() -> None:
+    assert "disabled, requested or required" in error_for("exactly.once.support", **{"exactly.once.support": "on"})

@@ -2,18 +2,23 @@
 
 Each case from the issue has its own test through the `put_connector` job (the launchpad); then hundreds of
 generated invalid configs (`tests/invalid_configs.py`) go through the entry points: `validate_submission` and the
-`put_connector` job (the REST API and `mirus connectors put` call `validate_submission` too; add them here).
+`put_connector` job, the REST API (create and update) and `mirus connectors put`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import dagster as dg
 import pytest
+import requests
+from click.testing import CliRunner
 from sqlalchemy import Engine
 
+from mirus_dagster.api.auth import ApiSettings
+from mirus_dagster.cli import main
 from mirus_dagster.constants import PUT_CONNECTOR_JOB, STORE_CONNECTOR_OP
 from mirus_dagster.definitions import admin_jobs
 from mirus_dagster.jobs import PutConnectorConfig
@@ -22,6 +27,7 @@ from mirus_dagster.stack import StackEndpoints
 from replicator.config import ConnectorConfigError, validate_submission
 from replicator.masking import mask_properties
 from replicator.store import Store
+from tests.api_helpers import serve_api
 from tests.engine_helpers import connector_properties
 from tests.invalid_configs import SECRET_IN_URL, InvalidCase, invalid_cases
 
@@ -192,3 +198,40 @@ def test_every_generated_invalid_config_is_refused_by_the_launchpad_and_stores_n
                 store_connector(context, config=PutConnectorConfig(properties=case.properties))
             check_refusal(case, str(refused.value.description))
             assert unique not in [c.name for c in store.list_connectors()], case.label
+
+
+def test_every_generated_invalid_config_is_refused_by_the_rest_api_and_stores_nothing(
+    stack: StackEndpoints, db_engine: Engine, existing: dict, unique: str
+) -> None:
+    store = Store(db_engine)
+    before = store.get_connector(unique)
+    created = f"{unique}-new"
+    with serve_api(store, ApiSettings()) as api, requests.Session() as http:
+        for case in cases(stack, unique):
+            # An update of the stored connector (PUT) and the creation of a new one (POST): both are refused.
+            answer = http.put(f"{api}/connectors/{unique}/config", json=case.properties, timeout=30)
+            assert answer.status_code == 400, f"{case.label}: {answer.status_code} {answer.text[:300]}"
+            check_refusal(case, answer.json()["message"])
+            config = {**case.properties, "name": created} if case.names != "name" else case.properties
+            answer = http.post(f"{api}/connectors", json={"name": created, "config": config}, timeout=30)
+            assert answer.status_code == 400, f"{case.label}: {answer.status_code} {answer.text[:300]}"
+            check_refusal(case, answer.json()["message"])
+    after = store.get_connector(unique)
+    assert (after.version, after.properties) == (before.version, before.properties)
+    assert store.connector_head(created) is None
+
+
+def test_every_generated_invalid_config_is_refused_by_the_cli_and_stores_nothing(
+    stack: StackEndpoints, db_engine: Engine, existing: dict, unique: str, tmp_path: Path
+) -> None:
+    store = Store(db_engine)
+    before = store.get_connector(unique)
+    runner = CliRunner()
+    env = {**stack.as_env(), "MIRUS_STATE_DIR": str(tmp_path / "state")}
+    for case in cases(stack, unique):
+        result = runner.invoke(main, ["connectors", "put"], input=json.dumps(case.properties), env=env)
+        assert result.exit_code == 1, f"{case.label}: exit {result.exit_code}: {result.output[-300:]}"
+        assert "nothing was stored" in result.output, f"{case.label}: {result.output[-300:]}"
+        check_refusal(case, result.output)
+    after = store.get_connector(unique)
+    assert (after.version, after.properties) == (before.version, before.properties)

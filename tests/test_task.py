@@ -16,12 +16,11 @@ from sqlalchemy import Engine, text
 
 from mirus_dagster.stack import StackEndpoints
 from replicator import provenance
-from replicator.database import make_engine, upgrade
 from replicator.store import Store
 from replicator.task import CommitWatchdogError, TaskExit
 from replicator.verify import verify_replication
 
-from .engine_helpers import TaskThread, connector_properties, create_connector
+from .engine_helpers import TaskThread, connector_properties, create_connector, private_database
 from .kafka_helpers import Rec, consume_all, create_topics, delete_topics, produce, replicated_headers, wait_for
 
 
@@ -287,12 +286,7 @@ def test_a_deleted_destination_topic_pauses_only_its_partition(
 
 def test_the_commit_watchdog_fails_the_task_when_commits_stop(stack: StackEndpoints, unique: str) -> None:
     # A private database whose offsets table disappears mid-run: commits fail for real while records flow.
-    admin = make_engine(stack.database_url).execution_options(isolation_level="AUTOCOMMIT")
-    db = unique.replace("-", "_")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{db}"'))
-    engine = make_engine(stack.database_url.rsplit("/", 1)[0] + f"/{db}")
-    upgrade(engine)
+    engine = private_database(stack, unique)
     store = Store(engine)
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})

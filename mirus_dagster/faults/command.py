@@ -33,12 +33,18 @@ def faults() -> None:
     help="Run ZooKeeper and two Apache Kafka brokers from $MIRUS_KAFKA_HOME (default ~/.cache/apache-kafka/kafka) "
     "instead of the embedded broker: needed for broker restarts with data kept and for refusals.",
 )
+@click.option(
+    "--exactly-once",
+    is_flag=True,
+    help="Replicate with exactly.once.support=required and require zero duplicates (needs --apache-kafka: the "
+    "embedded broker shows aborted transactions' records to read_committed readers).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the fault schedule.")
 @click.option("--work-dir", type=click.Path(path_type=Path), help="Keep logs and data here (default: a temp dir).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def run(
-    duration: float, rate: int, partitions: int, tasks: int, kinds: str | None, apache_kafka: bool, seed: int,
-    work_dir: Path | None, as_json: bool,
+    duration: float, rate: int, partitions: int, tasks: int, kinds: str | None, apache_kafka: bool,
+    exactly_once: bool, seed: int, work_dir: Path | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Load a connector while killing its task processes, restarting Postgres, cutting the network to the
     destination (and, on Apache Kafka, restarting the destination broker and making it refuse records); then
@@ -48,7 +54,7 @@ def run(
         plan = FaultPlan(
             duration_s=duration, rate=rate, partitions=partitions, tasks=tasks, apache_kafka=apache_kafka,
             faults=chosen or (ALL_FAULTS if apache_kafka else EMBEDDED_FAULTS),  # type: ignore[arg-type]
-            seed=seed, work_dir=work_dir,
+            seed=seed, work_dir=work_dir, exactly_once=exactly_once,
         )  # fmt: skip
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--faults") from None
