@@ -59,7 +59,8 @@ def restart_decision(
     max_backoff_s: float,
 ) -> Decision:
     """The supervisor's rule: failed runs come back after a doubling, capped wait (up to `wanted` runs: the owner
-    and its standbys); silent ones are replaced."""
+    and its standbys) — at once while a live run replicates (its lease heartbeated after the failure); silent ones
+    are replaced."""
     if history.live_runs >= wanted:
         started = history.live_started_at
         silent_since = max(d for d in (heartbeat_at, started) if d is not None) if started else None
@@ -68,6 +69,9 @@ def restart_decision(
         return Decision(False, "running")
     if history.latest_status != "FAILURE" or history.latest_ended_at is None:
         return Decision(False, "not failed")
+    if history.live and heartbeat_at is not None and heartbeat_at > history.latest_ended_at:
+        # A standby took the task over after the crash and replicates: no crash loop, whatever came before.
+        return Decision(True, "standby missing (the task replicates)", runs=wanted - history.live_runs)
     wait = restart_backoff_s(history.consecutive_failures, initial_backoff_s, max_backoff_s)
     waited = (now - history.latest_ended_at).total_seconds()
     if waited < wait:

@@ -69,6 +69,12 @@ def test_the_supervisor_replaces_a_crashed_run_while_its_standby_replicates() ->
     decision = restart_decision(crashed, NOW, NOW, wanted=2, **policy)
     assert decision.launch and decision.runs == 1 and not decision.replace_live_run
     assert not restart_decision(crashed, NOW, NOW, wanted=1, **policy).launch
+    # Killed again and again: each time the standby took over and replicates, so no backoff builds up.
+    again = history(live_runs=1, live_started_at=NOW, latest_status="FAILURE", latest_ended_at=NOW,
+                    consecutive_failures=6)  # fmt: skip
+    later = NOW + timedelta(seconds=1)
+    assert restart_decision(again, later, later, wanted=2, **policy).launch
+    assert not restart_decision(again, NOW - timedelta(seconds=1), later, wanted=2, **policy).launch  # still down
 
 
 def test_the_supervisor_backs_off_doubling_up_to_a_cap() -> None:
