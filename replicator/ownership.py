@@ -160,8 +160,9 @@ def run_owned(task: ReplicationTask, should_stop: Callable[[], bool] = lambda: F
         try:
             lease = held.acquire(should_stop)
         finally:
-            if lease is None:
+            if lease is None:  # stopped, terminated or deleted while standing by: the run's last event says so
                 task.discard()
+                task.on_event("stopped: standing by, the task was never taken over")
         if lease is None:
             return None
         if held.waited_s:
