@@ -3,9 +3,10 @@
 `dagster dev` runs in its own session with its output in `<state_dir>/logs/dagster.log`, so a Ctrl-C in the terminal
 reaches `mirus dev` alone. Stopping then goes in the order that loses nothing: the platform's sensors are stopped
 (so no replicator is started again), every live replicator run and the metadata watcher run are terminated through
-Dagster (each task flushes, commits its offsets and releases its partitions; the run ends CANCELED), then `dagster
-dev`, the demo traffic and the embedded stack are stopped. The sensors stopped this way are reset to their defaults
-the next time `mirus dev` starts. The UI address is printed once the UI answers and the code location is loaded.
+Dagster (each task flushes, commits its offsets and releases its partitions; the run ends CANCELED), then
+`dagster dev`, the demo traffic and the embedded stack are stopped. The sensors stopped this way are reset to their
+defaults the next time `mirus dev` starts. The UI address is printed once the UI answers and the code location is
+loaded.
 """
 
 from __future__ import annotations
