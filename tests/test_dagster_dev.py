@@ -301,7 +301,9 @@ def test_a_run_killed_with_sigkill_is_taken_over_by_its_standby_and_replaced_wit
         dev.wait_for_status(victim.run_id, {"FAILURE"}, timeout=60)
         restarted = wait_for_new_run(dev, name, 0, {victim.run_id, standby.run_id})
         assert restarted.tags[TAG_SENSOR] == SUPERVISOR_SENSOR, restarted.tags
-        assert restarted.tags[TAG_REASON].startswith("restart: failed"), restarted.tags
+        # At once either way: a first failure has no backoff, and the standby replicating rules one out.
+        reason = restarted.tags[TAG_REASON]
+        assert reason.startswith(("restart: failed 1 ", "restart: standby missing (the task replicates)")), reason
     report = verified(platform.stack, platform.topics)
     assert report.totals["source_records"] > sum(platform.topics.values()) * 10, report.totals
 
