@@ -135,16 +135,17 @@ class KafkaMonitor:
         if config.topic_creation:
             outcome = ensure_destination_topics(config, admins.source, admins.destination, source, destination, pairs)
             destination_counts, blocked = outcome.destination, outcome.blocked
-        existing = {d: s for d, s in pairs.items() if d in destination_counts}
-        self._periodic_duties(config, admins, source, destination, existing, flow, updates)
-        if updates:
-            self.store.update_flow(connector, **updates)
-
         plan = plan_partitions(config, source.partition_counts(), destination_counts)
         self.store.hold_partitions(connector, held_reasons(config, plan.missing_destination, blocked), plan.replicate)
         previous = self.store.read_assignment(connector)
         tasks = assign_partitions(plan.replicate, config.tasks_max, previous)
         generation = self.store.write_assignment(connector, tasks)
+
+        # After the new generation is written: the tasks pick it up while heartbeats, checkpoints and syncs run.
+        existing = {d: s for d, s in pairs.items() if d in destination_counts}
+        self._periodic_duties(config, admins, source, destination, existing, flow, updates)
+        if updates:
+            self.store.update_flow(connector, **updates)
         current = generation if generation is not None else record.assignment_generation
         return MonitorResult(
             connector, current, generation is not None, tasks, plan, config.monitor_poll_wait_ms / 1000
