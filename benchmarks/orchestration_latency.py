@@ -1,26 +1,29 @@
-"""Orchestration latency under a real `dagster dev`: how fast the sensors react, with default connector settings.
+"""Orchestration latency under a real `dagster dev`: how fast the platform reacts, with default connector settings.
 
-    python benchmarks/orchestration_latency.py [--topics 5] [--kills 3]
+    python benchmarks/orchestration_latency.py [--topics 10] [--kills 10]
 
-Starts a private embedded stack on ports 29192/29193/25532 (or uses MIRUS_SOURCE_BOOTSTRAP_SERVERS /
-MIRUS_DESTINATION_BOOTSTRAP_SERVERS / MIRUS_DATABASE_URL) and `dagster dev` on the code location (the helper in
+Starts a private embedded stack on ports 29192/29193/25532 (or MIRUS_SOURCE_PORT / MIRUS_DESTINATION_PORT /
+MIRUS_POSTGRES_PORT; or uses MIRUS_SOURCE_BOOTSTRAP_SERVERS / MIRUS_DESTINATION_BOOTSTRAP_SERVERS /
+MIRUS_DATABASE_URL) and `dagster dev` on the code location (the helper in
 mirus_dagster/devserver.py), adds one connector through the GraphQL API with default settings (`topics.regex` only),
 and measures:
 
 (a) new topic → first copy: the destination topic is created, then the clock starts, the source topic matching
     the connector's `topics.regex` is created and one record is written to it; the clock stops when a consumer on
-    the destination receives it. Path: monitor sensor tick → new assignment generation → the running task picks
-    it up (no new run) → record copied.
-(b) kill -9 → resumed replication: while a producer writes 50 records/s, the process of the connector's replicator
-    run (and its children) is killed; the clock stops at the first destination record whose source offset (from
-    its `mirus.source` provenance header) is above the highest offset acknowledged at the source when the process
-    was gone. Path: code server marks the run FAILURE → supervisor sensor tick (after its 1 s backoff) → run
-    queued → run coordinator dequeues → new run worker claims the task and resumes from the committed offsets.
+    the destination receives it. Path: the metadata watcher run (every second) sees the topic → new assignment
+    generation → the running task picks it up (refreshing every second) and claims the partition → record copied.
+(b) kill -9 → resumed replication: while a producer writes 50 records/s, the process of the run that owns the task
+    (and its children) is killed; the clock stops at the first destination record whose source offset (from its
+    `mirus.source` provenance header) is above the highest offset acknowledged at the source when the process was
+    gone. Path: Postgres ends the dead process's session → the warm standby run, blocked on the owner's epoch
+    lock, claims the next epoch → it creates its clients and resumes from the committed offsets. The supervisor
+    starts a new standby meanwhile (not on the path).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -40,16 +43,18 @@ from mirus_dagster.constants import (
     STORE_CONNECTOR_OP,
     TAG_CONNECTOR,
     TAG_TASK,
+    WATCHER_JOB,
 )
 from mirus_dagster.devserver import DagsterDev, RunInfo, dagster_dev
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackEndpoints
 from replicator import provenance
 from replicator.database import make_engine, upgrade
+from replicator.store import Store
 
 PORTS = {"source_port": 29192, "destination_port": 29193, "postgres_port": 25532}
-TARGET_NEW_TOPIC_S = 10.0
-TARGET_KILL_S = 15.0
+TARGET_NEW_TOPIC_S = 2.0
+TARGET_KILL_S = 3.0
 CONNECTOR = "latency"
 TAGS = {TAG_CONNECTOR: CONNECTOR, TAG_TASK: "0"}
 
@@ -71,19 +76,39 @@ def destination_reader(bootstrap: str, topic: str) -> Consumer:
     return consumer
 
 
-def first_record(consumer: Consumer, accept, timeout: float) -> float:  # type: ignore[no-untyped-def]
-    """Poll until a record satisfying `accept` arrives; returns the monotonic time it was received."""
+def first_record(consumer: Consumer, accept, timeout: float, seen: list[float] | None = None, seen_after: float = 0):  # type: ignore[no-untyped-def]
+    """Poll until a record satisfying `accept` arrives; returns the monotonic time it was received. `seen` gets the
+    time the first record of any kind arrived after `seen_after`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for msg in consumer.consume(100, 0.05):
+            if msg.error() is None and seen is not None and not seen and time.monotonic() > seen_after:
+                seen.append(time.monotonic())
             if msg.error() is None and accept(msg):
                 return time.monotonic()
     raise RuntimeError(f"no matching record within {timeout:.0f}s")
 
 
-def live_run(dev: DagsterDev, timeout: float = 120) -> RunInfo:
-    (run,) = dev.wait_for_runs(TAGS, statuses={"STARTED"}, job_name=REPLICATOR_JOB, timeout=timeout)
-    return run
+def owner_run(dev: DagsterDev, store: Store, timeout: float = 120) -> RunInfo:
+    """The started run that owns task 0, once its warm standby is standing by too."""
+
+    def ready() -> RunInfo | None:
+        live = {r.run_id: r for r in dev.runs(TAGS, job_name=REPLICATOR_JOB, statuses={"STARTED"})}
+        lease = store.lease_of(CONNECTOR, 0)
+        owner = lease.owner.rsplit(":", 1)[-1] if lease and lease.owner and lease.state == "RUNNING" else None
+        return live[owner] if owner in live and len(live) >= 2 and standby_waiting(store) else None
+
+    return dev.until(ready, timeout, "an owner run and a standby run standing by", interval=0.2)
+
+
+def standby_waiting(store: Store) -> bool:
+    """A session waits on an advisory lock: the standby blocked on the owner's epoch lock (it re-waits every 1 s)."""
+    with store.engine.connect() as conn:
+        for _ in range(30):
+            if conn.exec_driver_sql("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").first():
+                return True
+            time.sleep(0.05)
+    return False
 
 
 class Traffic:
@@ -123,25 +148,40 @@ class Traffic:
         del self.producer  # its broker connections close now, not when the stack is already down
 
 
-def new_topic_latency(dev: DagsterDev, endpoints: StackEndpoints, topic: str) -> float:
+def new_topic_latency(dev: DagsterDev, store: Store, endpoints: StackEndpoints, topic: str) -> tuple[float, str]:
     src, dst = endpoints.source_bootstrap_servers, endpoints.destination_bootstrap_servers
     create_topic(dst, topic)
     reader = destination_reader(dst, topic)
     producer = Producer({"bootstrap.servers": src, "linger.ms": 0})
     producer.list_topics(timeout=10)  # connected before the clock starts
     try:
-        started = time.monotonic()
+        started, started_wall = time.monotonic(), time.time()
         create_topic(src, topic)
         producer.produce(topic, b"first", b"k", 0)
         producer.flush(10)
-        return first_record(reader, lambda msg: True, 60) - started
+        latency = first_record(reader, lambda msg: True, 60) - started
     finally:
         reader.close()
+    with store.engine.connect() as conn:
+        assigned = conn.exec_driver_sql(
+            "SELECT extract(epoch FROM min(created_at)) FROM assignments WHERE connector = %(c)s AND partitions @> "
+            "%(p)s::jsonb", {"c": CONNECTOR, "p": f'[["{topic}", 0]]'},
+        ).scalar()  # fmt: skip
+        claimed = conn.exec_driver_sql(
+            "SELECT extract(epoch FROM updated_at) FROM partition_status WHERE connector = %(c)s AND topic = %(t)s",
+            {"c": CONNECTOR, "t": topic},
+        ).scalar()
+    breakdown = (f"topic visible + generation written by the watcher +{float(assigned) - started_wall:.1f}s, "
+                 f"partition claimed by the running task +{float(claimed) - started_wall:.1f}s")  # fmt: skip
+    return latency, breakdown
 
 
-def kill_latency(dev: DagsterDev, traffic: Traffic, reader: Consumer) -> tuple[float, str]:
-    """Kill the task's run worker; seconds until a record produced after the kill is copied, and a breakdown."""
-    victim = live_run(dev)
+def kill_latency(dev: DagsterDev, store: Store, traffic: Traffic, reader: Consumer) -> tuple[float, str]:
+    """Kill the owner run's worker; seconds until a record produced after the kill is copied, and a breakdown."""
+    victim = owner_run(dev, store)
+    epoch = store.lease_of(CONNECTOR, 0).epoch  # type: ignore[union-attr]
+    while reader.consume(1000, 0):
+        pass  # copies made before the kill
     killed = dev.kill_run_worker(victim.run_id)  # returns once the worker and its children are gone
     killed_at, killed_wall = killed.monotonic, killed.at  # the clock starts when SIGKILL was sent
     # Everything acknowledged at the source by now may have been read by the dead process; what comes later not.
@@ -151,17 +191,47 @@ def kill_latency(dev: DagsterDev, traffic: Traffic, reader: Consumer) -> tuple[f
         origin = provenance.parse(msg.headers())
         return origin is not None and origin.source_offset > kill_point
 
-    latency = first_record(reader, after_kill, 120) - killed_at
+    first_copy: list[float] = []  # the dead owner's last produce requests are answered within milliseconds
+    latency = first_record(reader, after_kill, 120, first_copy, killed_at + 0.1) - killed_at
+    lease = store.lease_of(CONNECTOR, 0)
+    assert lease is not None and lease.claimed_at is not None and lease.epoch > epoch
+    taker = lease.owner.rsplit(":", 1)[-1] if lease.owner else "?"
     failed = dev.wait_for_status(victim.run_id, {"FAILURE"}, timeout=30)
     (new,) = dev.wait_for_runs(
-        TAGS, statuses={"STARTED"}, where=lambda r: r.run_id != victim.run_id, job_name=REPLICATOR_JOB, timeout=30
+        TAGS, statuses={"STARTED"}, where=lambda r: r.creation_time > killed_wall, job_name=REPLICATOR_JOB, timeout=240
     )
     breakdown = (
-        f"run FAILURE +{(failed.end_time or killed_wall) - killed_wall:.1f}s, "
-        f"new run requested +{new.creation_time - killed_wall:.1f}s ({new.tags.get('dagster/sensor_name')}), "
+        f"standby {taker[:8]} claimed epoch {lease.epoch} +{lease.claimed_at.timestamp() - killed_wall:.2f}s, "
+        f"first copy (replay of what the dead owner had not committed) +{first_copy[0] - killed_at:.1f}s; "
+        f"off the path: run FAILURE +{(failed.end_time or killed_wall) - killed_wall:.1f}s, new standby run "
+        f"requested +{new.creation_time - killed_wall:.1f}s ({new.tags.get('dagster/sensor_name')}), "
         f"started +{(new.start_time or killed_wall) - killed_wall:.1f}s"
     )
     return latency, breakdown
+
+
+def benchmark_stack(state: Path, ports: dict[str, int]) -> LocalStack:
+    """The embedded stack on `ports`, except for ports and parts the environment gives (MIRUS_*)."""
+    ports = {name: port for name, port in ports.items() if f"MIRUS_{name.upper()}" not in os.environ}
+    return LocalStack(PlatformSettings.from_env().model_copy(update={"state_dir": state, **ports}))
+
+
+def resident_memory(dev: DagsterDev, store: Store) -> str:
+    """Resident memory of the owner, standby and watcher run processes (each with its children)."""
+    owner = owner_run(dev, store)
+    standby = [r for r in dev.runs(TAGS, job_name=REPLICATOR_JOB, statuses={"STARTED"}) if r.run_id != owner.run_id]
+    watcher = dev.runs(job_name=WATCHER_JOB, statuses={"STARTED"})
+    shown = []
+    for label, runs in (("owner", [owner]), ("standby", standby[:1]), ("watcher", watcher[:1])):
+        worker = dev.run_worker(runs[0].run_id) if runs else None
+        if worker is not None:
+            rss = sum(p.memory_info().rss for p in [worker, *worker.children(recursive=True)])
+            shown.append(f"{label} {rss / 2**20:.0f} MB")
+    return ", ".join(shown)
+
+
+def load() -> str:
+    return f"{os.getloadavg()[0]:.1f}"
 
 
 def report(label: str, values: list[float], target: float) -> None:
@@ -172,18 +242,16 @@ def report(label: str, values: list[float], target: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--topics", type=int, default=5, help="new-topic repetitions (a)")
-    parser.add_argument("--kills", type=int, default=3, help="kill -9 repetitions (b)")
+    parser.add_argument("--topics", type=int, default=10, help="new-topic repetitions (a)")
+    parser.add_argument("--kills", type=int, default=10, help="kill -9 repetitions (b)")
     args = parser.parse_args()
 
-    settings = PlatformSettings.from_env()
     with tempfile.TemporaryDirectory() as state:
-        stack = LocalStack(settings.model_copy(update={"state_dir": Path(state), **PORTS}))
+        stack = benchmark_stack(Path(state), PORTS)
         endpoints = stack.up()
+        store = Store(make_engine(endpoints.database_url))
         try:
-            engine = make_engine(endpoints.database_url)
-            upgrade(engine)
-            engine.dispose()
+            upgrade(store.engine)
             src, dst = endpoints.source_bootstrap_servers, endpoints.destination_bootstrap_servers
             prefix = f"lat-{int(time.time())}"
             print("starting dagster dev ...", flush=True)
@@ -206,23 +274,25 @@ def main() -> None:
                 traffic = Traffic(src, flow, rate=50)
                 reader = destination_reader(dst, flow)
                 try:
-                    live_run(dev)
+                    owner_run(dev, store)
                     first_record(reader, lambda msg: True, 120)  # the connector is running and copying
                     print(f"connector {CONNECTOR!r} running (default settings, topics.regex {prefix}-.*)", flush=True)
 
                     print(f"\n(a) new topic -> first record at the destination, {args.topics} times", flush=True)
                     created: list[float] = []
                     for i in range(args.topics):
-                        created.append(new_topic_latency(dev, endpoints, f"{prefix}-new{i}"))
-                        print(f"  topic {i + 1}: {created[-1]:.1f} s", flush=True)
+                        latency, breakdown = new_topic_latency(dev, store, endpoints, f"{prefix}-new{i}")
+                        created.append(latency)
+                        print(f"  topic {i + 1}: {latency:.1f} s  ({breakdown}; load {load()})", flush=True)
 
                     print(f"\n(b) kill -9 of the replicator run -> resumed replication (50 records/s), "
                           f"{args.kills} times", flush=True)  # fmt: skip
                     resumed: list[float] = []
                     for i in range(args.kills):
-                        latency, breakdown = kill_latency(dev, traffic, reader)
+                        latency, breakdown = kill_latency(dev, store, traffic, reader)
                         resumed.append(latency)
-                        print(f"  kill {i + 1}: {latency:.1f} s  ({breakdown})", flush=True)
+                        print(f"  kill {i + 1}: {latency:.1f} s  ({breakdown}; load {load()})", flush=True)
+                    print(f"\nresident memory: {resident_memory(dev, store)}", flush=True)
                 finally:
                     traffic.stop()
                     reader.close()
@@ -230,6 +300,7 @@ def main() -> None:
                 report("(a) new topic -> first record", created, TARGET_NEW_TOPIC_S)
                 report("(b) kill -9 -> resumed replication", resumed, TARGET_KILL_S)
         finally:
+            store.engine.dispose()
             stack.down()
 
 

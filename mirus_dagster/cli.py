@@ -104,10 +104,13 @@ def task() -> None:
 @click.argument("connector")
 @click.argument("task_id", type=int)
 def task_run(connector: str, task_id: int) -> None:
-    """Run one task of CONNECTOR in this process until it is removed, paused, deleted or fenced (Ctrl-C stops it)."""
+    """Run one task of CONNECTOR in this process until it is removed, paused, deleted or fenced (Ctrl-C stops it).
+
+    While another process owns the task, this one stands by and takes over the moment that one dies."""
     import logging
     import socket
 
+    from replicator.ownership import run_owned
     from replicator.store import Store, UnknownConnectorError
     from replicator.task import ReplicationTask
 
@@ -115,13 +118,13 @@ def task_run(connector: str, task_id: int) -> None:
     store = Store(_migrated_engine())
     owner = f"{socket.gethostname()}:{os.getpid()}"
     try:
-        outcome = ReplicationTask(store, connector, task_id, owner).run()
+        outcome = run_owned(ReplicationTask(store, connector, task_id, owner))
     except KeyboardInterrupt:
         click.echo("stopped")
         return
     except UnknownConnectorError as exc:
         raise click.ClickException(f"{exc}; add it with the put_connector job first") from None
-    click.echo(f"task ended: {outcome.value}")
+    click.echo(f"task ended: {outcome.value if outcome else 'connector deleted while standing by'}")
 
 
 # -- development -------------------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ MISSING_CHECK = "no_missing_partitions"
 # -- jobs and ops --
 REPLICATOR_JOB = "replicator"
 REPLICATE_OP = "replicate"
+WATCHER_JOB = "metadata_watcher"
+WATCH_OP = "watch_metadata"
 PUT_CONNECTOR_JOB = "put_connector"
 STORE_CONNECTOR_OP = "store_connector"
 REPORTS_JOB = "refresh_reports"
@@ -46,7 +48,7 @@ SUPERVISOR_SENSOR = "task_supervisor"
 REPORTS_SCHEDULE = "reports_schedule"
 
 # -- run tags --
-TAG_KIND = "mirus/kind"  # KIND_REPLICATOR, KIND_ADMIN or KIND_REPORT; the run queue limits runs by it
+TAG_KIND = "mirus/kind"  # KIND_REPLICATOR, KIND_WATCHER, KIND_ADMIN or KIND_REPORT; the run queue limits runs by it
 TAG_CONNECTOR = "mirus/connector"
 TAG_TASK = "mirus/task"
 TAG_REASON = "mirus/reason"  # why a sensor launched the run
@@ -54,6 +56,7 @@ TAG_SENSOR = "dagster/sensor_name"  # set by Dagster on runs a sensor launched
 KIND_REPLICATOR = "replicator"
 KIND_ADMIN = "admin"
 KIND_REPORT = "report"
+KIND_WATCHER = "watcher"
 
 # -- environment --
 ENV_STATE_DIR = "MIRUS_STATE_DIR"

@@ -1,11 +1,12 @@
 """`mirus dev`: the embedded stack, the demo and `dagster dev`, started quietly and stopped cleanly.
 
-`dagster dev` runs in its own session with its output in `<state_dir>/logs/dagster.log`, so a Ctrl-C in the
-terminal reaches `mirus dev` alone. Stopping then goes in the order that loses nothing: the platform's sensors
-are stopped (so no replicator is started again), every live replicator run is terminated through Dagster
-(each task flushes, commits its offsets and releases its partitions; the run ends CANCELED), then `dagster dev`,
-the demo traffic and the embedded stack are stopped. The sensors stopped this way are reset to their defaults the
-next time `mirus dev` starts. The UI address is printed once the UI answers and the code location is loaded.
+`dagster dev` runs in its own session with its output in `<state_dir>/logs/dagster.log`, so a Ctrl-C in the terminal
+reaches `mirus dev` alone. Stopping then goes in the order that loses nothing: the platform's sensors are stopped
+(so no replicator is started again), every live replicator run and the metadata watcher run are terminated through
+Dagster (each task flushes, commits its offsets and releases its partitions; the run ends CANCELED), then
+`dagster dev`, the demo traffic and the embedded stack are stopped. The sensors stopped this way are reset to their
+defaults the next time `mirus dev` starts. The UI address is printed once the UI answers and the code location is
+loaded.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from mirus_dagster.constants import (
     DEMO_CONNECTOR,
     DEMO_TOPIC,
     KIND_REPLICATOR,
+    KIND_WATCHER,
     MONITOR_SENSOR,
     REPLICATOR_JOB,
     SUPERVISOR_SENSOR,
     TAG_CONNECTOR,
     TAG_KIND,
     TAG_TASK,
+    WATCHER_JOB,
 )
 from mirus_dagster.devserver import DagsterDev, DagsterDevError, launch_dagster_dev
 from mirus_dagster.stack import LocalStack, StackEndpoints
@@ -137,13 +140,16 @@ class DevSession:
         if sensors := dev.stop_sensors((MONITOR_SENSOR, SUPERVISOR_SENSOR)):
             self.stopped_sensors.write_text(json.dumps(sensors))
         live = dev.runs({TAG_KIND: KIND_REPLICATOR}, job_name=REPLICATOR_JOB, statuses=LIVE_STATUSES)
-        if not live:
+        # The metadata watcher run ends with them: nothing would be left reading the clusters of a stopped stack.
+        watchers = dev.runs({TAG_KIND: KIND_WATCHER}, job_name=WATCHER_JOB, statuses=LIVE_STATUSES)
+        if not live and not watchers:
             return []
         ids = {r.run_id for r in live}
-        dev.client.terminate_runs(sorted(r.run_id for r in live if r.status != "CANCELING"))
+        dev.client.terminate_runs(sorted(r.run_id for r in live + watchers if r.status != "CANCELING"))
         try:
-            dev.until(lambda: not dev.runs({TAG_KIND: KIND_REPLICATOR}, statuses=LIVE_STATUSES), RUN_STOP_TIMEOUT_S,
-                      "the replicator runs to end")  # fmt: skip
+            dev.until(lambda: not [r for kind in (KIND_REPLICATOR, KIND_WATCHER)
+                                   for r in dev.runs({TAG_KIND: kind}, statuses=LIVE_STATUSES)],
+                      RUN_STOP_TIMEOUT_S, "the replicator and watcher runs to end")  # fmt: skip
         except DagsterDevError as exc:
             self.echo(f"warning: {str(exc).splitlines()[0]}")
         final = {r.run_id: r.status for r in dev.runs({TAG_KIND: KIND_REPLICATOR}) if r.run_id in ids}

@@ -1,4 +1,5 @@
-"""Jobs: the long-running replicator (one run = one task) and the connector administration jobs.
+"""Jobs: the long-running replicator (one run = one task), the metadata watcher and the connector administration
+jobs.
 
 Administration jobs run the submission checks before anything is stored; a rejected config fails the run with
 every problem listed and leaves the store as it was. They record the `connectors` asset with the function they
@@ -17,12 +18,15 @@ from mirus_dagster.constants import (
     CONNECTOR_PARTITIONS,
     KIND_ADMIN,
     KIND_REPLICATOR,
+    KIND_WATCHER,
     PUT_CONNECTOR_JOB,
     REPLICATE_OP,
     REPLICATOR_JOB,
     STORE_CONNECTOR_OP,
     TAG_CONNECTOR,
     TAG_KIND,
+    WATCH_OP,
+    WATCHER_JOB,
     admin_job_name,
     admin_op_name,
 )
@@ -34,12 +38,17 @@ from mirus_dagster.stack import LocalStack
 from replicator import connectors
 from replicator.config import ConnectorConfigError
 from replicator.masking import literal_secrets
+from replicator.monitor import MonitorResult
+from replicator.ownership import run_owned
 from replicator.store import Store, UnknownConnectorError
 from replicator.task import ReplicationTask
+from replicator.watcher import MetadataWatcher
 
 ConnectorsEvent = Callable[[Store, str, dg.DagsterInstance], dg.AssetMaterialization]
 """Builds the `connectors` asset's materialization from the store and the instance's runs, with a reason
 (assets/connectors.py)."""
+FlowEvent = Callable[[str, MonitorResult], dg.AssetMaterialization]
+"""Builds a connector's `replication_flows` materialization from a new assignment (assets/flows.py)."""
 
 # -- the replicator --------------------------------------------------------------------------------------
 
@@ -59,8 +68,10 @@ def replicate(context: dg.OpExecutionContext, config: ReplicatorTaskConfig, plat
     task = ReplicationTask(
         platform.store(), config.connector, config.task_id, owner, on_event=lambda m: context.log.info(f"{name}: {m}")
     )
-    outcome = task.run()
-    context.log.info(f"task {config.connector}-{config.task_id} ended: {outcome.value}")
+    # A task has an owner run and warm standby runs (`task.standby.runs`); whichever gets the lease replicates.
+    outcome = run_owned(task)
+    ended = outcome.value if outcome else "connector deleted while standing by"
+    context.log.info(f"task {name} ended: {ended}")
 
 
 # Each replicator run's pod under the K8sRunLauncher (deploy/helm/values.yaml): one task at full speed uses about
@@ -80,6 +91,40 @@ REPLICATOR_K8S_CONFIG = {
 )
 def replicator() -> None:
     replicate()
+
+
+# -- the metadata watcher --------------------------------------------------------------------------------
+
+
+def build_watcher_job(flow_event: FlowEvent) -> dg.JobDefinition:
+    """One long-running run watching every connector's clusters (started and kept alive by the monitor sensor)."""
+
+    @dg.op(name=WATCH_OP, description="Every second, read each cluster's metadata once and write new assignment "
+           "generations for the connectors whose topics or partitions changed.")  # fmt: skip
+    def watch_metadata(context: dg.OpExecutionContext, platform: PlatformDatabase) -> None:
+        def changed(result: MonitorResult) -> None:
+            context.log.info(f"{result.connector}: generation {result.generation}, {len(result.plan.replicate)} "
+                             f"partitions over {len(result.tasks)} tasks; missing at destination: "
+                             f"{len(result.plan.missing_destination)}")  # fmt: skip
+            context.log_event(flow_event(result.connector, result))
+
+        def error(connector: str, message: str | None) -> None:
+            # The connectors asset shows a metadata error from the store: the monitor sensor records it.
+            context.log.warning(f"{connector}: {message}" if message else f"{connector}: metadata readable again")
+
+        MetadataWatcher(platform.store(), on_change=changed, on_error=error).run()
+
+    @dg.job(
+        name=WATCHER_JOB,
+        description="Watches cluster metadata for every connector (discovery within seconds). Started and kept "
+        "alive by the kafka_monitor sensor.",
+        executor_def=dg.in_process_executor,
+        tags={TAG_KIND: KIND_WATCHER},
+    )
+    def metadata_watcher() -> None:
+        watch_metadata()
+
+    return metadata_watcher
 
 
 # -- connector administration ----------------------------------------------------------------------------

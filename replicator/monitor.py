@@ -9,7 +9,7 @@ Running tasks pick the new generation up live; nothing is restarted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -102,12 +102,14 @@ def held_reasons(
 
 
 class KafkaMonitor:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, read_view: Callable[[AdminClient, str], ClusterView] = read_cluster) -> None:
+        """`read_view`: how a cluster is read (the metadata watcher passes the reading it shares among connectors)."""
         self.store = store
+        self.read_view = read_view
 
     def _read(self, connector: str, admin: AdminClient, role: str) -> ClusterView:
         try:
-            view = read_cluster(admin, role)
+            view = self.read_view(admin, role)
         except MetadataUnavailableError as exc:
             self.store.record_snapshot(connector, role, {}, str(exc))
             raise
@@ -133,16 +135,17 @@ class KafkaMonitor:
         if config.topic_creation:
             outcome = ensure_destination_topics(config, admins.source, admins.destination, source, destination, pairs)
             destination_counts, blocked = outcome.destination, outcome.blocked
-        existing = {d: s for d, s in pairs.items() if d in destination_counts}
-        self._periodic_duties(config, admins, source, destination, existing, flow, updates)
-        if updates:
-            self.store.update_flow(connector, **updates)
-
         plan = plan_partitions(config, source.partition_counts(), destination_counts)
         self.store.hold_partitions(connector, held_reasons(config, plan.missing_destination, blocked), plan.replicate)
         previous = self.store.read_assignment(connector)
         tasks = assign_partitions(plan.replicate, config.tasks_max, previous)
         generation = self.store.write_assignment(connector, tasks)
+
+        # After the new generation is written: the tasks pick it up while heartbeats, checkpoints and syncs run.
+        existing = {d: s for d, s in pairs.items() if d in destination_counts}
+        self._periodic_duties(config, admins, source, destination, existing, flow, updates)
+        if updates:
+            self.store.update_flow(connector, **updates)
         current = generation if generation is not None else record.assignment_generation
         return MonitorResult(
             connector, current, generation is not None, tasks, plan, config.monitor_poll_wait_ms / 1000

@@ -168,9 +168,10 @@ PROPERTIES: tuple[PropertySpec, ...] = (
     PropertySpec("poll.timeout.ms", _I, "Longest wait of one source poll. A task never blocks longer than 1 s "
                  "whatever is set, so that stops and reassignments are noticed.", default=1000,
                  field="poll_timeout_ms", minimum=1, maximum=60000),
-    # 2 s rather than Mirus's 60 s (and MM2's 10 min): a metadata request every few seconds costs a cluster nothing.
-    PropertySpec("monitor.poll.wait.ms", _I, "How often the monitor reads both clusters' metadata to find new "
-                 "topics and partitions.", default=2000, field="monitor_poll_wait_ms", minimum=100),
+    PropertySpec("monitor.poll.wait.ms", _I, "How often the monitor runs its periodic duties for the connector "
+                 "(topic config sync, checkpoints, heartbeats, a full re-plan). New topics and partitions are seen "
+                 "sooner: the metadata watcher reads every cluster once a second for all connectors together.",
+                 default=2000, field="monitor_poll_wait_ms", minimum=100),
     PropertySpec("commit.failure.restart.ms", _I, "A task that replicates records but cannot commit offsets for "
                  "this long fails, and the supervisor restarts it.", default=300000,
                  field="commit_failure_restart_ms", minimum=1000),
@@ -229,6 +230,11 @@ PROPERTIES: tuple[PropertySpec, ...] = (
     PropertySpec("emit.heartbeats.interval.seconds", _I, "MirrorMaker 2: the least time between two heartbeats "
                  "(they are written by the monitor, at its pace).", default=1, field="emit_heartbeats_interval_s",
                  minimum=1),
+    PropertySpec("task.standby.runs", _I, "Warm standby runs per task. A standby waits on the owner's lease and "
+                 "takes the task over the moment the owner's process dies (well under a second, instead of a new "
+                 "run's start); each costs one more run process and one Postgres connection. 0: a crashed task "
+                 "waits for the supervisor to start a new run.", default=1, field="standby_runs", minimum=0,
+                 maximum=3),
     # -- Mirus's converters: records are copied byte for byte --
     *(
         PropertySpec(f"source.{part}.converter", _S, "Accepted only as ByteArrayConverter: records are copied "

@@ -94,7 +94,8 @@ class PropertyReader:
                 isinstance(raw, str) and re.fullmatch(r"\s*[+-]?\d+\s*", raw)
             ):
                 value = int(raw)
-            low, high = spec.minimum or -INT_MAX - 1, spec.maximum or INT_MAX
+            low = spec.minimum if spec.minimum is not None else -INT_MAX - 1
+            high = spec.maximum if spec.maximum is not None else INT_MAX
             if value is None or not low <= value <= high:
                 self.fail(name, f"must be an integer {spec.bounds()}, got {self.shown(name, raw)}")
                 return None

@@ -70,7 +70,8 @@ COMMIT_WAIT_S = 30  # how long a commit that must come first (hand-over, shutdow
 RETRY_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
 SOURCE_GONE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 # The task loop's periodic jobs besides committing (every offset.flush.interval.ms) and metrics (TaskMetrics).
-REFRESH_INTERVAL_S = 1.0  # "refreshing": pause, delete, restart, new config versions and assignment generations
+# "refreshing": pause, delete, restart, new config versions and assignment generations (one indexed row read).
+REFRESH_INTERVAL_S = 0.5
 DESTINATION_CHECK_INTERVAL_S = 5.0  # "checking destinations": route or pause partitions by destination metadata
 # The destination no longer accepts this producer's identity (id, epoch, sequence), or the producer stopped after
 # an error that could leave a gap (`enable.gapless.guarantee`): retrying with the same producer cannot succeed, a
@@ -192,6 +193,9 @@ class ReplicationTask:
         self.restart_marker: object = None
         self.fatal_producer_error: KafkaError | None = None
         self.transactions: Transactions | None = None  # exactly-once mode only
+        # Whether this instance holds the task: a warm standby's prepared producer must not `init_transactions`,
+        # which would fence the live owner's producer (same transactional.id).
+        self.owning = False
         self.transaction_due = False  # the transaction commits once its records are acknowledged; intake waits
         self.abort_reason: str | None = None  # a record of the transaction failed: it must be aborted
         self.aborting = False
@@ -213,13 +217,19 @@ class ReplicationTask:
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
-    def run(self, should_stop: Callable[[], bool] = lambda: False) -> TaskExit:
-        """Replicate until stopped, removed, paused, deleted or fenced. Raises on failure (after cleaning up)."""
-        self.lease = self.store.claim_task(self.connector, self.task_id, self.owner)
+    def run(self, should_stop: Callable[[], bool] = lambda: False, lease: Lease | None = None) -> TaskExit:
+        """Replicate until stopped, removed, paused, deleted or fenced. Raises on failure (after cleaning up).
+
+        `lease`: a claim already taken (`replicator.ownership`); without it the task claims now, fencing any owner.
+        """
+        self.lease = lease or self.store.claim_task(self.connector, self.task_id, self.owner)
+        self.owning = True
         self.on_event(f"claimed with epoch {self.lease.epoch}")
         outcome: TaskExit | None = None
         error: BaseException | None = None
         try:
+            if self.clients_open:  # prepared while standing by: its transactions start now, fencing the last owner
+                self._start_transactions()
             outcome = self._refresh(force=True)
             while outcome is None:
                 if should_stop():
@@ -237,6 +247,25 @@ class ReplicationTask:
             raise
         finally:
             self._shutdown(outcome, error)
+
+    def prepare(self) -> None:
+        """Create and connect the clients before owning the task (a warm standby): `run` then starts replicating
+        at once, unless the configuration changed meanwhile."""
+        head = self.store.connector_head(self.connector)
+        if head is None:
+            return
+        self._rebuild(head.version, head.restart_requested_at)
+        for client in (self.consumer, self.producer, self.destination_admin):
+            try:
+                client.list_topics(timeout=5)
+            except Exception as exc:  # only slower later: the task loop reports real trouble
+                log.info("%s-%d: warming up a client failed: %s", self.connector, self.task_id, exc)
+
+    def discard(self) -> None:
+        """Close the clients of a task that was prepared but never ran."""
+        if self.clients_open:
+            self.consumer.close()
+            self.clients_open = False
 
     def _shutdown(self, outcome: TaskExit | None, error: BaseException | None) -> None:
         fenced = outcome is TaskExit.FENCED
@@ -590,7 +619,7 @@ class ReplicationTask:
             return TaskExit.DELETED
         if head.state == ConnectorState.PAUSED:
             return TaskExit.PAUSED
-        if force or head.version != self.version or head.restart_requested_at != self.restart_marker:
+        if not self.clients_open or head.version != self.version or head.restart_requested_at != self.restart_marker:
             self._rebuild(head.version, head.restart_requested_at)
         if force or head.assignment_generation != self.generation:
             self.generation = head.assignment_generation
@@ -616,7 +645,8 @@ class ReplicationTask:
         self.version, self.restart_marker = record.version, restart_marker
         self.consumer = Consumer(config.consumer_settings())
         self.producer = Producer(self._producer_settings(config))
-        self._start_transactions()
+        if self.owning:
+            self._start_transactions()
         self.fifos = {}
         self.destination_admin = AdminClient(config.admin_settings("destination"))
         self.clients_open = True
@@ -660,6 +690,10 @@ class ReplicationTask:
         if not partitions:
             return
         stored = self.store.load_offsets(self.connector, partitions)
+        try:  # metadata of new topics now, not at librdkafka's next scan (up to 1 s later)
+            self.consumer.list_topics(timeout=5)
+        except Exception as exc:
+            log.info("%s-%d: source metadata not refreshed: %s", self.connector, self.task_id, exc)
         if self.transactions is not None:
             self._resume_after_destination(partitions, stored)
         reset = OFFSET_END if self.config.auto_offset_reset == "latest" else OFFSET_BEGINNING

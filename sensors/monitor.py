@@ -1,8 +1,9 @@
-"""The monitor sensor (Mirus's KafkaMonitor): cluster metadata → assignment generations → runs for idle tasks.
+"""The monitor sensor: keeps the metadata watcher running and every assigned task at its runs (owner + standbys).
 
-Built by `build_kafka_monitor` from what it launches (the replicator job) and the asset events it records, so
-that it imports neither `assets/` nor the jobs. A tick creates Kafka clients only for connectors whose
-`monitor.poll.wait.ms` has come round (one admin client per cluster it reads); nothing else touches Kafka.
+Built by `build_kafka_monitor` from what it launches (the replicator and watcher jobs) and the asset event it
+records, so that it imports neither `assets/` nor the jobs. Metadata is read by the watcher run
+(`replicator/watcher.py`), not here: a tick waits for the sensor daemon's 5 s loop, the watcher looks every second.
+A tick touches no Kafka cluster.
 """
 
 import time
@@ -11,33 +12,20 @@ from collections.abc import Callable, Mapping, Sequence
 import dagster as dg
 from pydantic import BaseModel
 
-from mirus_dagster.constants import CONNECTOR_PARTITIONS, MONITOR_SENSOR
+from mirus_dagster.constants import CONNECTOR_PARTITIONS, MONITOR_SENSOR, WATCHER_JOB
 from mirus_dagster.resources import PlatformDatabase
-from replicator.config import ConnectorConfigError
-from replicator.monitor import KafkaMonitor, MetadataUnavailableError, MonitorResult
-from replicator.store import ConnectorState, Store, UnknownConnectorError
+from replicator.config import ConnectorConfigError, load
+from replicator.store import ConnectorState, ConnectorStatus, PartitionHealth, Store
 from sensors.decisions import start_decision
-from sensors.task_runs import NEVER_RAN, run_request, task_histories
+from sensors.task_runs import LIVE, NEVER_RAN, run_request, task_histories
 
 # Below the sensor daemon's own 5 s loop on purpose: an interval equal to it makes the daemon skip a tick whenever
-# the previous evaluation was due a few milliseconds late, which doubles discovery time.
+# the previous evaluation was due a few milliseconds late.
 EVALUATION_INTERVAL_S = 1
-EVALUATION_BUDGET_S = 30.0  # far below Dagster's 60 s sensor timeout; the rest waits for the next tick
-MAX_BACKOFF_S = 64.0  # Mirus: retriable monitor errors back off 1, 2, 4 … 64 s
-
-
 MAX_FINDINGS = 10  # missing destination partitions named per connector; the rest are counted
 
 
-class ConnectorPoll(BaseModel):
-    next_poll_at: float = 0.0
-    failures: int = 0
-    error: str | None = None
-    findings: list[str] = []  # problems the last successful poll found (shown by the connectors asset)
-
-
 class MonitorCursor(BaseModel):
-    polls: dict[str, ConnectorPoll] = {}
     fingerprint: str = ""  # what the connectors table showed last; a change is reported to the asset
     reported_at: float = 0.0  # when the connectors asset was last recorded by this sensor
 
@@ -45,10 +33,11 @@ class MonitorCursor(BaseModel):
 ConnectorsEvent = Callable[[Store, str, dg.DagsterInstance, Mapping[str, Sequence[str]]], dg.AssetMaterialization]
 
 
-def findings_of(result: MonitorResult) -> list[str]:
-    """What an operator must know from one poll: source partitions left out because their destination is
-    missing (the connector then replicates less than it selects, or nothing)."""
-    missing = sorted(result.plan.missing_destination)
+def findings_of(status: ConnectorStatus) -> list[str]:
+    """What an operator must know from the watcher's last poll: source partitions it holds back because their
+    destination is missing (the connector then replicates less than it selects, or nothing)."""
+    missing = sorted(tp for tp, row in status.unhealthy_partitions.items()
+                     if row.task_id is None and row.state == PartitionHealth.PAUSED)  # fmt: skip
     named = [f"{topic}[{partition}]" for topic, partition in missing[:MAX_FINDINGS]]
     if not missing:
         return []
@@ -58,26 +47,25 @@ def findings_of(result: MonitorResult) -> list[str]:
 
 def build_kafka_monitor(
     job: dg.JobDefinition,
+    watcher_job: dg.JobDefinition,
     *,
     connectors_event: ConnectorsEvent,
-    flow_event: Callable[[str, MonitorResult], dg.AssetMaterialization],
     refresh_s: float,
 ) -> dg.SensorDefinition:
-    """The sensor launching `job` (the replicator) and recording `connectors_event` / `flow_event` changes."""
+    """The sensor launching `job` (the replicator) and `watcher_job`, recording `connectors_event` changes."""
 
     @dg.sensor(
         name=MONITOR_SENSOR,
-        job=job,
+        jobs=[job, watcher_job],
         minimum_interval_seconds=EVALUATION_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
-            "Per connector, every monitor.poll.wait.ms: read source and destination metadata, apply selection, "
-            "naming and destination checking, write a new assignment generation when partition membership "
-            "changed, and start a replicator run for every assigned task that has none."
+            "Keep the metadata watcher run alive, and start replicator runs for every assigned task that has "
+            "fewer than its owner and standby runs (task.standby.runs)."
         ),
     )
     def kafka_monitor(context: dg.SensorEvaluationContext, platform: PlatformDatabase) -> dg.SensorResult:
-        return _evaluate(context, platform.store(), connectors_event, flow_event, refresh_s)
+        return _evaluate(context, platform.store(), connectors_event, refresh_s)
 
     return kafka_monitor
 
@@ -86,14 +74,13 @@ def _evaluate(
     context: dg.SensorEvaluationContext,
     store: Store,
     connectors_event: ConnectorsEvent,
-    flow_event: Callable[[str, MonitorResult], dg.AssetMaterialization],
     refresh_s: float,
 ) -> dg.SensorResult:
     cursor = MonitorCursor.model_validate_json(context.cursor) if context.cursor else MonitorCursor()
-    started = time.monotonic()
-    monitor = KafkaMonitor(store)
     run_requests: list[dg.RunRequest] = []
     asset_events: list[dg.AssetMaterialization] = []
+    if not context.instance.get_runs(dg.RunsFilter(job_name=WATCHER_JOB, statuses=list(LIVE)), limit=1):
+        run_requests.append(dg.RunRequest(job_name=WATCHER_JOB))
     # The partitions are read before the connectors: a connector that `put_connector` stores and registers while
     # this tick runs is then never seen as registered but absent, which would delete its partition for a tick.
     known = set(context.instance.get_dynamic_partitions(CONNECTOR_PARTITIONS))
@@ -101,49 +88,31 @@ def _evaluate(
     for record in records:
         if record.state != ConnectorState.RUNNING:
             continue
-        poll = cursor.polls.get(record.name, ConnectorPoll())
-        now = time.time()
-        if now >= poll.next_poll_at and time.monotonic() - started < EVALUATION_BUDGET_S:
-            try:
-                result = monitor.poll(record.name)
-            except (MetadataUnavailableError, ConnectorConfigError) as exc:
-                backoff = min(2.0**poll.failures, MAX_BACKOFF_S)
-                poll = ConnectorPoll(next_poll_at=now + backoff, failures=poll.failures + 1, error=str(exc))
-                context.log.warning(f"{record.name}: {exc} (next attempt in {backoff:.0f}s)")
-            except UnknownConnectorError:
-                continue  # deleted while we looked
-            else:
-                poll = ConnectorPoll(next_poll_at=now + result.poll_wait_s, findings=findings_of(result))
-                if result.changed:
-                    missing = len(result.plan.missing_destination)
-                    context.log.info(
-                        f"{record.name}: generation {result.generation}, {len(result.plan.replicate)} partitions "
-                        f"over {len(result.tasks)} tasks; missing at destination: {missing}"
-                    )
-                    asset_events.append(flow_event(record.name, result))
-            cursor.polls[record.name] = poll
+        try:
+            wanted = 1 + load(record.properties).standby_runs
+        except ConnectorConfigError:
+            continue  # the watcher reports it
         histories = task_histories(context.instance, record.name)
         for task_id in sorted(store.read_assignment(record.name)):
-            decision = start_decision(histories.get(task_id, NEVER_RAN))
+            decision = start_decision(histories.get(task_id, NEVER_RAN), wanted)
             if decision.launch:
-                run_requests.append(run_request(record.name, task_id, decision.reason))
+                run_requests.extend(run_request(record.name, task_id, decision.reason) for _ in range(decision.runs))
     names = {r.name for r in records}
-    cursor.polls = {name: poll for name, poll in cursor.polls.items() if name in names}
     # Everything the connectors table shows but heartbeat times and lag: a change is recorded at once, and those
     # are kept fresh by recording at least every `refresh_s` while anything runs.
     statuses = store.connector_statuses()
+    findings = {s.name: findings_of(s) for s in statuses if s.state == ConnectorState.RUNNING}
     fingerprint = repr(
         [(s.name, s.state, s.version, s.assignment_generation, [(t.task_id, t.state, t.partitions, t.restart_attempts)
           for t in s.tasks], s.metadata_errors, sorted(s.flow_problems.items()), sorted(s.unhealthy_partitions))
          for s in statuses]
         + [(r.name, r.restart_requested_at) for r in records]
-        + sorted((name, poll.error, poll.findings) for name, poll in cursor.polls.items())
+        + sorted(findings.items())
     )  # fmt: skip
     running = any(r.state == ConnectorState.RUNNING for r in records)
     changed = fingerprint != cursor.fingerprint
     if changed or (running and time.time() - cursor.reported_at >= refresh_s):
         cursor.fingerprint, cursor.reported_at = fingerprint, time.time()
-        findings = {name: poll.findings for name, poll in cursor.polls.items()}
         reason = "monitor saw a change" if changed else "refresh (heartbeats and lag)"
         asset_events.append(connectors_event(store, reason, context.instance, findings))
     partitions = []

@@ -39,7 +39,7 @@ def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:
             if record.state != ConnectorState.RUNNING:
                 continue
             try:
-                lease_timeout_s = load(record.properties).lease_timeout_ms / 1000
+                config = load(record.properties)
             except ConnectorConfigError:
                 continue
             histories = task_histories(context.instance, record.name)
@@ -49,12 +49,13 @@ def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:
                     continue  # never ran: the monitor starts it
                 lease = store.lease_of(record.name, task_id)
                 if requested_restart(history, record.restart_requested_at):
-                    decision = Decision(True, "an operator requested a restart")
+                    decision = Decision(True, "an operator requested a restart", runs=1 + config.standby_runs)
                 elif not supervisor.auto_restart:
                     continue
                 else:
                     decision = restart_decision(
-                        history, lease.heartbeat_at if lease else None, now, lease_timeout_s=lease_timeout_s,
+                        history, lease.heartbeat_at if lease else None, now, wanted=1 + config.standby_runs,
+                        lease_timeout_s=config.lease_timeout_ms / 1000,
                         initial_backoff_s=supervisor.initial_backoff_s, max_backoff_s=supervisor.max_backoff_s,
                     )  # fmt: skip
                 if not decision.launch:
@@ -64,7 +65,9 @@ def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:
                         context.instance.report_run_failed(run, f"replaced by the supervisor: {decision.reason}")
                 attempts = store.record_restart(record.name, task_id)
                 context.log.info(f"restarting {record.name}-{task_id} (attempt {attempts}): {decision.reason}")
-                run_requests.append(run_request(record.name, task_id, f"restart: {decision.reason}"))
+                run_requests.extend(
+                    run_request(record.name, task_id, f"restart: {decision.reason}") for _ in range(decision.runs)
+                )
         if not run_requests and not supervisor.auto_restart:
             return dg.SkipReason(
                 f"automatic restarts are turned off ({ENV_TASK_AUTO_RESTART}=false); only requested ones are made"

@@ -16,7 +16,7 @@ from mirus_dagster.constants import (
     TAG_REASON,
     TAG_TASK,
 )
-from sensors.decisions import TaskRunHistory
+from sensors.decisions import TaskRunHistory, failure_streak
 
 LIVE = {
     dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
@@ -41,6 +41,12 @@ def _ts(value: float | None) -> datetime | None:
     return datetime.fromtimestamp(value, UTC) if value is not None else None
 
 
+def _lived_s(record: dg.RunRecord) -> float | None:
+    if record.start_time is None or record.end_time is None:
+        return None
+    return record.end_time - record.start_time
+
+
 def task_histories(instance: dg.DagsterInstance, connector: str) -> dict[int, TaskRunHistory]:
     """Per task id of `connector`, its recent runs folded into a `TaskRunHistory`. One query per connector."""
     records = instance.get_run_records(
@@ -55,13 +61,9 @@ def task_histories(instance: dg.DagsterInstance, connector: str) -> dict[int, Ta
     for task_id, runs in by_task.items():
         live = [r for r in runs if r.dagster_run.status in LIVE]
         done = [r for r in runs if r.dagster_run.status not in LIVE]
-        failures = 0
-        for r in done:
-            if r.dagster_run.status != dg.DagsterRunStatus.FAILURE:
-                break
-            failures += 1
+        failures = failure_streak((r.dagster_run.status.value, _lived_s(r)) for r in done)
         histories[task_id] = TaskRunHistory(
-            live=bool(live),
+            live_runs=len(live),
             live_started_at=_ts(live[0].start_time) if live else None,
             latest_status=done[0].dagster_run.status.value if done else None,
             latest_ended_at=_ts(done[0].end_time or done[0].update_timestamp.timestamp()) if done else None,
@@ -78,4 +80,4 @@ def live_runs(instance: dg.DagsterInstance, connector: str, task_id: int) -> lis
     )
 
 
-NEVER_RAN = TaskRunHistory(False, None, None, None, 0)
+NEVER_RAN = TaskRunHistory(0, None, None, None, 0)

@@ -13,6 +13,7 @@ from mirus_dagster.stack import StackEndpoints
 from replicator.assignment import SourcePartition
 from replicator.config import ConnectorConfig, validate_submission
 from replicator.database import make_engine, upgrade
+from replicator.ownership import run_owned
 from replicator.store import Store
 from replicator.task import ReplicationTask, TaskExit
 
@@ -59,10 +60,13 @@ class TaskThread:
     error: BaseException | None = None
     events: list[str] = field(default_factory=list)
     thread: threading.Thread | None = None
+    owned: bool = False  # as a run does: standing by while another instance owns the task (replicator.ownership)
 
     @classmethod
-    def start(cls, store: Store, connector: str, task_id: int = 0, owner: str = "test") -> TaskThread:
-        runner = cls(task=ReplicationTask(store, connector, task_id, owner, metrics_interval_s=1.0))
+    def start(
+        cls, store: Store, connector: str, task_id: int = 0, owner: str = "test", *, owned: bool = False
+    ) -> TaskThread:
+        runner = cls(task=ReplicationTask(store, connector, task_id, owner, metrics_interval_s=1.0), owned=owned)
         runner.task.on_event = runner.events.append
         runner.thread = threading.Thread(target=runner._run, daemon=True, name=f"{connector}-{task_id}")
         runner.thread.start()
@@ -70,7 +74,10 @@ class TaskThread:
 
     def _run(self) -> None:
         try:
-            self.outcome = self.task.run(self.stop.is_set)
+            if self.owned:
+                self.outcome = run_owned(self.task, self.stop.is_set)
+            else:
+                self.outcome = self.task.run(self.stop.is_set)
         except BaseException as exc:
             self.error = exc
 

@@ -78,10 +78,19 @@ def produce(bootstrap: str, records: Iterable[dict], **config: object) -> None:
     assert remaining == 0 and not errors, f"produce failed: {remaining} unacknowledged, errors {errors[:3]}"
 
 
-def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, timeout: float = 60.0) -> list[Rec]:
+def consume_all(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    expected: int,
+    timeout: float = 60.0,
+    distinct: Callable[[Rec], object] | None = None,
+) -> list[Rec]:
     """Read `topic` from the beginning until `expected` records arrived (fails on timeout), then drain briefly.
 
-    Watermarks are never used to count: some Kafka-protocol brokers report them wrongly.
+    `distinct`: count records by this key (e.g. the source record a copy is of), so that duplicates of an
+    at-least-once replay do not end the read before every record was seen: the brief drain after it is no
+    guarantee to catch up. Watermarks are never used to count: some Kafka-protocol brokers report them wrongly.
     """
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "tests-reader", "enable.auto.commit": False,
@@ -89,15 +98,19 @@ def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, time
     )  # fmt: skip
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     records: list[Rec] = []
+    seen: set[object] = set()
     deadline = time.monotonic() + timeout
     try:
-        while len(records) < expected:
+        while (len(seen) if distinct else len(records)) < expected:
             if time.monotonic() > deadline:
-                raise AssertionError(f"{topic}: {len(records)} of {expected} records after {timeout}s")
+                counted = f"{len(seen)} distinct ({len(records)} in all)" if distinct else f"{len(records)}"
+                raise AssertionError(f"{topic}: {counted} of {expected} records after {timeout}s")
             for msg in consumer.consume(1000, 0.5):
                 if msg.error():
                     raise KafkaException(msg.error())
                 records.append(Rec.of(msg))
+                if distinct:
+                    seen.add(distinct(records[-1]))
         # Anything beyond `expected` (duplicates) must show up too.
         for msg in consumer.consume(1000, 1.0):
             if not msg.error():

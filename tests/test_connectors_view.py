@@ -11,16 +11,15 @@ import pytest
 from sqlalchemy import Engine
 
 from assets.connectors import REFRESH_S, connectors_materialization
-from assets.flows import flow_materialization
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET, TAG_CONNECTOR
-from mirus_dagster.definitions import kafka_monitor
+from mirus_dagster.definitions import kafka_monitor, metadata_watcher
 from mirus_dagster.jobs import replicator
 from mirus_dagster.stack import StackEndpoints
 from replicator.store import ConnectorRecord, Store
 from sensors.monitor import build_kafka_monitor
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import create_topics, wait_for
-from tests.test_sensors import InProcessRun, admin, evaluate, put, requests_for
+from tests.test_sensors import InProcessRun, admin, evaluate, put, requests_for, watched
 
 
 def connectors_view(result: dg.SensorResult) -> str:
@@ -40,10 +39,11 @@ def test_the_view_shows_running_tasks_with_their_run_and_heartbeat_as_soon_as_th
     create_topics(stack.source_bootstrap_servers, {unique: 3})
     create_topics(stack.destination_bootstrap_servers, {unique: 3})
     # Without heartbeats, whose source topic would add a partition to every connector.
-    properties = connector_properties(
-        stack, unique, **{"topics.whitelist": unique, "tasks.max": "2", "emit.heartbeats.enabled": "false"}
-    )
+    properties = connector_properties(stack, unique, **{
+        "topics.whitelist": unique, "tasks.max": "2", "emit.heartbeats.enabled": "false", "task.standby.runs": "0"
+    })  # fmt: skip
     assert put(instance, resources, properties).success
+    watched(Store(db_engine), unique)
     first = evaluate(kafka_monitor, instance, resources, None)
     runs = [InProcessRun(instance, resources, r) for r in requests_for(first, unique)]
     try:
@@ -76,8 +76,8 @@ def test_the_view_is_recorded_again_while_tasks_run_so_heartbeats_stay_recent(
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
     assert put(instance, resources, connector_properties(stack, unique, **{"topics.whitelist": unique})).success
-    every_tick = build_kafka_monitor(replicator, connectors_event=connectors_materialization,
-                                     flow_event=flow_materialization, refresh_s=0)  # fmt: skip
+    every_tick = build_kafka_monitor(replicator, metadata_watcher, connectors_event=connectors_materialization,
+                                     refresh_s=0)  # fmt: skip
     first = evaluate(every_tick, instance, resources, None)
 
     again = evaluate(every_tick, instance, resources, first.cursor)
@@ -89,11 +89,12 @@ def test_the_view_is_recorded_again_while_tasks_run_so_heartbeats_stay_recent(
 
 
 def test_a_connector_whose_destinations_are_missing_shows_it_as_a_problem(
-    instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, unique: str
+    instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
 ) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: 3})  # no destination topic, and none is created
     no_creation = {"topics.whitelist": unique, "topic.creation.enable": "false", "emit.heartbeats.enabled": "false"}
     assert put(instance, resources, connector_properties(stack, unique, **no_creation)).success
+    watched(Store(db_engine), unique)
 
     line = row(connectors_view(evaluate(kafka_monitor, instance, resources, None)), unique)
 

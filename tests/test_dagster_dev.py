@@ -31,6 +31,7 @@ from mirus_dagster.constants import (
     TAG_REASON,
     TAG_SENSOR,
     TAG_TASK,
+    WATCHER_JOB,
     admin_job_name,
     admin_op_name,
 )
@@ -168,16 +169,34 @@ def traffic_through(
         replicated.close()
 
 
-def live_runs_by_task(dev: DagsterDev, connector: str) -> dict[int, RunInfo]:
-    runs = dev.runs({TAG_CONNECTOR: connector}, job_name=REPLICATOR_JOB)
-    return {int(r.tags[TAG_TASK]): r for r in runs if r.status == "STARTED"}
+def live_runs_by_task(dev: DagsterDev, connector: str) -> dict[int, list[RunInfo]]:
+    """Started replicator runs per task: its owner and its warm standby."""
+    runs: dict[int, list[RunInfo]] = {}
+    for r in dev.runs({TAG_CONNECTOR: connector}, job_name=REPLICATOR_JOB):
+        if r.status == "STARTED":
+            runs.setdefault(int(r.tags[TAG_TASK]), []).append(r)
+    return runs
 
 
-def wait_for_new_run(dev: DagsterDev, connector: str, task: int, previous: str) -> RunInfo:
-    """The task's next replicator run once it is STARTED (another run id, same `mirus/task` tag)."""
+def owner_and_standby(platform: Platform, task: int) -> tuple[RunInfo, RunInfo]:
+    """The run owning `task` (its lease names the run) and the run standing by, once both are started."""
+
+    def found() -> tuple[RunInfo, RunInfo] | None:
+        runs = live_runs_by_task(platform.dev, platform.name).get(task, [])
+        lease = platform.store.lease_of(platform.name, task)
+        owner = [r for r in runs if lease and lease.owner and lease.owner.endswith(r.run_id)]
+        others = [r for r in runs if r not in owner]
+        return (owner[0], others[0]) if owner and len(others) == 1 else None
+
+    return platform.dev.until(found, 90, f"an owner and a standby run of task {task}")
+
+
+def wait_for_new_run(dev: DagsterDev, connector: str, task: int, previous: set[str]) -> RunInfo:
+    """The task's next replicator run once it is STARTED (a run id not in `previous`, same `mirus/task` tag)."""
     (run,) = dev.wait_for_runs(
-        {TAG_CONNECTOR: connector, TAG_TASK: str(task)}, statuses={"STARTED"}, where=lambda r: r.run_id != previous,
-        job_name=REPLICATOR_JOB, timeout=90, what=f"a new started run of task {connector}-{task}",
+        {TAG_CONNECTOR: connector, TAG_TASK: str(task)}, statuses={"STARTED"},
+        where=lambda r: r.run_id not in previous, job_name=REPLICATOR_JOB, timeout=90,
+        what=f"a new started run of task {connector}-{task}",
     )  # fmt: skip
     return run
 
@@ -235,13 +254,16 @@ def platform(stack: StackEndpoints, db_engine: Engine, tmp_path_factory: pytest.
         yield Platform(dev, stack, Store(db_engine), name, topics)
 
 
-def test_the_monitor_starts_one_run_per_task_and_records_are_replicated(platform: Platform) -> None:
+def test_the_monitor_starts_an_owner_and_a_standby_per_task_and_records_are_replicated(platform: Platform) -> None:
     dev, name = platform.dev, platform.name
     started = dev.until(
-        lambda: (runs := live_runs_by_task(dev, name)).keys() == {0, 1} and runs, 90, "runs for tasks 0 and 1"
-    )
-    for run in started.values():
+        lambda: (runs := live_runs_by_task(dev, name)).keys() == {0, 1} and all(len(r) == 2 for r in runs.values())
+        and runs, 90, "two runs for each of tasks 0 and 1",
+    )  # fmt: skip
+    for run in (r for runs in started.values() for r in runs):
         assert run.tags[TAG_SENSOR] == MONITOR_SENSOR and run.tags[TAG_KIND] == KIND_REPLICATOR, run.tags
+    (watcher,) = dev.wait_for_runs(job_name=WATCHER_JOB, statuses={"STARTED"}, timeout=60)
+    assert watcher.tags[TAG_SENSOR] == MONITOR_SENSOR
     for topic, partitions in platform.topics.items():
         assert_copied(platform.stack, topic, partitions, 30)
 
@@ -258,30 +280,37 @@ def test_a_topic_created_later_is_replicated_without_any_action(platform: Platfo
     assert sorted(tp for tps in assignment.values() for tp in tps) == sorted(
         [(t, p) for t, n in platform.topics.items() for p in range(n)] + [(HEARTBEATS_TOPIC, 0)]
     )
-    assert set(live_runs_by_task(platform.dev, name)) == {0, 1}, "a new topic must not need new runs"
+    runs = live_runs_by_task(platform.dev, name)
+    assert runs.keys() == {0, 1} and all(len(r) == 2 for r in runs.values()), "a new topic must not need new runs"
 
 
-def test_a_run_killed_with_sigkill_is_restarted_by_the_supervisor_without_loss(platform: Platform) -> None:
+def test_a_run_killed_with_sigkill_is_taken_over_by_its_standby_and_replaced_without_loss(
+    platform: Platform,
+) -> None:
     dev, name = platform.dev, platform.name
-    victim = live_runs_by_task(dev, name)[0]
+    victim, standby = owner_and_standby(platform, 0)
     with traffic_through(platform, 0, "kill") as (replicated, traffic, partitions):
         kill_point = traffic.snapshot()
         dev.kill_run_worker(victim.run_id)
-        dev.wait_for_status(victim.run_id, {"FAILURE"}, timeout=60)
-        restarted = wait_for_new_run(dev, name, 0, victim.run_id)
-        assert restarted.tags[TAG_SENSOR] == SUPERVISOR_SENSOR, restarted.tags
-        assert restarted.tags[TAG_REASON].startswith("restart: failed"), restarted.tags
         wait_for(
             lambda: replicated.beyond(kill_point, partitions), 60,
-            what="records produced after the kill to be replicated by the new run",
+            what="records produced after the kill to be replicated by the standby",
         )  # fmt: skip
+        lease = platform.store.lease_of(name, 0)
+        assert lease is not None and lease.owner is not None and lease.owner.endswith(standby.run_id)
+        dev.wait_for_status(victim.run_id, {"FAILURE"}, timeout=60)
+        restarted = wait_for_new_run(dev, name, 0, {victim.run_id, standby.run_id})
+        assert restarted.tags[TAG_SENSOR] == SUPERVISOR_SENSOR, restarted.tags
+        # At once either way: a first failure has no backoff, and the standby replicating rules one out.
+        reason = restarted.tags[TAG_REASON]
+        assert reason.startswith(("restart: failed 1 ", "restart: standby missing (the task replicates)")), reason
     report = verified(platform.stack, platform.topics)
     assert report.totals["source_records"] > sum(platform.topics.values()) * 10, report.totals
 
 
 def test_a_terminated_run_commits_ends_canceled_and_is_started_again(platform: Platform) -> None:
     dev, name = platform.dev, platform.name
-    victim = live_runs_by_task(dev, name)[1]
+    victim, standby = owner_and_standby(platform, 1)
     with traffic_through(platform, 1, "terminate") as (replicated, traffic, partitions):
         before = dict(replicated.update())
         dev.client.terminate_run(victim.run_id)
@@ -291,20 +320,23 @@ def test_a_terminated_run_commits_ends_canceled_and_is_started_again(platform: P
         assert not short, f"committed offsets below what was replicated before termination: {short}"
         final = f"{name}-1: stopped:"  # the task's last event, written after its final flush and commit
         assert any(m.startswith(final) for m in dev.run_messages(victim.run_id)), "no final task event"
-        resumed = wait_for_new_run(dev, name, 1, victim.run_id)
+        resumed = wait_for_new_run(dev, name, 1, {victim.run_id, standby.run_id})
         assert resumed.tags[TAG_SENSOR] == MONITOR_SENSOR, resumed.tags
         assert resumed.tags[TAG_REASON] == "assigned, last run canceled", resumed.tags
         resume_point = traffic.snapshot()
         wait_for(
             lambda: replicated.beyond(resume_point, partitions), 60,
-            what="records produced after the termination to be replicated by the new run",
+            what="records produced after the termination to be replicated by the standby",
         )  # fmt: skip
     verified(platform.stack, platform.topics)
 
 
 def test_pause_ends_every_replicator_run_and_none_starts_while_paused(platform: Platform) -> None:
     dev, name = platform.dev, platform.name
-    running = dev.until(lambda: (runs := live_runs_by_task(dev, name)).keys() == {0, 1} and runs, 90, "both runs")
+    running = dev.until(
+        lambda: (runs := live_runs_by_task(dev, name)).keys() == {0, 1} and all(len(r) == 2 for r in runs.values())
+        and {r.run_id: r for rs in runs.values() for r in rs}, 90, "owner and standby runs of both tasks",
+    )  # fmt: skip
     pause = dev.client.submit_job_execution(
         admin_job_name("pause"), run_config={"ops": {admin_op_name("pause"): {"config": {"name": name}}}}
     )

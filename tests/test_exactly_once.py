@@ -122,6 +122,27 @@ def test_a_second_instance_fences_the_first_through_its_transactional_id(
     _exactly(consume_all(stack.destination_bootstrap_servers, unique, 2, expected=150), 2, 75)
 
 
+def test_a_warm_standby_leaves_the_owners_transactions_alone_until_it_takes_over(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    _two_partitions(stack, store, unique, 100)
+    owner = TaskThread.start(store, unique, owner="owner", owned=True)
+    wait_for(lambda: sum(store.load_offsets(unique).values()) == 100, what="the owner replicating")
+    standby = TaskThread.start(store, unique, owner="standby", owned=True)
+    wait_for(lambda: any(e.startswith("standing by") for e in standby.events), what="the standby standing by")
+
+    # Its clients are ready, but its producer has not initialised the transactional.id the owner writes with.
+    _produce(stack, unique, b"b", 50)
+    wait_for(lambda: sum(store.load_offsets(unique).values()) == 150, what="the owner replicating beside it")
+    assert owner.outcome is None and not [e for e in owner.events if "fenced" in e], owner.events[-3:]
+    assert owner.finish() is TaskExit.STOPPED
+    wait_for(lambda: any(e.startswith("took over") for e in standby.events), what="the standby taking over")
+    _produce(stack, unique, b"c", 50)
+    wait_for(lambda: sum(store.load_offsets(unique).values()) == 200, what="the standby replicating")
+    assert standby.finish() is TaskExit.STOPPED
+    _exactly(consume_all(stack.destination_bootstrap_servers, unique, 2, expected=200), 2, 100)
+
+
 def test_a_task_that_died_after_its_transaction_but_before_its_offsets_resumes_from_the_destination(
     stack: StackEndpoints, unique: str
 ) -> None:

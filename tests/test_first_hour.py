@@ -175,8 +175,9 @@ def test_a_run_page_names_its_connector(demo: Demo, browser: Browser) -> None:
     (run, *_) = demo.dev.wait_for_runs({CONNECTOR: DEMO_CONNECTOR}, statuses={"STARTED"}, job_name="replicator",
                                        timeout=60)  # fmt: skip
     task = f"{DEMO_CONNECTOR}-{run.tags['mirus/task']}"
-    # The run's own events name the connector's task, and so do its tags.
-    page_text(browser, f"{demo.dev.url}/runs/{run.run_id}", f"{task}: replicating")
+    # The run's own events name the connector's task (an owner's "replicating …", a standby's "standing by …"), and
+    # so do its tags.
+    page_text(browser, f"{demo.dev.url}/runs/{run.run_id}", f"{task}: ")
     tags = next(b for b in browser.driver.find_elements("tag name", "button") if "View tags and config" in b.text)
     tags.click()
     wait_for(lambda: f"{CONNECTOR}" in browser.driver.find_element("tag name", "body").text, 30, 0.5,

@@ -36,7 +36,7 @@ from replicator.store import Store
 from tests.api_helpers import serve_api
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import consume_all, create_topics, produce, wait_for
-from tests.test_sensors import InProcessRun, evaluate, requests_for
+from tests.test_sensors import InProcessRun, evaluate, requests_for, watched
 
 JOBS = {job.name: job for job in admin_jobs}
 SECRET_ENV = "MIRUS_TEST_LEAK_SENTINEL"
@@ -118,6 +118,7 @@ def test_a_referenced_secret_reaches_the_clients_and_no_output(
         instance=instance, resources=resources, raise_on_error=False,
     )  # fmt: skip
     assert put.success
+    watched(Store(db_engine), unique)  # the metadata watcher's round: the task is assigned
     request = requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
     run = InProcessRun(instance, resources, request)
     assert len(consume_all(stack.destination_bootstrap_servers, f"{unique}.copy", 2, expected=20)) == 20

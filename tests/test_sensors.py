@@ -2,7 +2,6 @@
 
 import sys
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,20 +11,29 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine
 
-from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET, TAG_CONNECTOR, TAG_REASON, TAG_TASK
+from mirus_dagster.constants import (
+    CONNECTOR_PARTITIONS,
+    CONNECTORS_ASSET,
+    TAG_CONNECTOR,
+    TAG_REASON,
+    TAG_TASK,
+    WATCHER_JOB,
+)
 from mirus_dagster.definitions import admin_jobs, kafka_monitor, task_supervisor
 from mirus_dagster.jobs import replicator
 from mirus_dagster.resources import SupervisorPolicy
 from mirus_dagster.stack import StackEndpoints
 from replicator.store import Store
+from replicator.watcher import MetadataWatcher, WatchRound
 from sensors.decisions import (
+    HEALTHY_RUN_S,
     TaskRunHistory,
+    failure_streak,
     requested_restart,
     restart_backoff_s,
     restart_decision,
     start_decision,
 )
-from sensors.monitor import MonitorCursor
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import consume_all, create_topics, produce, wait_for
 
@@ -37,7 +45,7 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def history(**kw: object) -> TaskRunHistory:
-    base = {"live": False, "live_started_at": None, "latest_status": None, "latest_ended_at": None,
+    base = {"live_runs": 0, "live_started_at": None, "latest_status": None, "latest_ended_at": None,
             "consecutive_failures": 0}  # fmt: skip
     return TaskRunHistory(**{**base, **kw})  # type: ignore[arg-type]
 
@@ -46,8 +54,27 @@ def test_the_monitor_starts_idle_tasks_and_leaves_failures_to_the_supervisor() -
     assert start_decision(history()).launch
     assert start_decision(history(latest_status="SUCCESS")).launch
     assert start_decision(history(latest_status="CANCELED")).launch
-    assert not start_decision(history(live=True)).launch
+    assert not start_decision(history(live_runs=1)).launch
     assert not start_decision(history(latest_status="FAILURE", consecutive_failures=1)).launch
+    # With a warm standby a task wants two runs: the owner and the standby.
+    assert start_decision(history(), wanted=2).runs == 2
+    assert start_decision(history(live_runs=1, latest_status="SUCCESS"), wanted=2).runs == 1
+    assert not start_decision(history(live_runs=2), wanted=2).launch
+
+
+def test_the_supervisor_replaces_a_crashed_run_while_its_standby_replicates() -> None:
+    policy = {"lease_timeout_s": 30.0, "initial_backoff_s": 1.0, "max_backoff_s": 60.0}
+    crashed = history(live_runs=1, live_started_at=NOW, latest_status="FAILURE", latest_ended_at=NOW,
+                      consecutive_failures=1)  # fmt: skip
+    decision = restart_decision(crashed, NOW, NOW, wanted=2, **policy)
+    assert decision.launch and decision.runs == 1 and not decision.replace_live_run
+    assert not restart_decision(crashed, NOW, NOW, wanted=1, **policy).launch
+    # Killed again and again: each time the standby took over and replicates, so no backoff builds up.
+    again = history(live_runs=1, live_started_at=NOW, latest_status="FAILURE", latest_ended_at=NOW,
+                    consecutive_failures=6)  # fmt: skip
+    later = NOW + timedelta(seconds=1)
+    assert restart_decision(again, later, later, wanted=2, **policy).launch
+    assert not restart_decision(again, NOW - timedelta(seconds=1), later, wanted=2, **policy).launch  # still down
 
 
 def test_the_supervisor_backs_off_doubling_up_to_a_cap() -> None:
@@ -61,19 +88,30 @@ def test_the_supervisor_backs_off_doubling_up_to_a_cap() -> None:
     assert not restart_decision(history(latest_status="SUCCESS", latest_ended_at=NOW), None, NOW, **policy).launch
 
 
+def test_a_crash_after_healthy_replication_restarts_at_once_however_many_came_before() -> None:
+    healthy, crash = HEALTHY_RUN_S + 1, 2.0
+    # Killed again and again, each time after replicating for a while: every replacement starts at once.
+    assert failure_streak([("FAILURE", healthy)] * 5) == 1
+    assert restart_backoff_s(failure_streak([("FAILURE", healthy)] * 5), 1.0, 60.0) == 0
+    # A crash loop (each run dies soon after it started) backs off, until a healthy run or a success ends it.
+    assert failure_streak([("FAILURE", crash)] * 3 + [("FAILURE", healthy), ("FAILURE", crash)]) == 4
+    assert failure_streak([("FAILURE", crash), ("FAILURE", None), ("SUCCESS", crash), ("FAILURE", crash)]) == 2
+    assert failure_streak([("CANCELED", crash), ("FAILURE", crash)]) == 0
+
+
 def test_an_operator_restart_brings_a_failed_task_back_at_once() -> None:
     failed = history(latest_status="FAILURE", latest_ended_at=NOW, consecutive_failures=5)  # deep in backoff
     later = NOW + timedelta(seconds=1)
     assert requested_restart(failed, later)
     assert not requested_restart(failed, NOW - timedelta(seconds=1))  # asked before the run failed
     assert not requested_restart(failed, None)
-    assert not requested_restart(history(live=True, latest_status="FAILURE", latest_ended_at=NOW), later)
+    assert not requested_restart(history(live_runs=1, latest_status="FAILURE", latest_ended_at=NOW), later)
     assert not requested_restart(history(latest_status="SUCCESS", latest_ended_at=NOW), later)
 
 
 def test_the_supervisor_replaces_a_live_run_that_stopped_heartbeating() -> None:
     policy = {"lease_timeout_s": 30.0, "initial_backoff_s": 1.0, "max_backoff_s": 60.0}
-    live = history(live=True, live_started_at=NOW)
+    live = history(live_runs=1, live_started_at=NOW)
     # A fresh run has not claimed its lease yet: the old heartbeat must not condemn it.
     assert not restart_decision(live, NOW - timedelta(minutes=5), NOW + timedelta(seconds=10), **policy).launch
     decision = restart_decision(live, NOW + timedelta(seconds=5), NOW + timedelta(seconds=40), **policy)
@@ -103,8 +141,23 @@ def evaluate(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, resource
 
 
 def requests_for(result: dg.SensorResult, connector: str) -> list[dg.RunRequest]:
-    """This test's run requests: connectors of other tests share the database."""
-    return [r for r in result.run_requests if r.tags[TAG_CONNECTOR] == connector]
+    """This test's replicator run requests: connectors of other tests share the database."""
+    return [r for r in result.run_requests if r.tags.get(TAG_CONNECTOR) == connector]
+
+
+def watch(store: Store) -> WatchRound:
+    """One round of the metadata watcher (the `metadata_watcher` run does this every second)."""
+    return MetadataWatcher(store).watch_once()
+
+
+def watched(store: Store, connector: str) -> WatchRound:
+    """A watcher round that polled `connector` without error: a round that met a slow broker is retried."""
+
+    def polled() -> WatchRound | None:
+        done = watch(store)
+        return done if connector in done.polled and connector not in done.errors else None
+
+    return wait_for(polled, what=f"a watcher round polling {connector}")  # type: ignore[return-value]
 
 
 class InProcessRun:
@@ -175,7 +228,7 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
                                               "value": b"v%d" % i} for i in range(90)])  # fmt: skip
     properties = connector_properties(stack, unique, **{
         "tasks.max": "2", "topics.regex": f"{unique}-.*", "destination.topic.name.suffix": ".copy",
-        "monitor.poll.wait.ms": "100", "consumer.sasl.password": "${env:TEST_SOURCE_PASSWORD}",
+        "task.standby.runs": "0", "consumer.sasl.password": "${env:TEST_SOURCE_PASSWORD}",
         "consumer.security.protocol": "PLAINTEXT",
     })  # fmt: skip
     assert put(instance, resources, properties).success
@@ -186,7 +239,10 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     assert "hunter2-secret" not in shown and "${env:TEST_SOURCE_PASSWORD}" in shown
     assert unique in instance.get_dynamic_partitions(CONNECTOR_PARTITIONS)
 
+    assert requests_for(evaluate(kafka_monitor, instance, resources, None), unique) == []  # nothing assigned yet
+    assert unique in [r.connector for r in watched(store, unique).changed]
     result = evaluate(kafka_monitor, instance, resources, None)
+    assert [r.job_name for r in result.run_requests if TAG_CONNECTOR not in r.tags] == [WATCHER_JOB]
     requests = requests_for(result, unique)
     assert sorted((r.tags[TAG_CONNECTOR], r.tags[TAG_TASK]) for r in requests) == [(unique, "0"), (unique, "1")]
     runs = [InProcessRun(instance, resources, r) for r in requests]
@@ -204,8 +260,9 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     produce(stack.source_bootstrap_servers, [{"topic": second, "value": b"new"}])
     cursor = result.cursor
     generation = store.get_connector(unique).assignment_generation
-    wait_for(lambda: evaluate(kafka_monitor, instance, resources, cursor) and
-             store.get_connector(unique).assignment_generation > generation, what="a new generation")  # fmt: skip
+    watcher = MetadataWatcher(store)
+    wait_for(lambda: watcher.watch_once() and store.get_connector(unique).assignment_generation > generation,
+             what="a new generation")  # fmt: skip
     assert [r.value for r in consume_all(stack.destination_bootstrap_servers, f"{second}.copy", 1, 1)] == [b"new"]
 
     assert admin(instance, resources, "pause", unique).success
@@ -222,6 +279,7 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
 def test_unreachable_source_backs_off_without_affecting_other_connectors(
     instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
 ) -> None:
+    store = Store(db_engine)
     healthy, broken = f"{unique}-ok", f"{unique}-down"
     create_topics(stack.source_bootstrap_servers, {healthy: 1})
     create_topics(stack.destination_bootstrap_servers, {healthy: 1})
@@ -229,13 +287,24 @@ def test_unreachable_source_backs_off_without_affecting_other_connectors(
     unreachable = connector_properties(stack, broken, **{"topics.whitelist": "x"})
     unreachable["consumer.bootstrap.servers"] = "127.0.0.1:1"  # nothing listens there
     assert put(instance, resources, unreachable).success
+    errors: list[tuple[str, str | None]] = []
+    watcher = MetadataWatcher(store, on_error=lambda name, error: errors.append((name, error)))
 
-    result = evaluate(kafka_monitor, instance, resources, None)
+    first = watcher.watch_once()
 
-    assert [r.tags[TAG_CONNECTOR] for r in requests_for(result, healthy) + requests_for(result, broken)] == [healthy]
-    snapshot = Store(db_engine).latest_snapshot(broken, "source")
+    assert (
+        healthy in [r.connector for r in first.changed]
+        and "source cluster metadata unavailable" in first.errors[broken]
+    )
+    assert [e for e in errors if e[0] == broken] == [(broken, first.errors[broken])]  # other tests' connectors too
+    snapshot = store.latest_snapshot(broken, "source")
     assert snapshot is not None and "source cluster metadata unavailable" in snapshot.error
-    assert '"failures":1' in result.cursor
+    assert watcher.watches[broken].failures == 1  # backing off: 1 s, then 2, 4 … 64 s
+    assert watcher.watches[broken].retry_at > watcher.watches[healthy].retry_at
+    result = evaluate(kafka_monitor, instance, resources, None)
+    assert [r.tags[TAG_CONNECTOR] for r in requests_for(result, healthy) + requests_for(result, broken)] == [
+        healthy
+    ] * 2
     # The reason is visible in the UI: the connectors asset lists it.
     shown = next(e for e in result.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET))
     assert "source metadata: source cluster metadata unavailable" in str(shown.metadata["connectors"].value)
@@ -249,18 +318,17 @@ def test_the_supervisor_restarts_a_failed_task(
     store = Store(db_engine)
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
-    properties = connector_properties(stack, unique, **{"topics.whitelist": unique})
+    properties = connector_properties(stack, unique, **{"topics.whitelist": unique, "task.standby.runs": "0"})
     assert put(instance, resources, properties).success
+    watched(store, unique)
     request = requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
     # A real failure: the connector disappears under the run before it claims its task.
     assert admin(instance, resources, "delete", unique).success
     assert not InProcessRun(instance, resources, request).join().success
     assert put(instance, resources, properties).success
-    # Assignment again (a monitor tick can miss a slow broker: it is retried); the failed run is left alone.
-    wait_for(
-        lambda: evaluate(kafka_monitor, instance, resources, None) and store.read_assignment(unique),
-        what="the task assigned again",
-    )  # fmt: skip
+    # Assignment again (a watcher round can miss a slow broker: it is retried); the failed run is left alone.
+    wait_for(lambda: watched(store, unique) and store.read_assignment(unique), what="the task assigned again")
+    assert requests_for(evaluate(kafka_monitor, instance, resources, None), unique) == []  # left to the supervisor
 
     restart = wait_for(
         lambda: requests_for(evaluate(task_supervisor, instance, resources, None), unique),
@@ -299,27 +367,42 @@ def kafka_clients(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return created
 
 
-def test_a_sensor_tick_creates_kafka_clients_only_to_poll_metadata(
-    instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, unique: str, kafka_clients: list[str]
+def test_metadata_is_read_once_per_cluster_and_sensor_ticks_touch_no_cluster(
+    instance: dg.DagsterInstance,
+    resources: dict,
+    stack: StackEndpoints,
+    db_engine: Engine,
+    unique: str,
+    kafka_clients: list[str],
 ) -> None:
+    store = Store(db_engine)
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
-    assert put(instance, resources, connector_properties(stack, unique, **{"topics.whitelist": unique})).success
+    names = [f"{unique}-{i}" for i in range(3)]
+    for name in names:  # three connectors reading the same two clusters; periodic duties not due during the test
+        properties = connector_properties(stack, name, **{"topics.whitelist": unique, "monitor.poll.wait.ms": "600000"})
+        assert put(instance, resources, properties).success
     assert "Consumer (no brokers)" in kafka_clients  # the submission checks judged the client settings
     kafka_clients.clear()
+    watcher = MetadataWatcher(store)
 
-    polled = evaluate(kafka_monitor, instance, resources, None)
-    assert requests_for(polled, unique)
-    # Clients at work only: metadata read with admin clients, heartbeats written (replicator.heartbeats) and,
-    # for connectors with consumer groups, destination partitions read for offset translation. The stored configs
-    # are not judged again.
-    assert "AdminClient" in kafka_clients and not [c for c in kafka_clients if c.endswith("(no brokers)")]
+    first = watcher.watch_once()
+    assert set(names) <= {r.connector for r in first.changed}
+    # One metadata request per cluster, however many connectors read it (their monitor duties use own clients).
+    ours = (stack.source_bootstrap_servers, stack.destination_bootstrap_servers)
+    assert {c: n for c, n in first.requests.items() if c in ours} == dict.fromkeys(ours, 1)
     kafka_clients.clear()
+    second = watcher.watch_once()
+    assert kafka_clients == [] and not set(names) & set(second.polled)  # nothing changed: nobody is polled
+    assert second.requests == first.requests
+    create_topics(stack.source_bootstrap_servers, {f"{unique}-other": 1})  # a topic none of them selects
+    third = wait_for(lambda: (r := watcher.watch_once()).requests and r, what="a round")
+    assert not set(names) & set(third.polled), "a topic nobody selects made connectors poll"
 
-    cursor = MonitorCursor.model_validate_json(polled.cursor)
-    for poll in cursor.polls.values():
-        poll.next_poll_at = time.time() + 3600  # no connector is due: the tick only starts runs
-    assert requests_for(evaluate(kafka_monitor, instance, resources, cursor.model_dump_json()), unique)
+    # Sensor ticks create no Kafka client at all: they only start runs.
+    kafka_clients.clear()  # the rounds above polled other tests' connectors for their periodic duties
+    assert requests_for(evaluate(kafka_monitor, instance, resources, None), names[0])
     evaluate(task_supervisor, instance, resources, None)
     assert kafka_clients == []
-    admin(instance, resources, "delete", unique)
+    for name in names:
+        admin(instance, resources, "delete", name)

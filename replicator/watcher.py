@@ -1,0 +1,213 @@
+"""The metadata watcher: every second, each cluster's metadata is read once, however many connectors read it.
+
+A long-running loop (the `metadata_watcher` Dagster run) in place of a sensor tick, so that discovery does not wait
+for the sensor daemon's 5 s loop. Each round it lists the running connectors, reads every distinct cluster (same
+client settings) with one Metadata request on a client it keeps, and runs `KafkaMonitor.poll` — with those
+readings — only for connectors whose config, assignment generation or clusters' metadata changed since their last
+successful poll and whose planned partitions changed with them; the monitor writes a new assignment generation,
+which running tasks pick up within a second.
+A cluster that cannot be read puts its connectors on Mirus's backoff (1, 2 … 64 s); the others are unaffected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka.admin import AdminClient
+
+from replicator.clusters import ClusterView, MetadataUnavailableError, read_cluster
+from replicator.config import ConnectorConfig, ConnectorConfigError, load
+from replicator.monitor import KafkaMonitor, MonitorResult, plan_partitions
+from replicator.store import ConnectorState, Store, UnknownConnectorError
+
+WATCH_INTERVAL_S = 1.0
+MAX_BACKOFF_S = 64.0  # Mirus: retriable monitor errors back off 1, 2, 4 … 64 s
+
+
+def _settings_key(settings: Mapping[str, str]) -> str:
+    return json.dumps(sorted(settings.items()), default=str)
+
+
+class ClusterReadings:
+    """One round's metadata, read at most once per cluster; the admin clients outlive the round."""
+
+    def __init__(self, clients: dict[str, AdminClient]) -> None:
+        self.clients = clients
+        self.used: set[str] = set()
+        self.views: dict[str, ClusterView | MetadataUnavailableError] = {}
+        self.requests: Counter[str] = Counter()  # bootstrap servers -> metadata requests this round
+        self.fingerprints: dict[str, str] = {}
+
+    def read(self, settings: Mapping[str, str], cluster: str) -> ClusterView:
+        """The cluster as `replicator.clusters.read_cluster` shows it, read once a round."""
+        key = _settings_key(settings)
+        if key not in self.views:
+            self.used.add(key)
+            client = self.clients.get(key)
+            if client is None:
+                client = self.clients[key] = AdminClient(dict(settings))
+            self.requests[str(settings.get("bootstrap.servers"))] += 1
+            try:
+                self.views[key] = read_cluster(client, cluster)
+            except MetadataUnavailableError as exc:
+                self.views[key] = exc
+        seen = self.views[key]
+        if isinstance(seen, MetadataUnavailableError):
+            raise seen
+        return seen
+
+    def fingerprint(self, settings: Mapping[str, str], cluster: str) -> str:
+        """What the cluster showed this round, in a few bytes (computed once per cluster)."""
+        key = _settings_key(settings)
+        if key not in self.fingerprints:
+            try:
+                topics = json.dumps(sorted(self.read(settings, cluster).partition_counts().items())).encode()
+                self.fingerprints[key] = hashlib.blake2b(topics).hexdigest()
+            except MetadataUnavailableError as exc:
+                self.fingerprints[key] = str(exc)
+        return self.fingerprints[key]
+
+
+@dataclass
+class ConnectorWatch:
+    seen: tuple[object, ...] = ()  # version, generation and both clusters' fingerprints at the last look
+    due_at: float = 0.0  # the next poll for the monitor's periodic duties (monitor.poll.wait.ms)
+    planned: tuple[object, ...] = ()  # version, generation and the partitions planned at the last successful poll
+    retry_at: float = 0.0
+    failures: int = 0
+    error: str | None = None
+
+
+@dataclass
+class WatchRound:
+    """What one round did: metadata requests per cluster, connectors polled, changes and errors."""
+
+    requests: Counter[str] = field(default_factory=Counter)
+    polled: list[str] = field(default_factory=list)
+    changed: list[MonitorResult] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class MetadataWatcher:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        interval_s: float = WATCH_INTERVAL_S,
+        on_change: Callable[[MonitorResult], None] = lambda result: None,
+        on_error: Callable[[str, str | None], None] = lambda connector, error: None,
+    ) -> None:
+        """`on_change`: a new assignment generation was written; `on_error`: a connector's error appeared or
+        cleared (None)."""
+        self.store = store
+        self.interval_s = interval_s
+        self.on_change, self.on_error = on_change, on_error
+        self.clients: dict[str, AdminClient] = {}
+        self.watches: dict[str, ConnectorWatch] = {}
+        self.configs: dict[tuple[str, int], ConnectorConfig] = {}
+
+    def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Watch until `should_stop`; a round starts every `interval_s` (at once when the last one overran)."""
+        while not should_stop():
+            started = time.monotonic()
+            self.watch_once()
+            while not should_stop() and (left := self.interval_s - (time.monotonic() - started)) > 0:
+                time.sleep(min(left, 0.2))  # short sleeps: a Dagster termination lands between bytecodes
+
+    def watch_once(self) -> WatchRound:
+        started = time.monotonic()
+        readings = ClusterReadings(self.clients)
+        done = WatchRound()
+        records = [r for r in self.store.list_connectors() if r.state == ConnectorState.RUNNING]
+        for record in records:
+            watch = self.watches.setdefault(record.name, ConnectorWatch())
+            if time.monotonic() < watch.retry_at:
+                continue
+            try:
+                config = self._config(record.name, record.version, record.properties)
+                seen = (
+                    record.version,
+                    record.assignment_generation,
+                    readings.fingerprint(config.admin_settings("source"), "source"),
+                    readings.fingerprint(config.admin_settings("destination"), "destination"),
+                )
+                due = time.monotonic() >= watch.due_at
+                if seen == watch.seen and not due:
+                    continue
+                # A cluster changed; only a change of what this connector would replicate is worth a poll before
+                # its periodic one (a topic another connector reads must not make a hundred connectors poll).
+                planned = (record.version, record.assignment_generation, self._plan(config, readings))
+                if planned == watch.planned and not due:
+                    watch.seen = seen
+                    continue
+                done.polled.append(record.name)
+                monitor = KafkaMonitor(self.store, read_view=self._shared(config, readings))
+                result = monitor.poll(record.name)
+                watch.due_at = time.monotonic() + config.monitor_poll_wait_ms / 1000
+            except (MetadataUnavailableError, ConnectorConfigError) as exc:
+                self._failed(record.name, watch, str(exc))
+                done.errors[record.name] = str(exc)
+                continue
+            except UnknownConnectorError:
+                continue  # deleted while we looked
+            except Exception as exc:  # one broken connector must not stop discovery for the others
+                self._failed(record.name, watch, f"{type(exc).__name__}: {exc}")
+                done.errors[record.name] = str(exc)
+                continue
+            # The generation we just wrote is part of what we saw: it must not trigger another poll.
+            watch.seen = (*seen[:1], result.generation, *seen[2:])
+            watch.planned = (*planned[:1], result.generation, *planned[2:])
+            if watch.error is not None:
+                self.on_error(record.name, None)
+            watch.failures, watch.retry_at, watch.error = 0, 0.0, None
+            if result.changed:
+                done.changed.append(result)
+                self.on_change(result)
+        names = {r.name for r in records}
+        self.watches = {n: w for n, w in self.watches.items() if n in names}
+        self.configs = {k: c for k, c in self.configs.items() if k[0] in names}
+        for key in set(self.clients) - readings.used:
+            del self.clients[key]  # no running connector reads that cluster any more
+        done.requests = readings.requests
+        done.seconds = time.monotonic() - started
+        return done
+
+    def _config(self, name: str, version: int, properties: Mapping[str, object]) -> ConnectorConfig:
+        config = self.configs.get((name, version))
+        if config is None:
+            config = self.configs[(name, version)] = load(dict(properties))
+        return config
+
+    @staticmethod
+    def _shared(config: ConnectorConfig, readings: ClusterReadings) -> Callable[[AdminClient, str], ClusterView]:
+        """The monitor's cluster reader: this round's shared reading of the connector's cluster in that role."""
+
+        def read(_admin: AdminClient, role: str) -> ClusterView:
+            return readings.read(config.admin_settings("source" if role == "source" else "destination"), role)
+
+        return read
+
+    @staticmethod
+    def _plan(config: ConnectorConfig, readings: ClusterReadings) -> object:
+        try:
+            source = readings.read(config.admin_settings("source"), "source").partition_counts()
+            destination = readings.read(config.admin_settings("destination"), "destination").partition_counts()
+        except MetadataUnavailableError as exc:
+            return str(exc)  # the poll reports it
+        plan = plan_partitions(config, source, destination)
+        return (tuple(plan.replicate), tuple(plan.missing_destination), tuple(plan.cycles))
+
+    def _failed(self, name: str, watch: ConnectorWatch, error: str) -> None:
+        watch.seen = watch.planned = ()
+        watch.due_at = 0.0
+        watch.retry_at = time.monotonic() + min(2.0**watch.failures, MAX_BACKOFF_S)
+        watch.failures += 1
+        if error != watch.error:
+            self.on_error(name, error)
+        watch.error = error

@@ -1,0 +1,253 @@
+"""Owner and warm standby of one task on real clusters and Postgres: the standby never writes while the owner's
+lease is valid, takes over when the owner dies or falls silent, and nothing is lost or reordered across it."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+
+from mirus_dagster.stack import StackEndpoints
+from replicator import provenance
+from replicator.ownership import TaskOwnership
+from replicator.store import FencedError, Store
+
+from .engine_helpers import connector_properties, create_connector
+from .kafka_helpers import Rec, consume_all, create_topics, produce, wait_for
+
+PARTITIONS = 2
+
+
+@pytest.fixture
+def store(db_engine: Engine) -> Store:
+    return Store(db_engine)
+
+
+def offset_epochs(store: Store, connector: str) -> set[int]:
+    with store.engine.connect() as conn:
+        return set(conn.execute(text("SELECT epoch FROM offsets WHERE connector = :c"), {"c": connector}).scalars())
+
+
+def epoch_of(store: Store, connector: str) -> int:
+    lease = store.lease_of(connector, 0)
+    return lease.epoch if lease else 0
+
+
+class TaskProcess:
+    """`mirus task run CONNECTOR 0` in its own process: owner if the task is free, standby otherwise."""
+
+    def __init__(self, stack: StackEndpoints, connector: str, log: Path) -> None:
+        env = {**os.environ, "MIRUS_DATABASE_URL": stack.database_url}
+        argv = [sys.executable, "-c", "from mirus_dagster.cli import main; main()", "task", "run", connector, "0"]
+        self.log = log
+        self.process = subprocess.Popen(argv, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.process.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            self.process.wait(30)
+
+
+class Traffic:
+    """Numbered records written to every partition while the test runs; `stop` returns how many were written."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap, self.topic = bootstrap, topic
+        self.written = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            batch = [{"topic": self.topic, "partition": i % PARTITIONS, "value": b"%08d" % i}
+                     for i in range(self.written, self.written + 200)]  # fmt: skip
+            produce(self.bootstrap, batch)
+            self.written += len(batch)
+            self.stopped.wait(0.05)
+
+    def stop(self) -> int:
+        self.stopped.set()
+        self.thread.join(60)
+        return self.written
+
+
+def origin_of(record: Rec) -> tuple[int, int]:
+    """The source (partition, offset) a copy is of."""
+    origin = provenance.parse(record.headers)
+    assert origin is not None and origin.source_partition == record.partition
+    return origin.source_partition, origin.source_offset
+
+
+def copies(stack: StackEndpoints, topic: str, written: int) -> list[Rec]:
+    """Every copy at the destination, read until each of the `written` source records was seen: counting copies
+    instead would stop early by the number of duplicates, which a loaded machine may then never read."""
+    return consume_all(stack.destination_bootstrap_servers, topic, PARTITIONS, expected=written, distinct=origin_of)
+
+
+def assert_complete_and_in_order(copied: list[Rec], written: int) -> None:
+    """Every source record arrived; per partition, copies follow source order except for replays of a suffix
+    that was not yet committed (at-least-once), which restart at or below what was already copied."""
+    by_partition: dict[int, list[int]] = defaultdict(list)
+    for r in copied:
+        partition, offset = origin_of(r)
+        by_partition[partition].append(offset)
+    total = 0
+    for partition, offsets in by_partition.items():
+        first_seen = list(dict.fromkeys(offsets))
+        assert first_seen == list(range(len(first_seen))), f"partition {partition}: a gap or a reordering"
+        for previous, offset in itertools.pairwise(offsets):
+            assert offset == previous + 1 or offset <= previous, f"partition {partition}: {previous} -> {offset}"
+        total += len(first_seen)
+    assert total == written
+
+
+def test_a_standby_waits_while_the_owner_lives_and_takes_over_when_its_session_ends(
+    store: Store, stack: StackEndpoints, unique: str
+) -> None:
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
+    owner = TaskOwnership(store.engine, unique, 0, "owner", timedelta(seconds=30))
+    lease = owner.acquire()
+    assert lease is not None and lease.epoch == 1
+    standby = TaskOwnership(store.engine, unique, 0, "standby", timedelta(seconds=30))
+    rounds = 0
+
+    def three_waits() -> bool:  # each wait blocks on the owner's lock for up to a second
+        nonlocal rounds
+        rounds += 1
+        store.commit(lease, {})  # the owner heartbeats
+        return rounds > 3
+
+    assert standby.acquire(three_waits) is None
+    assert epoch_of(store, unique) == 1
+    store.commit(lease, {(unique, 0): 5})  # the owner still writes: nobody fenced it
+
+    claimed: list[object] = []
+    waiting = threading.Thread(target=lambda: claimed.append(standby.acquire()))
+    waiting.start()
+    owner.close()  # the owner's session ends, as when its process is killed
+    waiting.join(10)
+    assert claimed and getattr(claimed[0], "epoch", None) == 2
+    with pytest.raises(FencedError):
+        store.commit(lease, {(unique, 0): 6})
+    assert store.load_offsets(unique) == {(unique, 0): 5}
+    standby.close()
+
+
+def test_a_silent_owner_is_fenced_when_its_lease_times_out(store: Store, stack: StackEndpoints, unique: str) -> None:
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
+    with TaskOwnership(store.engine, unique, 0, "owner", timedelta(seconds=30)) as owner:
+        lease = owner.acquire()
+        assert lease is not None
+        with store.engine.begin() as conn:  # alive (its session holds the lock) but silent for a minute
+            conn.execute(
+                text("UPDATE task_leases SET heartbeat_at = now() - interval '60 seconds' WHERE connector = :c"),
+                {"c": unique},
+            )
+        with TaskOwnership(store.engine, unique, 0, "standby", timedelta(seconds=30)) as standby:
+            taken = standby.acquire()
+            assert taken is not None and taken.epoch == lease.epoch + 1
+            with pytest.raises(FencedError):
+                store.commit(lease, {(unique, 0): 1})
+        assert store.load_offsets(unique) == {}
+
+
+def test_kill_9_of_the_owner_hands_over_to_the_standby_without_loss_or_reordering(
+    store: Store, stack: StackEndpoints, unique: str, tmp_path: Path
+) -> None:
+    create_topics(stack.source_bootstrap_servers, {unique: PARTITIONS})
+    create_topics(stack.destination_bootstrap_servers, {unique: PARTITIONS})
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
+                     {0: [(unique, p) for p in range(PARTITIONS)]})  # fmt: skip
+    traffic = Traffic(stack.source_bootstrap_servers, unique)
+    owner = TaskProcess(stack, unique, tmp_path / "owner.log")
+    standby: TaskProcess | None = None
+    try:
+        wait_for(lambda: store.load_offsets(unique), timeout=60, what="the owner committing")
+        epoch = epoch_of(store, unique)
+        standby = TaskProcess(stack, unique, tmp_path / "standby.log")
+        wait_for(lambda: "standing by" in standby.output(), timeout=60, what="the standby standing by")
+        # While the owner lives, the standby writes nothing: no new epoch, every offset is the owner's.
+        committed = dict(store.load_offsets(unique))
+        wait_for(lambda: store.load_offsets(unique) != committed, what="the owner committing more")
+        assert epoch_of(store, unique) == epoch and offset_epochs(store, unique) == {epoch}
+
+        owner.signal(signal.SIGKILL)
+        owner.process.wait(10)
+        committed_at_kill = store.load_offsets(unique)
+        # Well within the 30 s lease timeout: the standby noticed the owner's session end, not a silence.
+        wait_for(lambda: epoch_of(store, unique) == epoch + 1, timeout=15, interval=0.02, what="the takeover")
+        written = traffic.stop()
+        wait_for(lambda: sum(store.load_offsets(unique).values()) == written, timeout=60, what="everything copied")
+        assert offset_epochs(store, unique) == {epoch + 1}
+        assert "took over" in standby.output()
+    finally:
+        traffic.stop()
+        owner.stop()
+        if standby is not None:
+            standby.stop()
+
+    copied = copies(stack, unique, written)
+    assert_complete_and_in_order(copied, written)
+    # Copied twice: only records after the owner's last commit.
+    counts: dict[tuple[int, int], int] = defaultdict(int)
+    for r in copied:
+        counts[origin_of(r)] += 1
+    assert all(offset >= committed_at_kill[(unique, p)] for (p, offset), n in counts.items() if n > 1)
+
+
+def test_a_stopped_owner_is_fenced_after_the_lease_timeout_and_never_commits_again(
+    store: Store, stack: StackEndpoints, unique: str, tmp_path: Path
+) -> None:
+    create_topics(stack.source_bootstrap_servers, {unique: PARTITIONS})
+    create_topics(stack.destination_bootstrap_servers, {unique: PARTITIONS})
+    properties = connector_properties(stack, unique, **{
+        "topics.whitelist": unique, "task.heartbeat.interval.ms": "500", "task.lease.timeout.ms": "3000",
+    })  # fmt: skip
+    create_connector(store, properties, {0: [(unique, p) for p in range(PARTITIONS)]})
+    traffic = Traffic(stack.source_bootstrap_servers, unique)
+    owner = TaskProcess(stack, unique, tmp_path / "owner.log")
+    standby: TaskProcess | None = None
+    try:
+        wait_for(lambda: store.load_offsets(unique), timeout=60, what="the owner committing")
+        epoch = epoch_of(store, unique)
+        standby = TaskProcess(stack, unique, tmp_path / "standby.log")
+        wait_for(lambda: "standing by" in standby.output(), timeout=60, what="the standby standing by")
+
+        owner.signal(signal.SIGSTOP)  # alive, connected, silent
+        time.sleep(0.3)  # a commit already sent when it stopped may still land; the row then shows it
+        last_heartbeat = store.lease_of(unique, 0).heartbeat_at
+        wait_for(lambda: epoch_of(store, unique) == epoch + 1, timeout=30, what="the takeover")
+        lease = store.lease_of(unique, 0)
+        assert lease is not None and lease.claimed_at is not None and last_heartbeat is not None
+        assert (lease.claimed_at - last_heartbeat).total_seconds() > 3.0, "taken over before the lease timed out"
+        owner.signal(signal.SIGCONT)
+        owner.process.wait(30)  # it wakes up, tries to commit, learns it was fenced and stops
+        assert "task ended: FENCED" in owner.output()
+        written = traffic.stop()
+        wait_for(lambda: sum(store.load_offsets(unique).values()) == written, timeout=60, what="everything copied")
+        assert offset_epochs(store, unique) == {epoch + 1}
+    finally:
+        traffic.stop()
+        owner.signal(signal.SIGCONT)
+        owner.stop()
+        if standby is not None:
+            standby.stop()
+    # Nothing lost (the woken owner may have sent a last batch twice).
+    assert len({origin_of(r) for r in copies(stack, unique, written)}) == written
