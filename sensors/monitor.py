@@ -17,7 +17,7 @@ from mirus_dagster.resources import PlatformDatabase
 from replicator.config import ConnectorConfigError, load
 from replicator.store import ConnectorState, ConnectorStatus, PartitionHealth, Store
 from sensors.decisions import start_decision
-from sensors.task_runs import LIVE, NEVER_RAN, run_request, task_histories
+from sensors.task_runs import LIVE, NEVER_RAN, task_histories, task_run_requests
 
 # Below the sensor daemon's own 5 s loop on purpose: an interval equal to it makes the daemon skip a tick whenever
 # the previous evaluation was due a few milliseconds late.
@@ -94,9 +94,12 @@ def _evaluate(
             continue  # the watcher reports it
         histories = task_histories(context.instance, record.name)
         for task_id in sorted(store.read_assignment(record.name)):
-            decision = start_decision(histories.get(task_id, NEVER_RAN), wanted)
+            history = histories.get(task_id, NEVER_RAN)
+            decision = start_decision(history, wanted)
             if decision.launch:
-                run_requests.extend(run_request(record.name, task_id, decision.reason) for _ in range(decision.runs))
+                run_requests += task_run_requests(
+                    record.name, task_id, decision.reason, decision.runs, history.live_runs
+                )
     names = {r.name for r in records}
     # Everything the connectors table shows but heartbeat times and lag: a change is recorded at once, and those
     # are kept fresh by recording at least every `refresh_s` while anything runs.

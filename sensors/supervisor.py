@@ -13,7 +13,7 @@ from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from replicator.config import ConnectorConfigError, load
 from replicator.store import ConnectorState
 from sensors.decisions import Decision, requested_restart, restart_decision
-from sensors.task_runs import live_runs, run_request, task_histories
+from sensors.task_runs import live_runs, task_histories, task_run_requests
 
 
 def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:
@@ -65,8 +65,9 @@ def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:
                         context.instance.report_run_failed(run, f"replaced by the supervisor: {decision.reason}")
                 attempts = store.record_restart(record.name, task_id)
                 context.log.info(f"restarting {record.name}-{task_id} (attempt {attempts}): {decision.reason}")
-                run_requests.extend(
-                    run_request(record.name, task_id, f"restart: {decision.reason}") for _ in range(decision.runs)
+                live = 0 if decision.replace_live_run else history.live_runs
+                run_requests += task_run_requests(
+                    record.name, task_id, f"restart: {decision.reason}", decision.runs, live
                 )
         if not run_requests and not supervisor.auto_restart:
             return dg.SkipReason(

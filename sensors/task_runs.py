@@ -29,12 +29,27 @@ def replicator_tags(connector: str, task_id: int) -> dict[str, str]:
     return {TAG_KIND: KIND_REPLICATOR, TAG_CONNECTOR: connector, TAG_TASK: str(task_id)}
 
 
-def run_request(connector: str, task_id: int, reason: str) -> dg.RunRequest:
+# Dagster's run queue launches higher priorities first (default 0). Standbys come after every task's first run:
+# under the queue's replicator limit, a task must never wait behind another task's standby.
+STANDBY_PRIORITY = "-1"
+PRIORITY_TAG = "dagster/priority"
+
+
+def run_request(connector: str, task_id: int, reason: str, standby: bool = False) -> dg.RunRequest:
+    tags = {**replicator_tags(connector, task_id), TAG_REASON: reason}
+    if standby:
+        tags[PRIORITY_TAG] = STANDBY_PRIORITY
     return dg.RunRequest(
         job_name=REPLICATOR_JOB,
         run_config={"ops": {REPLICATE_OP: {"config": {"connector": connector, "task_id": task_id}}}},
-        tags={**replicator_tags(connector, task_id), TAG_REASON: reason},
+        tags=tags,
     )
+
+
+def task_run_requests(connector: str, task_id: int, reason: str, runs: int, live: int) -> list[dg.RunRequest]:
+    """`runs` new runs of a task that has `live` runs: the first is queued as the task's owner if none is live,
+    the others as standbys (after every task's first run)."""
+    return [run_request(connector, task_id, reason, standby=live + i > 0) for i in range(runs)]
 
 
 def _ts(value: float | None) -> datetime | None:

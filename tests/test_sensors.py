@@ -34,6 +34,7 @@ from sensors.decisions import (
     restart_decision,
     start_decision,
 )
+from sensors.task_runs import PRIORITY_TAG, STANDBY_PRIORITY, task_run_requests
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import consume_all, create_topics, produce, wait_for
 
@@ -60,6 +61,16 @@ def test_the_monitor_starts_idle_tasks_and_leaves_failures_to_the_supervisor() -
     assert start_decision(history(), wanted=2).runs == 2
     assert start_decision(history(live_runs=1, latest_status="SUCCESS"), wanted=2).runs == 1
     assert not start_decision(history(live_runs=2), wanted=2).launch
+
+
+def test_standby_runs_queue_after_every_tasks_first_run() -> None:
+    # Under the run queue's replicator limit, a task must never wait behind another task's standby.
+    def priorities(runs: int, live: int) -> list[str | None]:
+        return [r.tags.get(PRIORITY_TAG) for r in task_run_requests("c", 0, "why", runs, live)]
+
+    assert priorities(2, 0) == [None, STANDBY_PRIORITY]  # the first run is the owner's: default priority
+    assert priorities(1, 1) == [STANDBY_PRIORITY]  # a live run owns the task: the new one is a standby
+    assert int(STANDBY_PRIORITY) < 0
 
 
 def test_the_supervisor_replaces_a_crashed_run_while_its_standby_replicates() -> None:
