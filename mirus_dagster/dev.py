@@ -19,6 +19,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dagster_graphql import DagsterGraphQLClientError
+
 from mirus_dagster.constants import (
     DEMO_CONNECTOR,
     DEMO_TOPIC,
@@ -141,19 +143,31 @@ class DevSession:
             self.stopped_sensors.write_text(json.dumps(sensors))
         live = dev.runs({TAG_KIND: KIND_REPLICATOR}, job_name=REPLICATOR_JOB, statuses=LIVE_STATUSES)
         # The metadata watcher run ends with them: nothing would be left reading the clusters of a stopped stack.
-        watchers = dev.runs({TAG_KIND: KIND_WATCHER}, job_name=WATCHER_JOB, statuses=LIVE_STATUSES)
-        if not live and not watchers:
+        if not live and not dev.runs({TAG_KIND: KIND_WATCHER}, job_name=WATCHER_JOB, statuses=LIVE_STATUSES):
             return []
         ids = {r.run_id for r in live}
-        dev.client.terminate_runs(sorted(r.run_id for r in live + watchers if r.status != "CANCELING"))
+        asked: set[str] = set()
+
+        def all_ended() -> bool:
+            pending = [r for kind in (KIND_REPLICATOR, KIND_WATCHER) for r in dev.runs({TAG_KIND: kind},
+                       statuses=LIVE_STATUSES)]  # fmt: skip
+            ids.update(r.run_id for r in pending if r.tags.get(TAG_KIND) == KIND_REPLICATOR)
+            # Dagster refuses to terminate a run while it is STARTING: it is asked again once it has STARTED.
+            ask = [r.run_id for r in pending if r.status not in ("STARTING", "CANCELING") and r.run_id not in asked]
+            for run_id in sorted(ask):
+                try:
+                    dev.client.terminate_runs([run_id])
+                    asked.add(run_id)
+                except DagsterGraphQLClientError:
+                    pass  # it changed status meanwhile (started, or ended): the next poll sees which
+            return not pending
+
         try:
-            dev.until(lambda: not [r for kind in (KIND_REPLICATOR, KIND_WATCHER)
-                                   for r in dev.runs({TAG_KIND: kind}, statuses=LIVE_STATUSES)],
-                      RUN_STOP_TIMEOUT_S, "the replicator and watcher runs to end")  # fmt: skip
+            dev.until(all_ended, RUN_STOP_TIMEOUT_S, "the replicator and watcher runs to end")
         except DagsterDevError as exc:
             self.echo(f"warning: {str(exc).splitlines()[0]}")
-        final = {r.run_id: r.status for r in dev.runs({TAG_KIND: KIND_REPLICATOR}) if r.run_id in ids}
-        return sorted(f"{r.tags.get(TAG_CONNECTOR)}-{r.tags.get(TAG_TASK)} {final.get(r.run_id, '?')}" for r in live)
+        ended = [r for r in dev.runs({TAG_KIND: KIND_REPLICATOR}) if r.run_id in ids]
+        return sorted(f"{r.tags.get(TAG_CONNECTOR)}-{r.tags.get(TAG_TASK)} {r.status}" for r in ended)
 
 
 def _child(endpoints: StackEndpoints, *command: str) -> subprocess.Popen[bytes]:
