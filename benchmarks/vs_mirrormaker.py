@@ -26,7 +26,9 @@ def main() -> None:
     parser.add_argument("--tasks", default="1", help="engine runs with these tasks.max values, e.g. 1,2,4")
     parser.add_argument("--copiers", default="mirrormaker,naive,engine",
                         help="also: engine-plain (the engine with provenance headers off), engine-eos "
-                             "(exactly.once.support=required)")  # fmt: skip
+                             "(exactly.once.support=required), engine-baseline (the engine of --baseline)")  # fmt: skip
+    parser.add_argument("--baseline", help="another checkout of the project (a commit to compare with, side by side): "
+                                           "engine-baseline runs the engine from there")  # fmt: skip
     parser.add_argument("--until", choices=("destination", "committed"), default="destination",
                         help="an engine run ends when the destination holds every record, or when Postgres holds "
                              "every offset (engine-eos always: commit markers count in high watermarks)")  # fmt: skip
@@ -61,6 +63,8 @@ def main() -> None:
                              "eos": {"exactly.once.support": "required"}}.get(kind, {})  # fmt: skip
                     kit.put_engine_connector(store, name, topic, target.removeprefix(topic), parts, tasks, **extra)
                     argvs, stop = kit.engine_argv(name, tasks), signal.SIGINT
+                    if kind == "baseline":
+                        argvs = [["env", f"PYTHONPATH={args.baseline}", *argv] for argv in argvs]
                 kit.create_topic(DESTINATION, target, parts)
                 targets.append(target)
                 # Exactly-once: commit markers count in high watermarks; its copies are all there (visible to

@@ -221,8 +221,17 @@ class _ConnectorModel(BaseModel):
 
     @property
     def ordered_acks(self) -> bool:
-        """Whether acknowledgements arrive in produce order per destination partition (idempotent producer)."""
-        return str(self.producer_client.get("enable.idempotence", "true")).lower() == "true"
+        """Whether an acknowledgement stands for every earlier record of its destination partition, so one callback
+        per run of records suffices: the producer is idempotent (acknowledges in order) and either nothing before
+        an acknowledged record can be missing (gapless ordering, no delivery timeout) or a transaction commits only
+        whole (exactly-once)."""
+        settings = self.producer_settings(0)
+        if str(settings.get("enable.idempotence")).lower() != "true":
+            return False
+        if self.exactly_once:
+            return True
+        gapless = str(settings.get("enable.gapless.guarantee")).lower() == "true"
+        return gapless and str(settings.get("message.timeout.ms")) == "0"
 
     def admin_settings(self, cluster: Literal["source", "destination"]) -> dict[str, str]:
         """Metadata and admin calls on one of the connector's clusters."""

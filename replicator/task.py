@@ -4,8 +4,9 @@ source partitions.
 A record's path, top to bottom in this file:
   fetch      `_poll_once`: `consumer.consume()` on assigned partitions (no consumer group), forwarding at once
   map        `_forward`: destination topic and partition, user headers plus provenance headers, cycle guard
-  produce    `_forward`: `producer.produce()` with key, value, headers and source timestamp
-  acknowledge `_delivered`: the destination acknowledged (or refused) the record
+  produce    `_send`: `producer.produce()` with key, value, headers and source timestamp
+  acknowledge `_acknowledged`: the destination acknowledged (or refused) a run of records (`InFlight`); with an
+             idempotent, gapless producer one acknowledgement stands for every earlier record of the partition
   commit     `_commit_in_background`: per partition, the first offset not yet acknowledged goes to Postgres under
              the lease epoch
 Exactly-once (`replicator.transactions`) adds, before commit, `_end_transaction`: intake stops until every record
@@ -66,6 +67,7 @@ MAX_BLOCK_S = 1.0  # never block longer: a Dagster termination is delivered betw
 # While records await acknowledgement, the loop waits for new records at most this long, so acknowledgements are
 # served (and their time taken for the latency metric) within a few milliseconds of their arrival.
 ACK_SERVE_S = 0.005
+REFUSAL_DRAIN_S = 5.0  # how long a refusal before sending waits for the records produced just before it
 COMMIT_WAIT_S = 30  # how long a commit that must come first (hand-over, shutdown) may wait for the background one
 RETRY_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
 SOURCE_GONE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
@@ -114,13 +116,32 @@ class Periodic:
         return True
 
 
+class InFlight:
+    """Records of one source partition produced one after another and not yet acknowledged.
+
+    Where the destination partition is fixed and acknowledgements stand for every earlier record of it (an
+    idempotent producer with gapless ordering, or a transaction that commits only whole), only the last record of
+    the run carries a delivery callback: one acknowledgement for the run. Elsewhere every record is its own run.
+    """
+
+    __slots__ = ("count", "done", "first", "size", "tail_sent", "timestamps")
+
+    def __init__(self, first: int) -> None:
+        self.first = first  # source offset of the run's first record: nothing from here on is acknowledged yet
+        self.count = 0
+        self.size = 0  # key + value bytes
+        self.timestamps: list[int] = []  # CreateTime / LogAppendTime of each record that has one (ms)
+        self.tail_sent = False  # whether a record carrying the run's callback was produced
+        self.done = False
+
+
 class PartitionState:
     """What the task knows about one owned source partition."""
 
     __slots__ = (
-        "acked", "acked_bytes", "acked_early", "committed", "destination_durable", "destination_next",
-        "destination_partition", "destination_topic", "durable", "failed_at", "failures", "fifo", "in_flight",
-        "latency_samples", "partition", "paused_reason", "pending", "position", "retry_at", "routed", "source_prefix",
+        "acked", "acked_bytes", "committed", "destination_durable", "destination_next", "destination_partition",
+        "destination_topic", "durable", "failed_at", "failures", "in_flight", "latency_samples", "open_run",
+        "ordered", "partition", "paused_reason", "pending", "position", "retry_at", "routed", "source_prefix",
         "topic", "tp",
     )  # fmt: skip
 
@@ -130,10 +151,10 @@ class PartitionState:
         self.destination_topic = destination_topic
         self.destination_partition = UNASSIGNED_PARTITION
         self.routed = False  # whether destination metadata has decided `destination_partition` yet
-        self.fifo: deque[PartitionState] | None = None  # acknowledgement order of the destination partition
+        self.ordered = False  # whether one acknowledgement stands for a whole run (see InFlight)
         self.source_prefix = provenance.source_prefix(source_cluster, self.topic, self.partition)
-        self.pending: deque[int] = deque()  # offsets produced and not yet acknowledged, in send order
-        self.acked_early: set[int] = set()  # acknowledged while an earlier offset is still pending
+        self.pending: deque[InFlight] = deque()  # produced and not yet acknowledged, in send order
+        self.open_run: InFlight | None = None  # the run the next produced record joins
         self.position = start  # next source offset to forward; None until the first record arrives
         self.committed: int | None = start
         # Exactly-once: the next source offset and destination offset as of the last committed transaction.
@@ -141,7 +162,7 @@ class PartitionState:
         self.destination_durable: int | None = None
         self.destination_next: int | None = None  # after the last acknowledged copy
         self.failed_at: int | None = None  # first offset the destination refused since the last resume
-        self.in_flight = 0
+        self.in_flight = 0  # records produced whose acknowledgement (or refusal) is still to come
         self.failures = 0
         self.paused_reason: str | None = None
         self.retry_at = 0.0
@@ -154,10 +175,16 @@ class PartitionState:
 
     def committable(self) -> int | None:
         """The first source offset not yet replicated: everything before it is acknowledged."""
-        head = self.pending[0] if self.pending else self.position
+        head = self.pending[0].first if self.pending else self.position
         if self.failed_at is not None and (head is None or self.failed_at < head):
             return self.failed_at
         return head
+
+    def forget_in_flight(self) -> None:
+        """Before re-reading from `committable()`: nothing produced so far is awaited any more."""
+        self.pending.clear()
+        self.open_run = None
+        self.failed_at = None
 
 
 class ReplicationTask:
@@ -192,6 +219,7 @@ class ReplicationTask:
         self.version = 0
         self.restart_marker: object = None
         self.fatal_producer_error: KafkaError | None = None
+        self.ordered_acks = False  # the connector's `ordered_acks`, read once per configuration
         self.transactions: Transactions | None = None  # exactly-once mode only
         # Whether this instance holds the task: a warm standby's prepared producer must not `init_transactions`,
         # which would fence the live owner's producer (same transactional.id).
@@ -199,9 +227,7 @@ class ReplicationTask:
         self.transaction_due = False  # the transaction commits once its records are acknowledged; intake waits
         self.abort_reason: str | None = None  # a record of the transaction failed: it must be aborted
         self.aborting = False
-        # Per destination partition, the states whose records await acknowledgement, in produce order: an
-        # idempotent producer acknowledges a partition's records in order, so one shared callback suffices.
-        self.fifos: dict[tuple[str, int], deque[PartitionState]] = {}
+        self.unsettled = False  # runs cut short await the producer's emptying (`_settle`)
         self.now_ms = 0
         self.uncommitted = False  # acknowledged progress that the last commit attempt could not store
         self.last_commit_ok = time.monotonic()
@@ -271,7 +297,7 @@ class ReplicationTask:
         fenced = outcome is TaskExit.FENCED
         try:
             if self.clients_open and not fenced:
-                self.producer.flush(10)
+                self._drain(10)
             if not fenced:
                 self._commit(final=True)
                 if self.clients_open:
@@ -311,12 +337,18 @@ class ReplicationTask:
         self._serve(producer, ACK_SERVE_S if self.transaction_due else 0)
         if self.fatal_producer_error is not None:
             self._recreate_producer()
+        elif self.unsettled and not len(producer):
+            self._settle(delivered=True)
 
     def _forward(self, msgs: list[Message]) -> None:
-        """Map and produce a batch of records, in order. This loop runs once per record: it stays flat."""
-        produce = self.producer.produce
+        """Map and produce a batch of records, in order. This loop runs once per record: it stays flat.
+
+        Each record is produced once the next one is seen, which tells whether it ends its partition's run in this
+        batch: only a run's last record carries a delivery callback (`InFlight`)."""
+        send = self._send
         partitions, with_provenance = self.partitions, self.config.provenance_headers
         destination, origin_header, source = self.destination_cluster, self.origin_header, provenance.SOURCE
+        held: tuple[PartitionState, int, Message, Any, int] | None = None  # seen, not yet produced
         for msg in msgs:
             if msg.error() is not None:
                 self._source_error(msg)
@@ -325,80 +357,105 @@ class ReplicationTask:
             if state is None or state.paused_reason is not None:
                 continue  # released or paused while the batch was in flight; it is re-read from its offset later
             offset = msg.offset()
-            state.position = offset + 1
             headers = msg.headers()
             if headers is not None:
                 origin = provenance.origin_cluster(headers)
-                if origin == destination:
-                    continue  # cycle guard: the record was first produced on the destination cluster
+                if origin == destination:  # cycle guard: the record was first produced on the destination cluster
+                    if held is not None:
+                        send(*held, True)
+                        held = None
+                    state.position = offset + 1
+                    continue
                 if with_provenance:
                     headers = provenance.user_headers(headers)
                     headers.append((provenance.ORIGIN, origin.encode()) if origin else origin_header)
                     headers.append((source, state.source_prefix + b"%d" % offset))
             elif with_provenance:
                 headers = [origin_header, (source, state.source_prefix + b"%d" % offset)]
+            if held is not None:
+                send(*held, held[0] is not state)
+                if state.paused_reason is not None:  # the record before it was refused
+                    held = None
+                    continue
             ts_type, ts = msg.timestamp()
-            fifo = state.fifo
-            while True:
-                try:
-                    if fifo is not None:
-                        produce(state.destination_topic, msg.value(), msg.key(), state.destination_partition,
-                                timestamp=ts if ts_type else 0, headers=headers)  # fmt: skip
-                        fifo.append(state)
-                    else:  # the partitioner picks the partition: acknowledgements may come in any order
-                        on_delivery = partial(self._delivered_any_order, state, offset)
-                        produce(state.destination_topic, msg.value(), msg.key(), timestamp=ts if ts_type else 0,
-                                headers=headers, on_delivery=on_delivery)  # fmt: skip
-                    state.pending.append(offset)
-                    state.in_flight += 1
-                    break
-                except BufferError:
-                    self._serve(self.producer, 0.05)  # local queue full: serve acknowledgements
-                except KafkaException as exc:  # refused before sending: too large, or the producer stopped
-                    self._refused(state, offset, exc.args[0])
-                    break
+            held = (state, offset, msg, headers, ts if ts_type else 0)
+        if held is not None:
+            send(*held, True)
+
+    def _send(self, state: PartitionState, offset: int, msg: Message, headers: Any, ts: int, last: bool) -> None:
+        """Produce one record as part of its partition's run; `last`: it ends the run (it carries the callback)."""
+        run = state.open_run
+        if run is None:
+            run = state.open_run = InFlight(offset)
+            state.pending.append(run)
+        last = last or not state.ordered
+        key = msg.key()
+        callback = partial(self._acknowledged, state, run) if last else None
+        while True:
+            try:
+                self.producer.produce(state.destination_topic, msg.value(), key, state.destination_partition,
+                                      on_delivery=callback, timestamp=ts, headers=headers)  # fmt: skip
+                break
+            except BufferError:
+                self._serve(self.producer, 0.05)  # local queue full: serve acknowledgements
+            except KafkaException as exc:  # refused before sending: too large, or the producer stopped
+                state.open_run = None
+                if not run.count:
+                    state.pending.pop()
+                self._refused(state, offset, exc.args[0])
+                if run.count:  # the run's records so far carry no callback: find out whether they arrived
+                    self._drain(REFUSAL_DRAIN_S)
+                return
+        state.position = offset + 1
+        state.in_flight += 1
+        run.count += 1
+        run.size += len(msg) + (len(key) if key else 0)
+        if ts:
+            run.timestamps.append(ts)
+        if last:
+            run.tail_sent = True
+            state.open_run = None
 
     # -- acknowledge ------------------------------------------------------------------------------------
 
-    def _delivered(self, err: KafkaError | None, msg: Message) -> None:
-        """The destination acknowledged (or refused) the oldest record awaiting it on that partition."""
-        state = self.fifos[(msg.topic(), msg.partition())].popleft()
-        offset = state.pending.popleft()
-        state.in_flight -= 1
+    def _acknowledged(self, state: PartitionState, run: InFlight, err: KafkaError | None, msg: Message | None) -> None:
+        """The destination acknowledged (or refused) a run's last record, and with it the whole run."""
+        state.in_flight -= run.count
         if err is not None:
-            self._refused(state, offset, err)
+            self._refused(state, run.first, err)  # the run stays in `pending`: nothing is committed past it
             return
-        # Inlined `_acknowledged`: this runs once per record.
-        ts_type, ts = msg.timestamp()
-        if ts_type:
-            state.latency_samples.append(self.now_ms - ts)
-        state.acked += 1
-        key = msg.key()
-        state.acked_bytes += len(msg) + (len(key) if key else 0)
-        state.destination_next = msg.offset() + 1
-
-    def _delivered_any_order(self, state: PartitionState, offset: int, err: KafkaError | None, msg: Message) -> None:
-        state.in_flight -= 1
-        if err is not None:
-            self._refused(state, offset, err)
-            return
+        run.done = True
         pending = state.pending
-        if pending and pending[0] == offset:
+        while pending and pending[0].done:
             pending.popleft()
-            early = state.acked_early
-            while early and pending and pending[0] in early:
-                early.discard(pending.popleft())
-        else:
-            state.acked_early.add(offset)
-        self._acknowledged(state, msg)
+        now = self.now_ms
+        state.latency_samples.extend([now - ts for ts in run.timestamps])
+        state.acked += run.count
+        state.acked_bytes += run.size
+        if msg is not None and state.ordered:
+            state.destination_next = msg.offset() + 1
 
-    def _acknowledged(self, state: PartitionState, msg: Message) -> None:
-        ts_type, ts = msg.timestamp()
-        if ts_type:
-            state.latency_samples.append(self.now_ms - ts)
-        state.acked += 1
-        key = msg.key()
-        state.acked_bytes += len(msg) + (len(key) if key else 0)
+    def _drain(self, timeout: float) -> None:
+        """Flush the producer and settle the runs cut short (see `_settle`) once it has delivered everything."""
+        if not self.producer.flush(timeout) and self.fatal_producer_error is None:
+            self._settle(delivered=True)
+        else:
+            self.unsettled = True  # settled by the loop once the producer is empty
+
+    def _settle(self, delivered: bool) -> None:
+        """Runs whose last record carried no callback (cut short by a refusal of the next record, or by an
+        interruption): acknowledged once the producer has delivered everything without a fatal error (with gapless
+        ordering, or inside a transaction, nothing of them can then be missing); given up otherwise — they stay at
+        the head of `pending`, so their partition is re-read from their first offset when it resumes."""
+        self.unsettled = False
+        for state in self.partitions.values():
+            state.open_run = None
+            for run in [r for r in state.pending if not r.tail_sent]:
+                run.tail_sent = True
+                if delivered:
+                    self._acknowledged(state, run, None, None)
+                else:
+                    state.in_flight -= run.count
 
     def _refused(self, state: PartitionState, offset: int, err: KafkaError) -> None:
         if self.aborting:
@@ -469,6 +526,8 @@ class ReplicationTask:
         if self.fatal_producer_error is not None:
             self._recreate_producer()  # aborts (fences) the transaction and rewinds
             return
+        if self.unsettled and not len(producer):
+            self._settle(delivered=True)  # before `committable()` says what the transaction holds
         try:
             while self.abort_reason is None:
                 if self.transactions.commit(MAX_BLOCK_S) is CommitResult.COMMITTED:
@@ -514,14 +573,11 @@ class ReplicationTask:
 
     def _rewind(self) -> None:
         """Exactly-once: read every partition again from its last committed position (nothing after it is visible)."""
-        self.fifos = {}
         reset = OFFSET_END if self.config.auto_offset_reset == "latest" else OFFSET_BEGINNING
         positions = []
         for state in self.partitions.values():
-            state.pending.clear()
-            state.acked_early.clear()
+            state.forget_in_flight()
             state.in_flight = 0
-            state.failed_at = None
             state.position = state.durable
             state.destination_next = state.destination_durable
             if state.routed:
@@ -638,16 +694,16 @@ class ReplicationTask:
         owned = sorted(self.partitions)
         if self.clients_open:
             self.on_event(f"configuration version {record.version}: restarting clients in place")
-            self.producer.flush(10)
+            self._drain(10)
             self._commit()
             self.consumer.close()
         self.config = config
+        self.ordered_acks = config.ordered_acks
         self.version, self.restart_marker = record.version, restart_marker
         self.consumer = Consumer(config.consumer_settings())
         self.producer = Producer(self._producer_settings(config))
         if self.owning:
             self._start_transactions()
-        self.fifos = {}
         self.destination_admin = AdminClient(config.admin_settings("destination"))
         self.clients_open = True
         # Clusters are known by their Kafka cluster id (aliases are display names that may coincide).
@@ -663,7 +719,7 @@ class ReplicationTask:
         removed = [tp for tp in self.partitions if tp not in mine]
         if removed:
             # A partition moves only after everything read from it is acknowledged and committed.
-            self.producer.flush(30)
+            self._drain(30)
             self._commit()
             self.consumer.incremental_unassign([TopicPartition(t, p) for t, p in removed])
             for tp in removed:
@@ -768,10 +824,7 @@ class ReplicationTask:
     def _route(self, state: PartitionState, partition: int) -> None:
         state.destination_partition = partition
         state.routed = True
-        if partition == UNASSIGNED_PARTITION or not self.config.ordered_acks:
-            state.fifo = None
-        else:
-            state.fifo = self.fifos.setdefault((state.destination_topic, partition), deque())
+        state.ordered = partition != UNASSIGNED_PARTITION and self.ordered_acks
 
     def _source_error(self, msg: Message) -> None:
         err: KafkaError = msg.error()
@@ -805,9 +858,7 @@ class ReplicationTask:
         if state.paused_reason is not None:
             return  # still missing: _check_destination paused it again with a longer backoff
         restart = state.committable()
-        state.pending.clear()
-        state.acked_early.clear()
-        state.failed_at = None
+        state.forget_in_flight()
         state.position = restart
         tp = TopicPartition(state.topic, state.partition)
         if restart is not None:
@@ -870,10 +921,10 @@ class ReplicationTask:
         while len(producer):  # purged records come back as refusals: serve them
             self._serve(producer, 0.1)
         self.fatal_producer_error = None  # this producer's own error again, if it is repeated while purging
+        self._settle(delivered=False)
         for state in self.partitions.values():
             if state.paused_reason is None:
                 self._pause(state, f"producer restarted after fatal error: {err}")
-        self.fifos = {}
         self.producer = Producer(self._producer_settings(self.config))
         for state in self.partitions.values():
             if state.destination_partition != UNASSIGNED_PARTITION:
@@ -908,7 +959,6 @@ class ReplicationTask:
     def _producer_settings(self, config: ConnectorConfig) -> dict[str, Any]:
         return {
             **config.producer_settings(self.task_id),
-            "on_delivery": self._delivered,
             "error_cb": self._producer_error,
         }
 

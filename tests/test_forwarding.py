@@ -34,6 +34,8 @@ def test_an_offset_is_never_committed_past_a_record_the_producer_refuses(
     stack: StackEndpoints, store: Store, unique: str
 ) -> None:
     # librdkafka refuses a record larger than the producer's `message.max.bytes` before sending it, on any broker.
+    # Offsets 0-4 are produced in the same run as the refused offset 5, without a callback of their own (one
+    # acknowledgement stands for a run): they must still be committed, and nothing after them.
     create_topics(stack.source_bootstrap_servers, {unique: 2})
     create_topics(stack.destination_bootstrap_servers, {unique: 2})
     values = [b"small-%d" % i for i in range(5)] + [b"x" * 20_000] + [b"after-%d" % i for i in range(4)]
@@ -63,7 +65,8 @@ def test_an_offset_is_never_committed_past_a_record_the_broker_refuses(
     stack: StackEndpoints, store: Store, unique: str
 ) -> None:
     # Apache Kafka refuses a batch holding a record above the topic's `max.message.bytes` (MESSAGE_TOO_LARGE):
-    # an acknowledgement error in the middle of a partition, while the producer itself accepted the record.
+    # an acknowledgement error in the middle of a partition, while the producer itself accepted the record. The
+    # records after it end the run and carry its one callback: their batch must not stand for the refused one.
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1}, config={"max.message.bytes": "5000"})
     probe = Producer({"bootstrap.servers": stack.destination_bootstrap_servers})
