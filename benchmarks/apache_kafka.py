@@ -163,12 +163,16 @@ def naive_argv(topic: str, target: str, records: int, partitions: int) -> list[l
     return [[sys.executable, __file__, "naive", topic, target, str(records), str(partitions)]]
 
 
-def start_process(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    # A shell may have started us with SIGINT ignored, which the child would inherit: give it back its default.
-    return subprocess.Popen(
-        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+def start_process(argv: list[str], env: dict[str, str], niceness: int = 0) -> subprocess.Popen[bytes]:
+    """A copier (or load) process at `niceness` (copiers at the default 0, whatever this process runs at)."""
+
+    def prepare() -> None:
+        # A shell may have started us with SIGINT ignored, which the child would inherit: give it back its default.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.setpriority(os.PRIO_PROCESS, 0, niceness)
+
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=prepare)  # fmt: skip
 
 
 def timed_copy(
