@@ -69,13 +69,21 @@ class TaskOwnership:
         first = True
         waiting_for: int | None = None
         while not should_stop():
-            with self.conn.begin():
-                if self._connector_missing():
-                    if first:
-                        raise UnknownConnectorError(f"connector {self.connector!r} does not exist")
-                    return None
-                first = False
-                holder = self._try_claim()
+            try:
+                with self.conn.begin():
+                    # A transaction of the owner that holds the lease row (a process frozen mid-commit) must not
+                    # hold the standby past termination: give up the row after WAIT_S and check again.
+                    self.conn.execute(text(f"SET LOCAL lock_timeout = '{int(WAIT_S * 1000)}ms'"))
+                    if self._connector_missing():
+                        if first:
+                            raise UnknownConnectorError(f"connector {self.connector!r} does not exist")
+                        return None
+                    first = False
+                    holder = self._try_claim()
+            except OperationalError as exc:
+                if not _lock_not_available(exc):
+                    raise
+                continue
             if isinstance(holder, Lease):
                 self.lease = holder
                 self.waited_s = time.monotonic() - started if waiting_for is not None else 0.0
@@ -139,12 +147,16 @@ class TaskOwnership:
                 self.conn.execute(text(f"SET LOCAL lock_timeout = '{int(WAIT_S * 1000)}ms'"))
                 self.conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
         except OperationalError as exc:
-            if getattr(exc.orig, "pgcode", None) != "55P03":  # lock_not_available: the owner is still there
+            if not _lock_not_available(exc):
                 raise
-            return
+            return  # the owner is still there
         # Session locks outlive the transaction: give it back; the next check claims the task.
         self.conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
         self.conn.commit()
+
+
+def _lock_not_available(exc: OperationalError) -> bool:
+    return getattr(exc.orig, "pgcode", None) == "55P03"  # lock_timeout expired
 
 
 def run_owned(task: ReplicationTask, should_stop: Callable[[], bool] = lambda: False) -> TaskExit | None:

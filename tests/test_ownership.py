@@ -251,3 +251,35 @@ def test_a_stopped_owner_is_fenced_after_the_lease_timeout_and_never_commits_aga
             standby.stop()
     # Nothing lost (the woken owner may have sent a last batch twice).
     assert len({origin_of(r) for r in copies(stack, unique, written)}) == written
+
+
+def test_a_standby_blocked_on_the_lease_row_still_stops_when_asked(
+    store: Store, stack: StackEndpoints, unique: str
+) -> None:
+    # An owner frozen in the middle of a commit (SIGSTOP, a hung host) keeps the lease row locked: the standby must
+    # still notice termination instead of waiting on the row until the owner moves again.
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
+    with TaskOwnership(store.engine, unique, 0, "owner", timedelta(seconds=30)) as owner:
+        assert owner.acquire() is not None
+        stop = threading.Event()
+        result: list[object] = []
+        with TaskOwnership(store.engine, unique, 0, "standby", timedelta(seconds=30)) as standby:
+            waiting = threading.Thread(target=lambda: result.append(standby.acquire(stop.is_set)))
+            with store.engine.connect() as frozen:
+                with frozen.begin():
+                    frozen.execute(text("SELECT 1 FROM task_leases WHERE connector = :c FOR UPDATE"), {"c": unique})
+                    waiting.start()
+                    wait_for(lambda: _waits_on_a_lock(store), what="the standby blocked on the lease row")
+                    stop.set()
+                    waiting.join(10)
+                    stuck = waiting.is_alive()
+                waiting.join(10)  # (the row is free again: a standby that was stuck on it goes on now)
+            assert not stuck, "the standby kept waiting on the lease row after it was asked to stop"
+        assert result == [None]
+        assert epoch_of(store, unique) == 1
+
+
+def _waits_on_a_lock(store: Store) -> bool:
+    with store.engine.connect() as conn:
+        return bool(conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                     " AND query LIKE '%task_leases%FOR UPDATE%'")))  # fmt: skip
