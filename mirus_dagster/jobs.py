@@ -109,7 +109,8 @@ def build_watcher_job(flow_event: FlowEvent) -> dg.JobDefinition:
             context.log_event(flow_event(result.connector, result))
 
         def error(connector: str, message: str | None) -> None:
-            # The connectors asset shows a metadata error from the store: the monitor sensor records it.
+            # The connectors asset shows it from the store: a metadata error with its failed snapshot, any other
+            # as the connector's `watch` problem (`replicator.watcher`).
             context.log.warning(f"{connector}: {message}" if message else f"{connector}: metadata readable again")
 
         MetadataWatcher(platform.store(), on_change=changed, on_error=error).run()

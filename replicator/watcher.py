@@ -13,19 +13,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka.admin import AdminClient
+from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.clusters import ClusterView, MetadataUnavailableError, read_cluster
 from replicator.config import ConnectorConfig, ConnectorConfigError, load
 from replicator.monitor import KafkaMonitor, MonitorResult, plan_partitions
 from replicator.store import ConnectorState, Store, UnknownConnectorError
 
+log = logging.getLogger(__name__)
+
 WATCH_INTERVAL_S = 1.0
+WATCH_PROBLEM = "watch"  # the flow problem naming what keeps the watcher from polling a connector
 MAX_BACKOFF_S = 64.0  # Mirus: retriable monitor errors back off 1, 2, 4 … 64 s
 
 
@@ -81,6 +86,9 @@ class ConnectorWatch:
     retry_at: float = 0.0
     failures: int = 0
     error: str | None = None
+    # Whether an error of ours may be on the connector's flow problems (metadata errors show by themselves). At first
+    # unknown (an earlier watcher run may have put one there): the first successful poll clears it.
+    shown: bool = True
 
 
 @dataclass
@@ -116,7 +124,10 @@ class MetadataWatcher:
         """Watch until `should_stop`; a round starts every `interval_s` (at once when the last one overran)."""
         while not should_stop():
             started = time.monotonic()
-            self.watch_once()
+            try:
+                self.watch_once()
+            except SQLAlchemyError as exc:  # the database is away: discovery resumes when it is back
+                log.warning("metadata watcher: the platform database is unavailable, will retry: %s", exc)
             while not should_stop() and (left := self.interval_s - (time.monotonic() - started)) > 0:
                 time.sleep(min(left, 0.2))  # short sleeps: a Dagster termination lands between bytecodes
 
@@ -150,22 +161,25 @@ class MetadataWatcher:
                 monitor = KafkaMonitor(self.store, read_view=self._shared(config, readings))
                 result = monitor.poll(record.name)
                 watch.due_at = time.monotonic() + config.monitor_poll_wait_ms / 1000
-            except (MetadataUnavailableError, ConnectorConfigError) as exc:
+            except MetadataUnavailableError as exc:  # recorded with the failed snapshot: the connector shows it
                 self._failed(record.name, watch, str(exc))
                 done.errors[record.name] = str(exc)
                 continue
             except UnknownConnectorError:
                 continue  # deleted while we looked
             except Exception as exc:  # one broken connector must not stop discovery for the others
-                self._failed(record.name, watch, f"{type(exc).__name__}: {exc}")
-                done.errors[record.name] = str(exc)
+                error = str(exc) if isinstance(exc, ConnectorConfigError) else f"{type(exc).__name__}: {exc}"
+                self._failed(record.name, watch, error, show=True)
+                done.errors[record.name] = error
                 continue
             # The generation we just wrote is part of what we saw: it must not trigger another poll.
             watch.seen = (*seen[:1], result.generation, *seen[2:])
             watch.planned = (*planned[:1], result.generation, *planned[2:])
             if watch.error is not None:
                 self.on_error(record.name, None)
-            watch.failures, watch.retry_at, watch.error = 0, 0.0, None
+            if watch.shown:
+                self._show(record.name, None)
+            watch.failures, watch.retry_at, watch.error, watch.shown = 0, 0.0, None, False
             if result.changed:
                 done.changed.append(result)
                 self.on_change(result)
@@ -203,11 +217,28 @@ class MetadataWatcher:
         plan = plan_partitions(config, source, destination)
         return (tuple(plan.replicate), tuple(plan.missing_destination), tuple(plan.cycles))
 
-    def _failed(self, name: str, watch: ConnectorWatch, error: str) -> None:
+    def _failed(self, name: str, watch: ConnectorWatch, error: str, show: bool = False) -> None:
         watch.seen = watch.planned = ()
         watch.due_at = 0.0
         watch.retry_at = time.monotonic() + min(2.0**watch.failures, MAX_BACKOFF_S)
         watch.failures += 1
         if error != watch.error:
             self.on_error(name, error)
+            if show:
+                watch.shown = self._show(name, error) or watch.shown
+            elif watch.shown and self._show(name, None):
+                watch.shown = False  # a metadata error now: its failed snapshot shows it
         watch.error = error
+
+    def _show(self, name: str, error: str | None) -> bool:
+        """Put `error` on the connector's flow problems (the connectors view shows them), or clear it (None)."""
+        try:
+            problems = dict(self.store.flow(name).problems)
+            if problems.get(WATCH_PROBLEM) == error:
+                return True
+            problems.pop(WATCH_PROBLEM, None)
+            self.store.update_flow(name, problems={**problems, **({WATCH_PROBLEM: error} if error else {})})
+        except SQLAlchemyError as exc:
+            log.warning("%s: could not record the watcher's error %r: %s", name, error, exc)
+            return False
+        return True

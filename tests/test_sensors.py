@@ -323,6 +323,34 @@ def test_unreachable_source_backs_off_without_affecting_other_connectors(
         admin(instance, resources, "delete", name)
 
 
+def test_a_connector_the_watcher_cannot_load_shows_why_until_it_can(
+    instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # Submitted with an env reference that resolved then; the variable is gone where the watcher runs. Not a
+    # metadata error (no snapshot shows it): the watcher must put it where operators look.
+    store = Store(db_engine)
+    monkeypatch.setenv("MIRUS_TEST_SOURCE", stack.source_bootstrap_servers)
+    props = connector_properties(stack, unique, **{"topics.whitelist": unique})
+    props["consumer.bootstrap.servers"] = "${env:MIRUS_TEST_SOURCE}"
+    assert put(instance, resources, props).success
+    monkeypatch.delenv("MIRUS_TEST_SOURCE")
+
+    failed = watch(store)
+
+    assert "MIRUS_TEST_SOURCE" in failed.errors[unique]
+    assert "MIRUS_TEST_SOURCE" in store.connector_statuses(unique)[0].flow_problems["watch"]
+    result = evaluate(kafka_monitor, instance, resources, None)
+    shown = next(e for e in result.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET))
+    assert "watch: " in str(shown.metadata["connectors"].value)
+
+    # Set again, a later watcher run (the one that showed the error has ended) clears it once it polls.
+    monkeypatch.setenv("MIRUS_TEST_SOURCE", stack.source_bootstrap_servers)
+    watched(store, unique)
+    assert "watch" not in store.connector_statuses(unique)[0].flow_problems
+    admin(instance, resources, "delete", unique)
+
+
 def test_the_supervisor_restarts_a_failed_task(
     instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
 ) -> None:
