@@ -102,7 +102,7 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 def delete_topics(bootstrap: str, topics: list[str]) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.delete_topics(topics).values():
-        future.result(30)
+        future.result(120)  # Kafka 1.0 takes long to delete thousands of partitions
 
 
 def destination_count(counter: Consumer, topic: str, partitions: int) -> int:
