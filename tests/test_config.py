@@ -883,3 +883,19 @@ def test_settings_that_contradict_exactly_once_are_refused(prop: str, value: str
 
 def test_an_unknown_exactly_once_value_is_refused() -> None:
     assert "disabled, requested or required" in error_for("exactly.once.support", **{"exactly.once.support": "on"})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "ordered"),
+    [
+        ({}, True),  # idempotent, gapless, never gives a record up: one acknowledgement stands for a run
+        ({"exactly.once.support": "required"}, True),  # a transaction commits only whole
+        ({"producer.enable.gapless.guarantee": "false"}, False),  # a gap may hide before an acknowledged record
+        ({"producer.message.timeout.ms": "30000"}, False),  # an expired record is not covered by gapless
+        ({"producer.enable.idempotence": "false"}, False),  # acknowledgements in any order
+    ],
+)
+def test_one_acknowledgement_stands_for_a_run_only_where_nothing_earlier_can_be_missing(
+    overrides: dict[str, str], ordered: bool
+) -> None:
+    assert parse(**overrides).ordered_acks is ordered

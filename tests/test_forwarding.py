@@ -30,18 +30,25 @@ def _refusal_count(runner: TaskThread, topic: str) -> int:
     return sum(f"paused {topic}[0]: destination refused" in e for e in runner.events)
 
 
+@pytest.mark.parametrize(
+    "producer_settings",
+    [{}, {"producer.enable.gapless.guarantee": "false"}],
+    ids=["one-acknowledgement-per-run", "gapless-off-one-per-record"],
+)
 def test_an_offset_is_never_committed_past_a_record_the_producer_refuses(
-    stack: StackEndpoints, store: Store, unique: str
+    stack: StackEndpoints, store: Store, unique: str, producer_settings: dict[str, str]
 ) -> None:
     # librdkafka refuses a record larger than the producer's `message.max.bytes` before sending it, on any broker.
-    # Offsets 0-4 are produced in the same run as the refused offset 5, without a callback of their own (one
-    # acknowledgement stands for a run): they must still be committed, and nothing after them.
+    # By default offsets 0-4 are produced in the same run as the refused offset 5, without a callback of their own
+    # (one acknowledgement stands for a run): they must still be committed, and nothing after them. With gapless
+    # ordering off an acknowledgement stands for nothing earlier, so each record carries its own callback.
     create_topics(stack.source_bootstrap_servers, {unique: 2})
     create_topics(stack.destination_bootstrap_servers, {unique: 2})
     values = [b"small-%d" % i for i in range(5)] + [b"x" * 20_000] + [b"after-%d" % i for i in range(4)]
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": v} for v in values])
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 1, "value": b"%d" % i} for i in range(10)])
-    props = connector_properties(stack, unique, **{"topics.whitelist": unique, "producer.message.max.bytes": "10000"})
+    props = connector_properties(stack, unique, **{"topics.whitelist": unique, "producer.message.max.bytes": "10000"},
+                                 **producer_settings)  # fmt: skip
     create_connector(store, props, {0: [(unique, 0), (unique, 1)]})
 
     runner = TaskThread.start(store, unique)
