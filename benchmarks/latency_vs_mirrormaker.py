@@ -1,6 +1,7 @@
 """End-to-end latency at steady traffic: the engine against Apache MirrorMaker 1.0, on Apache Kafka.
 
     python benchmarks/latency_vs_mirrormaker.py [--rates 1000,5000,20000,50000] [--seconds 12] [--rounds 1]
+        [--copiers engine,mirrormaker] [--engine-property KEY=VALUE ...]
 
 Needs the two Apache Kafka 1.0 clusters running (see `benchmarks/apache_kafka.py`). For every rate and copier: a
 fresh 4-partition topic; the copier is started and proven to flow (one record through); then a load process
@@ -97,7 +98,10 @@ def engine_metric(store: Store, connector: str) -> str:
     return f"mean {total / count:.0f} ms, p50 <= {bound(0.5)} ms, p99 <= {bound(0.99)} ms, max {top} ms ({count:,})"
 
 
-def one_run(store: Store, env: dict[str, str], copier: str, rate: int, seconds: float, tag: str) -> str:
+def one_run(
+    store: Store, env: dict[str, str], copier: str, rate: int, seconds: float, tag: str, engine: dict[str, str]
+) -> str:  # fmt: skip
+    """One copier at one rate; `engine`: connector properties the engine's connector gets beside its defaults."""
     topic = f"lat-{tag}-{copier}-{rate}"
     kit.create_topic(SOURCE, topic, PARTITIONS)
     procs = []
@@ -110,7 +114,7 @@ def one_run(store: Store, env: dict[str, str], copier: str, rate: int, seconds: 
     else:
         target, bootstrap = f"{topic}.engine", DESTINATION
         kit.create_topic(DESTINATION, target, PARTITIONS)
-        kit.put_engine_connector(store, topic, topic, ".engine", PARTITIONS, 1)
+        kit.put_engine_connector(store, topic, topic, ".engine", PARTITIONS, 1, **engine)
         procs = [kit.start_process(argv, env) for argv in kit.engine_argv(topic, 1)]
     consumer = reader(bootstrap, target)
     try:
@@ -129,14 +133,17 @@ def one_run(store: Store, env: dict[str, str], copier: str, rate: int, seconds: 
         consumer.close()
         for p in procs:
             p.send_signal(signal.SIGTERM if copier == "mirrormaker" else signal.SIGINT)
+        cpu = 0.0
         for p in procs:
-            p.wait(60)
+            _pid, _status, usage = os.wait4(p.pid, 0)
+            p.returncode = 0
+            cpu += usage.ru_utime + usage.ru_stime
     first = min(created for created, _ in seen)
     kept = [arrived - created for created, arrived in seen if created >= first + WARMUP_S * 1000]
     stats = percentiles(kept)
     line = (f"{rate:>7,}/s {copier:<12} p50 {stats['p50']:>5.0f}  p99 {stats['p99']:>5.0f}  "
             f"p99.9 {stats['p99.9']:>5.0f}  max {stats['max']:>5.0f} ms  (mean {stats['mean']:.0f}; "
-            f"{stats['n']:,} records; load avg {load_avg:.1f})")  # fmt: skip
+            f"{stats['n']:,} records; load avg {load_avg:.1f}; copier {cpu:.1f} CPU-s)")  # fmt: skip
     if copier == "engine":
         every = percentiles([arrived - created for created, arrived in pinged + seen])
         line += (f"\n{'':>22}all records, external: mean {every['mean']:.0f} ms, max {every['max']:.0f} ms; "
@@ -153,8 +160,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--copiers", default="engine,mirrormaker")
+    parser.add_argument(
+        "--engine-property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a connector property for the engine (e.g. consumer.fetch.wait.max.ms=100); repeatable",
+    )
     args = kit.parse_args(parser)
     copiers = args.copiers.split(",")
+    engine_properties = dict(kv.split("=", 1) for kv in args.engine_property)
     os.setpriority(os.PRIO_PROCESS, 0, MEASURING_NICENESS)  # the reading consumer (copiers are started at 0)
     with kit.platform_database() as store:
         env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
@@ -164,7 +179,7 @@ def main() -> None:
             for rate in [int(x) for x in args.rates.split(",")]:
                 order = copiers if (r + rate // 1000) % 2 == 0 else copiers[::-1]
                 for copier in ["direct", *order]:
-                    print(one_run(store, env, copier, rate, args.seconds, f"{tag}-{r}"), flush=True)
+                    print(one_run(store, env, copier, rate, args.seconds, f"{tag}-{r}", engine_properties), flush=True)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["load"]:

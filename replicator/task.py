@@ -46,8 +46,8 @@ from replicator import provenance
 from replicator.assignment import SourcePartition
 from replicator.clusters import cluster_id
 from replicator.config import ConnectorConfig, load
-from replicator.metrics import TaskMetrics
-from replicator.store import ConnectorState, FencedError, Lease, MetricRow, PartitionHealth, Store
+from replicator.metrics import PartitionCounters, TaskMetrics
+from replicator.store import ConnectorHead, ConnectorState, FencedError, Lease, MetricRow, PartitionHealth, Store
 from replicator.transactions import (
     FENCED_CODES,
     CommitResult,
@@ -139,8 +139,8 @@ class PartitionState:
     """What the task knows about one owned source partition."""
 
     __slots__ = (
-        "acked", "acked_bytes", "committed", "destination_durable", "destination_next", "destination_partition",
-        "destination_topic", "durable", "failed_at", "failures", "in_flight", "latency_samples", "open_run",
+        "acknowledged", "committed", "destination_durable", "destination_next", "destination_partition",
+        "destination_topic", "durable", "failed_at", "failures", "in_flight", "open_run",
         "ordered", "partition", "paused_reason", "pending", "position", "retry_at", "routed", "source_prefix",
         "topic", "tp",
     )  # fmt: skip
@@ -166,12 +166,10 @@ class PartitionState:
         self.failures = 0
         self.paused_reason: str | None = None
         self.retry_at = 0.0
-        # Acknowledged since the last metrics fold: records, bytes, and each record's latency (source CreateTime to
+        # Acknowledged since the last metrics fold: records, bytes and each record's latency (source CreateTime to
         # acknowledgement). Per record, not sampled: a backlog mixes old and new records, and the latency report's
         # buckets (Mirus's 5m … 12h) must count each one where it belongs.
-        self.acked = 0
-        self.acked_bytes = 0
-        self.latency_samples: list[int] = []  # ms
+        self.acknowledged = PartitionCounters()
 
     def committable(self) -> int | None:
         """The first source offset not yet replicated: everything before it is acknowledged."""
@@ -239,6 +237,7 @@ class ReplicationTask:
         self.background = ThreadPoolExecutor(1, thread_name_prefix=f"mirus-{connector}-{task_id}")
         self.commit_in_flight: tuple[Future[None], dict[SourcePartition, int]] | None = None
         self.metadata_in_flight: Future[ClusterMetadata] | None = None
+        self.head_in_flight: Future[ConnectorHead | None] | None = None  # the connector's row, read in the background
         self.commit_started = 0.0
 
     # -- lifecycle --------------------------------------------------------------------------------------
@@ -256,7 +255,7 @@ class ReplicationTask:
         try:
             if self.clients_open:  # prepared while standing by: its transactions start now, fencing the last owner
                 self._start_transactions()
-            outcome = self._refresh(force=True)
+            outcome = self._refresh(self.store.connector_head(self.connector), force=True)
             while outcome is None:
                 if should_stop():
                     outcome = TaskExit.STOPPED
@@ -430,10 +429,9 @@ class ReplicationTask:
         pending = state.pending
         while pending and pending[0].done:
             pending.popleft()
-        now = self.now_ms
-        state.latency_samples.extend([now - ts for ts in run.timestamps])
-        state.acked += run.count
-        state.acked_bytes += run.size
+        acknowledged = state.acknowledged
+        acknowledged.add(run.count, run.size)
+        acknowledged.add_latencies(self.now_ms, run.timestamps)  # a run at a time: no pause to fold a busy second
         if msg is not None and state.ordered:
             state.destination_next = msg.offset() + 1
 
@@ -643,14 +641,18 @@ class ReplicationTask:
             self._end_transaction()
             if self.commit_in_flight is None and self._committable():
                 self._commit_in_background()  # what the transaction made durable, at once
-        if self.refreshing.due(now, REFRESH_INTERVAL_S):
+        # The connector's row is read off the loop (a query is milliseconds the records would wait) and acted on here.
+        if self.head_in_flight is not None and self.head_in_flight.done():
+            future, self.head_in_flight = self.head_in_flight, None
             try:
-                outcome = self._refresh()
+                outcome = self._refresh(future.result())
             except SQLAlchemyError as exc:  # the database is away: keep replicating, commits retry, so does this
                 log.warning("reading the connector %s failed, will retry: %s", self.connector, exc)
                 outcome = None
             if outcome is not None:
                 return outcome
+        if self.head_in_flight is None and self.refreshing.due(now, REFRESH_INTERVAL_S):
+            self.head_in_flight = self.background.submit(self.store.connector_head, self.connector)
         if self.metadata_in_flight is not None and self.metadata_in_flight.done():
             future, self.metadata_in_flight = self.metadata_in_flight, None
             if future.exception() is None:
@@ -670,9 +672,9 @@ class ReplicationTask:
             self._record_metrics()
         return None
 
-    def _refresh(self, force: bool = False) -> TaskExit | None:
-        """Notice pause, delete, restart, new config versions and new assignment generations."""
-        head = self.store.connector_head(self.connector)
+    def _refresh(self, head: ConnectorHead | None, force: bool = False) -> TaskExit | None:
+        """Notice pause, delete, restart, new config versions and new assignment generations in the connector's
+        row, as `Store.connector_head` read it."""
         if head is None:
             return TaskExit.DELETED
         if head.state == ConnectorState.PAUSED:
@@ -935,12 +937,11 @@ class ReplicationTask:
     # -- metrics ----------------------------------------------------------------------------------------
 
     def _fold_metrics(self) -> None:
-        """Move per-record acknowledgement data into the interval's counters, in bulk."""
+        """Move what each partition counted since the last fold into the interval's counters."""
         for state in self.partitions.values():
-            if state.acked:
-                self.metrics.counters_for(state.tp).add(state.latency_samples, state.acked, state.acked_bytes)
-                state.latency_samples = []
-                state.acked = state.acked_bytes = 0
+            if state.acknowledged.records:
+                self.metrics.counters_for(state.tp).merge(state.acknowledged)
+                state.acknowledged = PartitionCounters()
 
     def _record_metrics(self) -> None:
         self._fold_metrics()

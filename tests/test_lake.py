@@ -20,7 +20,8 @@ from .engine_helpers import connector_properties
 
 def _row(topic: str, partition: int, end: datetime, records: int, histogram: dict[str, int] | None = None) -> MetricRow:
     counters = TaskMetrics(0).counters_for((topic, partition))
-    counters.add([50] * records, records, records * 10)
+    counters.add(records, records * 10)
+    counters.add_latencies(1_000, [950] * records)
     return MetricRow(
         task_id=0, topic=topic, partition=partition, interval_start=end - timedelta(seconds=10), interval_end=end,
         records=records, bytes=records * 10, latency_min_ms=50, latency_max_ms=50, latency_sum_ms=50 * records,
