@@ -50,9 +50,7 @@ class PartitionCounters:
         ts = sorted(timestamps)
         n, now = len(ts), acknowledged_ms
         # Clocks of two clusters are never perfectly in step: a negative latency counts as 0.
-        low, high = max(now - ts[-1], 0), max(now - ts[0], 0)
-        self.latency_min = low if self.latency_min is None else min(self.latency_min, low)
-        self.latency_max = high if self.latency_max is None else max(self.latency_max, high)
+        self._widen(max(now - ts[-1], 0), max(now - ts[0], 0))
         past = bisect_left(ts, now)  # records with a positive latency
         self.latency_sum += past * now - (sum(ts) if past == n else sum(ts[:past]))
         self.latency_count += n
@@ -71,12 +69,14 @@ class PartitionCounters:
         self.bytes += other.bytes
         if other.latency_min is None or other.latency_max is None:
             return
-        low, high = other.latency_min, other.latency_max
-        self.latency_min = low if self.latency_min is None else min(self.latency_min, low)
-        self.latency_max = high if self.latency_max is None else max(self.latency_max, high)
+        self._widen(other.latency_min, other.latency_max)
         self.latency_sum += other.latency_sum
         self.latency_count += other.latency_count
         self.buckets = [a + b for a, b in zip(self.buckets, other.buckets, strict=True)]
+
+    def _widen(self, low: int, high: int) -> None:
+        self.latency_min = low if self.latency_min is None else min(self.latency_min, low)
+        self.latency_max = high if self.latency_max is None else max(self.latency_max, high)
 
     def cumulative_histogram(self) -> dict[str, int]:
         """Count of records at or below each upper bound (Prometheus-style), '+Inf' last."""
