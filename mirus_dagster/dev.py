@@ -34,7 +34,7 @@ from mirus_dagster.constants import (
     TAG_TASK,
     WATCHER_JOB,
 )
-from mirus_dagster.devserver import DagsterDev, DagsterDevError, launch_dagster_dev
+from mirus_dagster.devserver import DagsterDev, DagsterDevError, RunInfo, launch_dagster_dev
 from mirus_dagster.stack import LocalStack, StackEndpoints
 
 START_TIMEOUT_S = 180.0
@@ -147,8 +147,10 @@ class DevSession:
             return []
         ids = {r.run_id for r in live}
         asked: set[str] = set()
+        pending: list[RunInfo] = []
 
         def all_ended() -> bool:
+            nonlocal pending
             pending = [r for kind in (KIND_REPLICATOR, KIND_WATCHER) for r in dev.runs({TAG_KIND: kind},
                        statuses=LIVE_STATUSES)]  # fmt: skip
             ids.update(r.run_id for r in pending if r.tags.get(TAG_KIND) == KIND_REPLICATOR)
@@ -165,9 +167,17 @@ class DevSession:
         try:
             dev.until(all_ended, RUN_STOP_TIMEOUT_S, "the replicator and watcher runs to end")
         except DagsterDevError as exc:
-            self.echo(f"warning: {str(exc).splitlines()[0]}")
+            still = ", ".join(f"{_run_name(r)} {r.status} (run {r.run_id}{'' if r.run_id in asked else ', not asked'})"
+                              for r in pending)  # fmt: skip
+            self.echo(f"warning: {str(exc).splitlines()[0]}; still live: {still}")
         ended = [r for r in dev.runs({TAG_KIND: KIND_REPLICATOR}) if r.run_id in ids]
         return sorted(f"{r.tags.get(TAG_CONNECTOR)}-{r.tags.get(TAG_TASK)} {r.status}" for r in ended)
+
+
+def _run_name(run: RunInfo) -> str:
+    if run.tags.get(TAG_KIND) == KIND_REPLICATOR:
+        return f"{run.tags.get(TAG_CONNECTOR)}-{run.tags.get(TAG_TASK)}"
+    return f"{run.tags.get(TAG_KIND)} run"
 
 
 def _child(endpoints: StackEndpoints, *command: str) -> subprocess.Popen[bytes]:

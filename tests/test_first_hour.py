@@ -214,7 +214,7 @@ def test_ctrl_c_ends_replicator_runs_canceled_after_committing_and_says_what_it_
     shutdown = demo.dev.shutdown()
 
     console = demo.console_text()
-    assert shutdown.clean and shutdown.exit_code == 0, (shutdown, console)
+    assert shutdown.clean and shutdown.exit_code == 0, (shutdown, console, _unended_runs(demo))
     assert "Traceback" not in console and "KeyboardInterrupt" not in console, console
     stopped = next(line for line in console.splitlines() if line.startswith("stopped: "))
     for connector, task in tasks:
@@ -238,6 +238,18 @@ def test_ctrl_c_ends_replicator_runs_canceled_after_committing_and_says_what_it_
     committed = store.load_offsets(DEMO_CONNECTOR, assignment)
     assert copied, "nothing was replicated before Ctrl-C"
     assert {tp: committed.get(tp) for tp in copied} == copied
+
+
+def _unended_runs(demo: Demo) -> dict[str, list[str]]:
+    """Each run still not ended, with its last events: what a failed shutdown was waiting for."""
+    import dagster as dg
+    from dagster._core.instance.ref import InstanceRef
+
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(demo.dev.home))) as instance:
+        live = instance.get_runs(dg.RunsFilter(statuses=[s for s in dg.DagsterRunStatus if s not in (
+            dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)]))  # fmt: skip
+        return {f"{r.run_id} {r.status.value} {r.tags}": [f"{e.dagster_event_type} {e.user_message}"
+                for e in instance.all_logs(r.run_id)][-20:] for r in live}  # fmt: skip
 
 
 def _copied_up_to(endpoints: StackEndpoints, topic: str) -> dict[tuple[str, int], int]:
