@@ -14,7 +14,8 @@ returns). Both processes read the same machine clock, so there is no skew. The f
 dropped. The measuring path's own latency (load producer with linger 1 ms → broker → this consumer) is measured
 the same way with no copier, by reading the source topic itself ("direct"): it is part of every figure.
 For the engine, its own metric (source CreateTime → destination acknowledgement, `metric_samples`) is shown
-next to the external measurement.
+next to the external measurement. After the last round, the median over the rounds of each percentile, per rate
+and copier.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import signal
 import sys
 import time
 from bisect import bisect_left
+from statistics import median
 
 import apache_kafka as kit  # puts the project on the path
 from apache_kafka import DESTINATION, SOURCE
@@ -100,8 +102,9 @@ def engine_metric(store: Store, connector: str) -> str:
 
 def one_run(
     store: Store, env: dict[str, str], copier: str, rate: int, seconds: float, tag: str, engine: dict[str, str]
-) -> str:  # fmt: skip
-    """One copier at one rate; `engine`: connector properties the engine's connector gets beside its defaults."""
+) -> tuple[str, dict[str, float]]:  # fmt: skip
+    """One copier at one rate: the printed line and its percentiles; `engine`: connector properties the engine's
+    connector gets beside its defaults."""
     topic = f"lat-{tag}-{copier}-{rate}"
     kit.create_topic(SOURCE, topic, PARTITIONS)
     procs = []
@@ -151,7 +154,21 @@ def one_run(
     kit.delete_topics(SOURCE, [topic])
     if target != topic or copier == "mirrormaker":
         kit.delete_topics(DESTINATION, [target])
-    return line
+    return line, stats
+
+
+def summary(runs: dict[tuple[int, str], list[dict[str, float]]]) -> str:
+    """Per rate and copier, the median over the rounds of each percentile (one round's figures swing with the
+    machine: the direct path alone has gone from p99 12 ms to 180 ms between two runs a minute apart)."""
+    rounds = max(len(v) for v in runs.values())
+    header = f"{'rate':>9} {'copier':<12} {'p50':>5} {'p99':>5} {'p99.9':>6} {'max':>5}   p99 of each round"
+    lines = [f"median of {rounds} rounds, per rate and copier (ms)", header]
+    for (rate, copier), stats in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][1] != "direct", kv[0][1])):
+        med = {k: median(s[k] for s in stats) for k in ("p50", "p99", "p99.9", "max")}
+        each = " / ".join(f"{s['p99']:.0f}" for s in stats)
+        lines.append(f"{rate:>7,}/s {copier:<12} {med['p50']:>5.0f} {med['p99']:>5.0f} {med['p99.9']:>6.0f} "
+                     f"{med['max']:>5.0f}   {each}")  # fmt: skip
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -174,12 +191,16 @@ def main() -> None:
     with kit.platform_database() as store:
         env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
         tag = str(int(time.time()))
+        runs: dict[tuple[int, str], list[dict[str, float]]] = {}
         for r in range(args.rounds):
             print(f"round {r + 1}: direct (no copier) is the measuring path's own latency", flush=True)
             for rate in [int(x) for x in args.rates.split(",")]:
                 order = copiers if (r + rate // 1000) % 2 == 0 else copiers[::-1]
                 for copier in ["direct", *order]:
-                    print(one_run(store, env, copier, rate, args.seconds, f"{tag}-{r}", engine_properties), flush=True)
+                    line, stats = one_run(store, env, copier, rate, args.seconds, f"{tag}-{r}", engine_properties)
+                    print(line, flush=True)
+                    runs.setdefault((rate, copier), []).append(stats)
+        print(summary(runs), flush=True)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["load"]:
