@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -129,7 +130,9 @@ class Replicated:
         self.next: dict[SourcePartition, int] = {}
 
     def update(self) -> dict[SourcePartition, int]:
-        while batch := self.consumer.consume(1000, 0.2):
+        # Traffic may still be flowing: read for at most a second, or a fast broker never lets this return.
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and (batch := self.consumer.consume(1000, 0.2)):
             for msg in batch:
                 if msg.error():
                     raise KafkaException(msg.error())
