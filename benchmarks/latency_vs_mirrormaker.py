@@ -1,7 +1,7 @@
 """End-to-end latency at steady traffic: the engine against Apache MirrorMaker 1.0, on Apache Kafka.
 
     python benchmarks/latency_vs_mirrormaker.py [--rates 1000,5000,20000,50000] [--seconds 12] [--rounds 1]
-        [--copiers engine,mirrormaker] [--engine-property KEY=VALUE ...]
+        [--copiers engine,mirrormaker] [--engine-property KEY=VALUE ...] [--baseline OTHER_CHECKOUT]
 
 Needs the two Apache Kafka 1.0 clusters running (see `benchmarks/apache_kafka.py`). For every rate and copier: a
 fresh 4-partition topic; the copier is started and proven to flow (one record through); then a load process
@@ -46,13 +46,15 @@ MEASURING_NICENESS = -10
 def load(topic: str, rate: int, seconds: float) -> None:
     """Write `rate` records/s for `seconds`, CreateTime = the moment of `produce()`."""
     producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000})
-    value = b"v" * 100
+    value, produce = b"v" * 100, producer.produce
     sent, start, total = 0, time.perf_counter(), int(rate * seconds)
     while sent < total:
         due = min(int((time.perf_counter() - start) * rate), total)
         while sent < due:
             try:
-                producer.produce(topic, value, partition=sent % PARTITIONS)
+                # Positional: keyword arguments cost the load process a third of its CPU at 100,000 records/s,
+                # which the copier under test would otherwise not have.
+                produce(topic, value, None, sent % PARTITIONS)
             except BufferError:
                 producer.poll(0.001)
                 continue
@@ -71,13 +73,15 @@ def reader(bootstrap: str, topic: str) -> Consumer:
 
 def measure(consumer: Consumer, expected: int, timeout_s: float) -> list[tuple[int, int]]:
     """(CreateTime, arrival) in ms of every record until `expected` arrived or `timeout_s` passed."""
-    seen: list[tuple[int, int]] = []
-    deadline = time.monotonic() + timeout_s
-    while len(seen) < expected and time.monotonic() < deadline:
+    batches: list[tuple[int, list[int]]] = []  # paired per record only afterwards: reading stays cheap
+    count, deadline = 0, time.monotonic() + timeout_s
+    while count < expected and time.monotonic() < deadline:
         msgs = consumer.consume(10_000, 0) or consumer.consume(1, 0.1)  # never wait for more than one record
         now = time.time_ns() // 1_000_000
-        seen.extend((m.timestamp()[1], now) for m in msgs if m.error() is None)
-    return seen
+        created = [m.timestamp()[1] for m in msgs if m.error() is None]
+        batches.append((now, created))
+        count += len(created)
+    return [(c, now) for now, created in batches for c in created]
 
 
 def percentiles(latencies: list[int]) -> dict[str, float]:
@@ -101,10 +105,11 @@ def engine_metric(store: Store, connector: str) -> str:
 
 
 def one_run(
-    store: Store, env: dict[str, str], copier: str, rate: int, seconds: float, tag: str, engine: dict[str, str]
+    store: Store, env: dict[str, str], copier: str, rate: int, seconds: float, tag: str, engine: dict[str, str],
+    baseline: str | None = None,
 ) -> tuple[str, dict[str, float]]:  # fmt: skip
     """One copier at one rate: the printed line and its percentiles; `engine`: connector properties the engine's
-    connector gets beside its defaults."""
+    connector gets beside its defaults; `baseline`: the checkout `engine-baseline` runs from."""
     topic = f"lat-{tag}-{copier}-{rate}"
     kit.create_topic(SOURCE, topic, PARTITIONS)
     procs = []
@@ -118,7 +123,10 @@ def one_run(
         target, bootstrap = f"{topic}.engine", DESTINATION
         kit.create_topic(DESTINATION, target, PARTITIONS)
         kit.put_engine_connector(store, topic, topic, ".engine", PARTITIONS, 1, **engine)
-        procs = [kit.start_process(argv, env) for argv in kit.engine_argv(topic, 1)]
+        argvs = kit.engine_argv(topic, 1)
+        if copier == "engine-baseline":
+            argvs = [["env", f"PYTHONPATH={baseline}", *argv] for argv in argvs]
+        procs = [kit.start_process(argv, env) for argv in argvs]
     consumer = reader(bootstrap, target)
     try:
         ping = Producer({"bootstrap.servers": SOURCE})
@@ -147,7 +155,7 @@ def one_run(
     line = (f"{rate:>7,}/s {copier:<12} p50 {stats['p50']:>5.0f}  p99 {stats['p99']:>5.0f}  "
             f"p99.9 {stats['p99.9']:>5.0f}  max {stats['max']:>5.0f} ms  (mean {stats['mean']:.0f}; "
             f"{stats['n']:,} records; load avg {load_avg:.1f}; copier {cpu:.1f} CPU-s)")  # fmt: skip
-    if copier == "engine":
+    if copier.startswith("engine"):
         every = percentiles([arrived - created for created, arrived in pinged + seen])
         line += (f"\n{'':>22}all records, external: mean {every['mean']:.0f} ms, max {every['max']:.0f} ms; "
                  f"engine's own metric: {engine_metric(store, topic)}")  # fmt: skip
@@ -176,7 +184,11 @@ def main() -> None:
     parser.add_argument("--rates", default="1000,5000,20000,50000")
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--copiers", default="engine,mirrormaker")
+    parser.add_argument(
+        "--copiers", default="engine,mirrormaker", help="also: engine-baseline (the engine of --baseline)"
+    )
+    parser.add_argument("--baseline", help="another checkout of the project (a commit to compare with, side by side): "
+                                           "engine-baseline runs the engine from there")  # fmt: skip
     parser.add_argument(
         "--engine-property",
         action="append",
@@ -197,7 +209,8 @@ def main() -> None:
             for rate in [int(x) for x in args.rates.split(",")]:
                 order = copiers if (r + rate // 1000) % 2 == 0 else copiers[::-1]
                 for copier in ["direct", *order]:
-                    line, stats = one_run(store, env, copier, rate, args.seconds, f"{tag}-{r}", engine_properties)
+                    line, stats = one_run(store, env, copier, rate, args.seconds, f"{tag}-{r}", engine_properties,
+                                          args.baseline)  # fmt: skip
                     print(line, flush=True)
                     runs.setdefault((rate, copier), []).append(stats)
         print(summary(runs), flush=True)

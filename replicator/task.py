@@ -4,7 +4,8 @@ source partitions.
 A record's path, top to bottom in this file:
   fetch      `_poll_once`: `consumer.consume()` on assigned partitions (no consumer group), forwarding at once
   map        `_forward`: destination topic and partition, user headers plus provenance headers, cycle guard
-  produce    `_send`: `producer.produce()` with key, value, headers and source timestamp
+  produce    `_forward`: `producer.produce()` with key, value, headers and source timestamp (`_produce_again` when
+             the local queue is full or the record is refused before sending)
   acknowledge `_acknowledged`: the destination acknowledged (or refused) a run of records (`InFlight`); with an
              idempotent, gapless producer one acknowledgement stands for every earlier record of the partition
   commit     `_commit_in_background`: per partition, the first offset not yet acknowledged goes to Postgres under
@@ -346,82 +347,100 @@ class ReplicationTask:
             self._settle(delivered=True)
 
     def _forward(self, msgs: list[Message]) -> None:
-        """Map and produce a batch of records, in order. This loop runs once per record: it stays flat.
+        """Map and produce a batch of records, in order. This loop runs once per record: it stays flat, and the
+        produce call is inline (a method call per record costs as much as the bookkeeping).
 
         Each record is produced once the next one is seen, which tells whether it ends its partition's run in this
-        batch: only a run's last record carries a delivery callback (`InFlight`)."""
-        send = self._send
+        batch: only a run's last record carries a delivery callback (`InFlight`). The batch ends with `None`."""
+        produce, acknowledged = self.producer.produce, self._acknowledged
         partitions, with_provenance = self.partitions, self.config.provenance_headers
         destination, origin_header, source = self.destination_cluster, self.origin_header, provenance.SOURCE
-        held: tuple[PartitionState, int, Message, Any, int] | None = None  # seen, not yet produced
-        for msg in msgs:
-            if msg.error() is not None:
-                self._source_error(msg)
+        # The record seen and not yet produced: it, its partition, offset, outgoing headers and timestamp.
+        held: Message | None = None
+        hstate: PartitionState = None  # type: ignore[assignment]
+        hoffset = hts = 0
+        hheaders: Any = None
+        state: PartitionState | None = None
+        for msg in (*msgs, None):
+            cycle = False  # the record was first produced on the destination cluster: never written back
+            if msg is not None:
+                if msg.error() is not None:
+                    self._source_error(msg)
+                    continue
+                state = partitions.get((msg.topic(), msg.partition()))
+                if state is None or state.paused_reason is not None:
+                    continue  # released or paused while the batch was in flight; re-read from its offset later
+                offset = msg.offset()
+                headers = msg.headers()
+                if headers is not None:
+                    origin = provenance.origin_cluster(headers)
+                    if origin == destination:
+                        cycle = True
+                    elif with_provenance:
+                        headers = provenance.user_headers(headers)
+                        headers.append((provenance.ORIGIN, origin.encode()) if origin else origin_header)
+                        headers.append((source, state.source_prefix + b"%d" % offset))
+                elif with_provenance:
+                    headers = [origin_header, (source, state.source_prefix + b"%d" % offset)]
+            else:
+                state = None
+            if held is not None:  # produce it: it ends its run unless the next record continues the run
+                run = hstate.open_run
+                if run is None:
+                    run = hstate.open_run = InFlight(hoffset)
+                    hstate.pending.append(run)
+                last = cycle or hstate is not state or not hstate.ordered
+                key, value = held.key(), held.value()
+                callback = partial(acknowledged, hstate, run) if last else None
+                try:
+                    # Positional: confluent-kafka parses keyword arguments at a cost per record (~0.3 µs). The order
+                    # is its keyword list's: topic, value, key, partition, callback, on_delivery, timestamp, headers.
+                    produce(hstate.destination_topic, value, key, hstate.destination_partition, callback, None, hts,
+                            hheaders)  # fmt: skip
+                    produced = True
+                except (BufferError, KafkaException) as exc:
+                    produced = self._produce_again(exc, hstate, run, hoffset, value, key, callback, hts, hheaders)
+                if produced:
+                    hstate.position = hoffset + 1
+                    hstate.in_flight += 1
+                    run.count += 1
+                    run.size += (len(value) if value else 0) + (len(key) if key else 0)
+                    if hts:
+                        run.timestamps.append(hts)
+                    if last:
+                        run.tail_sent = True
+                        hstate.open_run = None
+                held = None
+            if msg is None or state is None or state.paused_reason is not None:
+                continue  # the end, or the record before it was refused: it is re-read from its offset later
+            if cycle:
+                state.position = offset + 1
                 continue
-            state = partitions.get((msg.topic(), msg.partition()))
-            if state is None or state.paused_reason is not None:
-                continue  # released or paused while the batch was in flight; it is re-read from its offset later
-            offset = msg.offset()
-            headers = msg.headers()
-            if headers is not None:
-                origin = provenance.origin_cluster(headers)
-                if origin == destination:  # cycle guard: the record was first produced on the destination cluster
-                    if held is not None:
-                        send(*held, True)
-                        held = None
-                    state.position = offset + 1
-                    continue
-                if with_provenance:
-                    headers = provenance.user_headers(headers)
-                    headers.append((provenance.ORIGIN, origin.encode()) if origin else origin_header)
-                    headers.append((source, state.source_prefix + b"%d" % offset))
-            elif with_provenance:
-                headers = [origin_header, (source, state.source_prefix + b"%d" % offset)]
-            if held is not None:
-                send(*held, held[0] is not state)
-                if state.paused_reason is not None:  # the record before it was refused
-                    held = None
-                    continue
             ts_type, ts = msg.timestamp()
-            held = (state, offset, msg, headers, ts if ts_type else 0)
-        if held is not None:
-            send(*held, True)
+            held, hstate, hoffset, hheaders, hts = msg, state, offset, headers, ts if ts_type else 0
 
-    def _send(self, state: PartitionState, offset: int, msg: Message, headers: Any, ts: int, last: bool) -> None:
-        """Produce one record as part of its partition's run; `last`: it ends the run (it carries the callback)."""
-        run = state.open_run
-        if run is None:
-            run = state.open_run = InFlight(offset)
-            state.pending.append(run)
-        last = last or not state.ordered
-        key = msg.key()
-        callback = partial(self._acknowledged, state, run) if last else None
-        while True:
+    def _produce_again(
+        self, exc: Exception, state: PartitionState, run: InFlight, offset: int, value: bytes | None,
+        key: bytes | None, callback: Callable[..., None] | None, ts: int, headers: Any,
+    ) -> bool:  # fmt: skip
+        """`produce()` raised: serve acknowledgements while the local queue is full, then try again; a record refused
+        before sending pauses its partition and cuts its run short. Whether the record was produced."""
+        while isinstance(exc, BufferError):
+            self._serve(self.producer, 0.05)
             try:
-                # Positional: confluent-kafka parses keyword arguments at a cost per record (~0.3 µs). The order is its
-                # keyword list's: topic, value, key, partition, callback, on_delivery, timestamp, headers.
-                self.producer.produce(state.destination_topic, msg.value(), key, state.destination_partition,
-                                      callback, None, ts, headers)  # fmt: skip
-                break
-            except BufferError:
-                self._serve(self.producer, 0.05)  # local queue full: serve acknowledgements
-            except KafkaException as exc:  # refused before sending: too large, or the producer stopped
-                state.open_run = None
-                if not run.count:
-                    state.pending.pop()
-                self._refused(state, offset, exc.args[0])
-                if run.count:  # the run's records so far carry no callback: find out whether they arrived
-                    self._drain(REFUSAL_DRAIN_S)
-                return
-        state.position = offset + 1
-        state.in_flight += 1
-        run.count += 1
-        run.size += len(msg) + (len(key) if key else 0)
-        if ts:
-            run.timestamps.append(ts)
-        if last:
-            run.tail_sent = True
-            state.open_run = None
+                self.producer.produce(state.destination_topic, value, key, state.destination_partition, callback,
+                                      None, ts, headers)  # fmt: skip
+                return True
+            except (BufferError, KafkaException) as again:
+                exc = again
+        assert isinstance(exc, KafkaException)  # refused before sending: too large, or the producer stopped
+        state.open_run = None
+        if not run.count:
+            state.pending.pop()
+        self._refused(state, offset, exc.args[0])
+        if run.count:  # the run's records so far carry no callback: find out whether they arrived
+            self._drain(REFUSAL_DRAIN_S)
+        return False
 
     # -- acknowledge ------------------------------------------------------------------------------------
 

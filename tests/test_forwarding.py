@@ -99,6 +99,30 @@ def test_an_offset_is_never_committed_past_a_record_the_broker_refuses(
     assert set(range(committed)) <= {provenance.parse(r.headers).source_offset for r in copied}
 
 
+def test_a_full_local_producer_queue_delays_records_but_loses_or_reorders_none(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    # A producer queue of 20 records against batches of hundreds: produce() raises BufferError again and again in the
+    # middle of runs; the task serves acknowledgements and produces the same record again.
+    create_topics(stack.source_bootstrap_servers, {unique: 2})
+    create_topics(stack.destination_bootstrap_servers, {unique: 2})
+    sent = [{"topic": unique, "partition": i % 2, "value": b"%d" % i} for i in range(2000)]
+    produce(stack.source_bootstrap_servers, sent)
+    props = connector_properties(stack, unique, **{"topics.whitelist": unique,
+                                                   "producer.queue.buffering.max.messages": "20"})  # fmt: skip
+    create_connector(store, props, {0: [(unique, 0), (unique, 1)]})
+
+    runner = TaskThread.start(store, unique)
+    wait_for(lambda: store.load_offsets(unique) == {(unique, 0): 1000, (unique, 1): 1000}, timeout=60,
+             what="every offset committed")  # fmt: skip
+    runner.finish()
+    copied = consume_all(stack.destination_bootstrap_servers, unique, 2, expected=2000)
+    for p in (0, 1):
+        assert [r.value for r in copied if r.partition == p] == [s["value"] for s in sent if s["partition"] == p]
+        assert [provenance.parse(r.headers).source_offset for r in copied if r.partition == p] == list(range(1000))
+    assert not any("paused" in e for e in runner.events), runner.events
+
+
 class _RecordingConsumer(task.Consumer):
     """The real consumer, noting each `consume` call's request and what it returned."""
 
