@@ -11,8 +11,10 @@ destination. Copiers alternate at each rate (order flips every round).
 The clock starts at the record's CreateTime (set by librdkafka in the load process when `produce()` is called)
 and stops when this process's consumer on the destination receives the record (`time.time()` when `consume()`
 returns). Both processes read the same machine clock, so there is no skew. The first 2 s of every run are
-dropped. The measuring path's own latency (load producer with linger 1 ms → broker → this consumer) is measured
-the same way with no copier, by reading the source topic itself ("direct"): it is part of every figure.
+dropped. The load and this process run at niceness -10 (copiers and brokers at 0), which puts them first only
+with the kernel's autogroup scheduling off (the script warns otherwise). The measuring path's own latency (load
+producer with linger 1 ms → broker → this consumer) is measured the same way with no copier, by reading the
+source topic itself ("direct"): it is part of every figure.
 For the engine, its own metric (source CreateTime → destination acknowledgement, `metric_samples`) is shown
 next to the external measurement. After the last round, the median over the rounds of each percentile, per rate
 and copier.
@@ -26,6 +28,7 @@ import signal
 import sys
 import time
 from bisect import bisect_left
+from pathlib import Path
 from statistics import median
 
 import apache_kafka as kit  # puts the project on the path
@@ -41,6 +44,20 @@ WARMUP_S = 2.0
 # The load producer and the reading consumer run ahead of everything else on the machine (brokers and copiers at
 # the default 0), so their own scheduling delays stay out of the figures as far as the kernel allows.
 MEASURING_NICENESS = -10
+# With autogroup scheduling, every session is a group that shares the cores equally with the others, whatever its
+# processes' niceness: the load (its own session) would not run ahead, and the copier (its own session) would get a
+# third of the machine while the brokers shared another third.
+AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
+
+
+def autogroup_warning() -> str | None:
+    """Why the measuring processes' niceness would not put them first on this machine, if it would not."""
+    if AUTOGROUP.exists() and AUTOGROUP.read_text().strip() != "0":
+        return (
+            "warning: kernel.sched_autogroup_enabled=1, so the measuring processes' niceness does not put them "
+            "ahead of the copier and brokers; `sysctl -w kernel.sched_autogroup_enabled=0` (as root) first"
+        )
+    return None
 
 
 def load(topic: str, rate: int, seconds: float) -> None:
@@ -200,6 +217,8 @@ def main() -> None:
     copiers = args.copiers.split(",")
     engine_properties = dict(kv.split("=", 1) for kv in args.engine_property)
     os.setpriority(os.PRIO_PROCESS, 0, MEASURING_NICENESS)  # the reading consumer (copiers are started at 0)
+    if warning := autogroup_warning():
+        print(warning, flush=True)
     with kit.platform_database() as store:
         env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
         tag = str(int(time.time()))
