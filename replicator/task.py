@@ -88,6 +88,11 @@ PRODUCER_BROKEN = {
     KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FENCED, KafkaError.UNKNOWN_PRODUCER_ID,
     KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.INVALID_PRODUCER_ID_MAPPING, KafkaError._INCONSISTENT,
 }  # fmt: skip
+# Records the task purged from a producer it is replacing: they are read again, they were not refused.
+PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
+# `paused_reason` of a partition whose record failed because the producer failed, not because the destination
+# refused it: the rest of the batch skips the partition, and the new producer reads it again at once, no backoff.
+AWAITING_NEW_PRODUCER = "awaiting the replacement of a failed producer"
 
 
 class TaskExit(enum.Enum):
@@ -461,11 +466,20 @@ class ReplicationTask:
             state.destination_next = msg.offset() + 1
 
     def _drain(self, timeout: float) -> None:
-        """Flush the producer and settle the runs cut short (see `_settle`) once it has delivered everything."""
-        if not self.producer.flush(timeout) and self.fatal_producer_error is None:
+        """Wait until the producer has delivered everything, serving acknowledgements, and settle the runs cut short
+        (see `_settle`) once it has; a fatal error ends the wait (the loop replaces the producer).
+
+        Not `flush()`: a fatal error raised while confluent-kafka's flush waits comes out as a SystemError or as an
+        object no `except` clause catches (seen on a gapless producer whose batch the broker refused), where
+        `poll()` raises it as the KafkaException `_serve` handles."""
+        producer = self.producer
+        deadline = time.monotonic() + timeout
+        while len(producer) and self.fatal_producer_error is None and (left := deadline - time.monotonic()) > 0:
+            self._serve(producer, min(left, 0.1))
+        if not len(producer) and self.fatal_producer_error is None:
             self._settle(delivered=True)
         else:
-            self.unsettled = True  # settled by the loop once the producer is empty
+            self.unsettled = True  # settled by the loop once the producer is empty (or given up with it)
 
     def _settle(self, delivered: bool) -> None:
         """Runs whose last record carried no callback (cut short by a refusal of the next record, or by an
@@ -487,10 +501,17 @@ class ReplicationTask:
             return  # purged by an abort: the partition is rewound and the record written again
         if self.transactions is not None:
             self.abort_reason = self.abort_reason or f"{state.topic}[{state.partition}] offset {offset}: {err.name()}"
-        if err.fatal() or err.code() in PRODUCER_BROKEN:
-            self.fatal_producer_error = err
         if state.failed_at is None or offset < state.failed_at:
             state.failed_at = offset
+        if err.fatal() or err.code() in PRODUCER_BROKEN or err.code() in PURGED:
+            # The producer failed, not this partition's record: every partition would see the same. Pausing it
+            # with a backoff would stop partitions the destination accepts whenever another one's refusal stops
+            # the producer (a gapless producer stops on any refused batch).
+            if err.code() not in PURGED:
+                self.fatal_producer_error = err
+            if state.paused_reason is None:
+                state.paused_reason = AWAITING_NEW_PRODUCER
+            return
         if state.paused_reason is None:
             self._pause(state, f"destination refused offset {offset}: {err.str()} ({err.name()})")
 
@@ -601,6 +622,8 @@ class ReplicationTask:
         reset = OFFSET_END if self.config.auto_offset_reset == "latest" else OFFSET_BEGINNING
         positions = []
         for state in self.partitions.values():
+            if state.paused_reason is AWAITING_NEW_PRODUCER:
+                state.paused_reason = None
             state.forget_in_flight()
             state.in_flight = 0
             state.position = state.durable
@@ -886,16 +909,19 @@ class ReplicationTask:
         self._check_destination([state.tp])
         if state.paused_reason is not None:
             return  # still missing: _check_destination paused it again with a longer backoff
-        restart = state.committable()
-        state.forget_in_flight()
-        state.position = restart
-        tp = TopicPartition(state.topic, state.partition)
-        if restart is not None:
-            tp.offset = restart
-            self.consumer.seek(tp)
+        restart = self._read_again(state)
         self.consumer.resume([TopicPartition(state.topic, state.partition)])
         self._show_state(state, PartitionHealth.ACTIVE, None)
         self.on_event(f"resumed {state.topic}[{state.partition}] at offset {restart} (was: {reason})")
+
+    def _read_again(self, state: PartitionState) -> int | None:
+        """Read a partition again from its first unacknowledged offset (returned): nothing produced is awaited."""
+        restart = state.committable()
+        state.forget_in_flight()
+        state.position = restart
+        if restart is not None:
+            self.consumer.seek(TopicPartition(state.topic, state.partition, restart))
+        return restart
 
     def _show_state(self, state: PartitionState, shown: PartitionHealth, reason: str | None) -> None:
         """Record a pause or resume for operators; a database outage must not stop replication for it."""
@@ -947,17 +973,22 @@ class ReplicationTask:
         self.on_event(f"producer failed fatally ({err}); recreating it")
         producer = self.producer
         producer.purge()
-        while len(producer):  # purged records come back as refusals: serve them
+        while len(producer):  # purged records come back (`_refused` leaves their partitions to the new producer)
             self._serve(producer, 0.1)
         self.fatal_producer_error = None  # this producer's own error again, if it is repeated while purging
         self._settle(delivered=False)
-        for state in self.partitions.values():
-            if state.paused_reason is None:
-                self._pause(state, f"producer restarted after fatal error: {err}")
         self.producer = Producer(self._producer_settings(self.config))
+        again = 0
         for state in self.partitions.values():
             if state.destination_partition != UNASSIGNED_PARTITION:
                 self._route(state, state.destination_partition)
+            # Partitions the destination did not refuse go on at once, from their first unacknowledged record;
+            # a refused one waits for its backoff (`_resume`).
+            if state.paused_reason is None or state.paused_reason is AWAITING_NEW_PRODUCER:
+                state.paused_reason = None
+                self._read_again(state)
+                again += 1
+        self.on_event(f"new producer: {again} partition(s) read again from their first unacknowledged offset")
 
     # -- metrics ----------------------------------------------------------------------------------------
 
