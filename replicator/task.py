@@ -512,7 +512,8 @@ class ReplicationTask:
             if state.paused_reason is None:
                 state.paused_reason = AWAITING_NEW_PRODUCER
             return
-        if state.paused_reason is None:
+        # (A record of this partition may have failed with the stopped producer before its refusal was served.)
+        if state.paused_reason is None or state.paused_reason is AWAITING_NEW_PRODUCER:
             self._pause(state, f"destination refused offset {offset}: {err.str()} ({err.name()})")
 
     # -- commit -----------------------------------------------------------------------------------------

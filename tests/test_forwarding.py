@@ -118,7 +118,9 @@ def test_a_refused_batch_that_stops_the_producer_pauses_only_its_partition(
     create_topics(stack.source_bootstrap_servers, {refusing: 1, flowing: 1})
     _destination_refusing_above(stack, refusing, 1, 5000)
     create_topics(stack.destination_bootstrap_servers, {flowing: 1})
-    produce(stack.source_bootstrap_servers, [{"topic": refusing, "value": b"x" * 8000}])
+    # Records behind the refused one fail with the stopped producer before its refusal is served: the refusal
+    # must still pause the partition with its backoff, not leave it to be retried with every new producer.
+    produce(stack.source_bootstrap_servers, [{"topic": refusing, "value": v} for v in [b"x" * 8000] + [b"y"] * 5000])
     records = 50_000
     produce(stack.source_bootstrap_servers, [{"topic": flowing, "value": b"%d" % i} for i in range(records)])
     create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": f"{refusing},{flowing}"}),
@@ -130,6 +132,8 @@ def test_a_refused_batch_that_stops_the_producer_pauses_only_its_partition(
              what="the other topic replicated in full through the producer replacements")  # fmt: skip
     assert runner.thread is not None and runner.thread.is_alive(), runner.events[-5:]
     assert "offset 0" in (_paused_on(store, unique, (refusing, 0)) or "")
+    # One new producer per retry of the refused partition (backoff 1 s, 2 s, 4 s ...), not one per loop.
+    assert sum("producer failed fatally" in e for e in runner.events) <= 5, runner.events[-10:]
     assert not any(f"paused {flowing}[0]" in e for e in runner.events), runner.events
     assert runner.finish() is TaskExit.STOPPED
     assert store.load_offsets(unique).get((refusing, 0), 0) == 0  # never committed past the refused record
