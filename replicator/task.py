@@ -963,7 +963,8 @@ class ReplicationTask:
         self._rewind()
 
     def _recreate_producer(self) -> None:
-        """An idempotent producer's fatal error ends that producer; rewind every partition and start a new one."""
+        """An idempotent producer's fatal error ends that producer: start a new one, and read every partition the
+        destination did not refuse again from its first unacknowledged record."""
         err, self.fatal_producer_error = self.fatal_producer_error, None
         assert err is not None
         if self.transactions is not None:
