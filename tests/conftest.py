@@ -1,4 +1,18 @@
-"""Session-wide platform for the tests: the embedded stack (or external clusters and Postgres from env)."""
+"""Session-wide platform for the tests, and which broker proves what.
+
+- `stack`: the embedded stack (two Tansu clusters and Postgres), or external clusters and Postgres from the
+  environment (MIRUS_SOURCE_BOOTSTRAP_SERVERS, MIRUS_DESTINATION_BOOTSTRAP_SERVERS, MIRUS_DATABASE_URL). Most tests
+  run here: records, keys, headers, timestamps, offsets, idempotent and transactional producers, topic creation and
+  the whole Dagster layer behave on the embedded broker as on Apache Kafka.
+- `apache_kafka`: two Apache Kafka 1.0 clusters from the kit (`../shared/apache-kafka/kafka`, or $MIRUS_KAFKA_HOME),
+  started once per session on free ports and stopped by pid, with the session's Postgres. The tests of what the
+  embedded broker does not do as Kafka does run here: read_committed isolation (exactly-once), topic configs
+  reported by DescribeConfigs (config copying and sync), CreatePartitions (partition growth), replication-factor
+  checks (creation failures), max.message.bytes (destination refusals), and broker restarts that keep their data.
+  A missing kit is a test error that says where it was looked for, never a skip.
+- Tests of a gap itself (a destination that cannot add partitions) start an embedded broker of their own, so that
+  they prove the same thing whichever clusters `stack` points at.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +27,7 @@ import pytest
 from pyspark.sql import SparkSession
 from sqlalchemy import Engine
 
+from mirus_dagster.faults.brokers import KafkaKit
 from mirus_dagster.reporting import spark_config
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.settings import PlatformSettings
@@ -52,11 +67,31 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackEndpoints]:
 
 
 @pytest.fixture(scope="session")
+def apache_kafka(stack: StackEndpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackEndpoints]:
+    """Two Apache Kafka 1.0 clusters (source and destination) and the session's Postgres."""
+    kit = KafkaKit(tmp_path_factory.mktemp("apache-kafka"), free_port())
+    try:
+        kit.start_zookeeper()
+        source = kit.broker("source", free_port(), None, free_port())
+        destination = kit.broker("destination", free_port(), None, free_port())
+        source.start()
+        destination.start()
+        yield StackEndpoints(source.bootstrap, destination.bootstrap, stack.database_url)
+    finally:
+        kit.stop()
+
+
+@pytest.fixture(scope="session")
 def db_engine(stack: StackEndpoints) -> Iterator[Engine]:
     engine = make_engine(stack.database_url)
     upgrade(engine)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture
+def store(db_engine: Engine) -> Store:
+    return Store(db_engine)
 
 
 @pytest.fixture(scope="session")

@@ -26,11 +26,6 @@ from .kafka_helpers import consume_all, create_topics, produce, wait_for
 
 
 @pytest.fixture
-def store(db_engine: Engine) -> Store:
-    return Store(db_engine)
-
-
-@pytest.fixture
 def mirus(stack: StackEndpoints, tmp_path: Path):  # type: ignore[no-untyped-def]
     """Runs `mirus ARGS...` in-process against the test stack."""
     runner = CliRunner()

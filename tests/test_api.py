@@ -27,11 +27,6 @@ from .engine_helpers import TaskThread, connector_properties
 from .kafka_helpers import consume_all, create_topics, produce, wait_for
 
 
-@pytest.fixture
-def store(db_engine: Engine) -> Store:
-    return Store(db_engine)
-
-
 @pytest.fixture(scope="module")
 def api(stack: StackEndpoints, db_engine: Engine) -> Iterator[str]:
     with serve_api(Store(db_engine), ApiSettings(), stack.destination_bootstrap_servers) as url:

@@ -3,9 +3,7 @@ loop, and provenance headers name the source cluster by id."""
 
 from __future__ import annotations
 
-import pytest
 from confluent_kafka.admin import AdminClient
-from sqlalchemy import Engine
 
 from mirus_dagster.stack import StackEndpoints
 from replicator import provenance
@@ -13,11 +11,6 @@ from replicator.store import Store
 
 from .engine_helpers import TaskThread, create_connector
 from .kafka_helpers import consume_all, create_topics, produce, wait_for
-
-
-@pytest.fixture
-def store(db_engine: Engine) -> Store:
-    return Store(db_engine)
 
 
 def _cluster_id(bootstrap: str) -> str:

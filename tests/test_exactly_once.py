@@ -2,23 +2,20 @@
 
 Records that an aborted transaction wrote must stay invisible to `read_committed` readers. The embedded broker
 (Tansu 0.6) does not do that (measured: it returns aborted records to read_committed fetches), so the tests that
-depend on it run on Apache Kafka (the kit in ~/.cache/apache-kafka, started here on free ports); the others run
+depend on it run on Apache Kafka (the session's `apache_kafka` clusters); the others run
 on the session's clusters.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
-from sqlalchemy import Engine, text
+from sqlalchemy import text
 
-from mirus_dagster.faults.brokers import DEFAULT_KAFKA_HOME, KafkaKit
-from mirus_dagster.stack import StackEndpoints, free_port
+from mirus_dagster.stack import StackEndpoints
 from replicator import provenance
 from replicator.clusters import cluster_id
 from replicator.store import Store
@@ -26,50 +23,18 @@ from replicator.task import CommitWatchdogError, TaskExit
 from replicator.transactions import transactional_id
 
 from .engine_helpers import TaskThread, connector_properties, create_connector, private_database
-from .kafka_helpers import Rec, consume_all, create_topics, produce, wait_for
+from .kafka_helpers import consume_all, create_topics, produce, wait_for
+from .replica_check import check_replica
 
 EXACTLY_ONCE = {"exactly.once.support": "required"}
 
 
-@pytest.fixture
-def store(db_engine: Engine) -> Store:
-    return Store(db_engine)
-
-
-@pytest.fixture(scope="module")
-def kafka(stack: StackEndpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackEndpoints]:
-    """Two Apache Kafka 1.0 clusters (and the session's Postgres) for what the embedded broker lacks."""
-    if not (DEFAULT_KAFKA_HOME / "libs").is_dir():
-        pytest.skip(f"needs the Apache Kafka kit in {DEFAULT_KAFKA_HOME}: the embedded broker shows aborted records")
-    kit = KafkaKit(tmp_path_factory.mktemp("kafka"), free_port())
-    try:
-        kit.start_zookeeper()
-        source = kit.broker("source", free_port(), None, free_port())
-        destination = kit.broker("destination", free_port(), None, free_port())
-        source.start()
-        destination.start()
-        yield StackEndpoints(source.bootstrap, destination.bootstrap, stack.database_url)
-    finally:
-        kit.stop()
-
-
-def _source_offsets(records: list[Rec]) -> Counter[tuple[int, int]]:
-    """(source partition, source offset) of each copy, from its provenance header: an independent count."""
-    counts: Counter[tuple[int, int]] = Counter()
-    for record in records:
-        origin = provenance.parse(record.headers)
-        assert origin is not None, record
-        counts[(origin.source_partition, origin.source_offset)] += 1
-    return counts
-
-
-def _exactly(records: list[Rec], partitions: int, per_partition: int) -> None:
-    counts = _source_offsets(records)
-    assert set(counts) == {(p, o) for p in range(partitions) for o in range(per_partition)}, "lost records"
-    assert max(counts.values()) == 1, [k for k, n in counts.items() if n > 1][:10]
-    for p in range(partitions):  # per-partition order: copies in source-offset order
-        offsets = [provenance.parse(r.headers).source_offset for r in records if r.partition == p]  # type: ignore[union-attr]
-        assert offsets == sorted(offsets)
+def _exactly(endpoints: StackEndpoints, topic: str, partitions: int, written: int) -> None:
+    """Every source record once at the destination, in order, as a read_committed reader sees it."""
+    check_replica(
+        endpoints.source_bootstrap_servers, topic, endpoints.destination_bootstrap_servers,
+        partitions=partitions, written=written,
+    ).assert_exactly_once()  # fmt: skip
 
 
 def _two_partitions(stack: StackEndpoints, store: Store, unique: str, records: int, **extra: str) -> None:
@@ -96,9 +61,9 @@ def test_records_are_written_once_and_a_restart_resumes_exactly(
     assert first.finish() is TaskExit.STOPPED
     _produce(stack, unique, b"b", 100)
     second = TaskThread.start(store, unique)
-    copied = consume_all(stack.destination_bootstrap_servers, unique, 2, expected=300)
+    consume_all(stack.destination_bootstrap_servers, unique, 2, expected=300)
     second.finish()
-    _exactly(copied, 2, 150)
+    _exactly(stack, unique, 2, 300)
     with store.engine.connect() as conn:
         rows = conn.execute(
             text('SELECT "offset", destination_offset FROM offsets WHERE connector = :c'), {"c": unique}
@@ -119,7 +84,7 @@ def test_a_second_instance_fences_the_first_through_its_transactional_id(
     _produce(stack, unique, b"b", 50)
     wait_for(lambda: sum(store.load_offsets(unique).values()) == 150, what="the second instance replicating")
     assert second.finish() is TaskExit.STOPPED
-    _exactly(consume_all(stack.destination_bootstrap_servers, unique, 2, expected=150), 2, 75)
+    _exactly(stack, unique, 2, 150)
 
 
 def test_a_warm_standby_leaves_the_owners_transactions_alone_until_it_takes_over(
@@ -140,7 +105,7 @@ def test_a_warm_standby_leaves_the_owners_transactions_alone_until_it_takes_over
     _produce(stack, unique, b"c", 50)
     wait_for(lambda: sum(store.load_offsets(unique).values()) == 200, what="the standby replicating")
     assert standby.finish() is TaskExit.STOPPED
-    _exactly(consume_all(stack.destination_bootstrap_servers, unique, 2, expected=200), 2, 100)
+    _exactly(stack, unique, 2, 200)
 
 
 def test_a_task_that_died_after_its_transaction_but_before_its_offsets_resumes_from_the_destination(
@@ -174,7 +139,7 @@ def test_a_task_that_died_after_its_transaction_but_before_its_offsets_resumes_f
     wait_for(lambda: store.load_offsets(unique) == {(unique, 0): 80}, what="the second instance replicating")
     second.finish()
     assert any("resumes at 60 after its last copy at the destination" in e for e in second.events), second.events
-    _exactly(consume_all(stack.destination_bootstrap_servers, unique, 1, expected=80), 1, 80)
+    _exactly(stack, unique, 1, 80)
     engine.dispose()
 
 
@@ -192,16 +157,16 @@ def test_a_partition_moves_between_tasks_only_after_its_transaction_committed(
     zero.finish()
     one.finish()
     assert any(e.startswith("released 1 partition") for e in zero.events), zero.events
-    _exactly(consume_all(stack.destination_bootstrap_servers, unique, 2, expected=300), 2, 150)
+    _exactly(stack, unique, 2, 300)
 
 
 def test_a_silent_owner_is_fenced_and_its_open_transaction_never_shows(
-    kafka: StackEndpoints, store: Store, unique: str
+    apache_kafka: StackEndpoints, store: Store, unique: str
 ) -> None:
-    create_topics(kafka.source_bootstrap_servers, {unique: 1})
-    create_topics(kafka.destination_bootstrap_servers, {unique: 1})
-    produce(kafka.source_bootstrap_servers, [{"topic": unique, "value": b"%d" % i} for i in range(50)])
-    props = connector_properties(kafka, unique, **{"topics.whitelist": unique, "tasks.max": "2",
+    create_topics(apache_kafka.source_bootstrap_servers, {unique: 1})
+    create_topics(apache_kafka.destination_bootstrap_servers, {unique: 1})
+    produce(apache_kafka.source_bootstrap_servers, [{"topic": unique, "value": b"%d" % i} for i in range(50)])
+    props = connector_properties(apache_kafka, unique, **{"topics.whitelist": unique, "tasks.max": "2",
                                                    "task.heartbeat.interval.ms": "200", "task.lease.timeout.ms": "1000",
                                                    **EXACTLY_ONCE})  # fmt: skip
     create_connector(store, props, {0: [(unique, 0)], 1: []})
@@ -209,8 +174,10 @@ def test_a_silent_owner_is_fenced_and_its_open_transaction_never_shows(
     # committed (its process hangs; its lease stops heartbeating).
     lease = store.claim_task(unique, 0, "silent")
     store.claim_partitions(lease, [(unique, 0)], stale_after=timedelta(seconds=30))
-    source_cluster = cluster_id(AdminClient({"bootstrap.servers": kafka.source_bootstrap_servers}), "source", "x")
-    silent = Producer({"bootstrap.servers": kafka.destination_bootstrap_servers,
+    source_cluster = cluster_id(
+        AdminClient({"bootstrap.servers": apache_kafka.source_bootstrap_servers}), "source", "x"
+    )
+    silent = Producer({"bootstrap.servers": apache_kafka.destination_bootstrap_servers,
                        "transactional.id": transactional_id(unique, 0)})  # fmt: skip
     silent.init_transactions(30)
     silent.begin_transaction()
@@ -228,25 +195,25 @@ def test_a_silent_owner_is_fenced_and_its_open_transaction_never_shows(
     assert any("fenced silent task 0" in e for e in task.events), task.events
     with pytest.raises(KafkaException, match=r"PRODUCER_FENCED|fenced"):
         silent.commit_transaction(10)
-    _exactly(consume_all(kafka.destination_bootstrap_servers, unique, 1, expected=50), 1, 50)
+    _exactly(apache_kafka, unique, 1, 50)
 
 
 def test_an_aborted_transaction_is_hidden_and_its_records_written_again(
-    kafka: StackEndpoints, store: Store, unique: str
+    apache_kafka: StackEndpoints, store: Store, unique: str
 ) -> None:
-    create_topics(kafka.source_bootstrap_servers, {unique: 2})
-    create_topics(kafka.destination_bootstrap_servers, {unique: 2}, {"max.message.bytes": "512"})
-    create_connector(store, connector_properties(kafka, unique, **{"topics.whitelist": unique, **EXACTLY_ONCE}),
+    create_topics(apache_kafka.source_bootstrap_servers, {unique: 2})
+    create_topics(apache_kafka.destination_bootstrap_servers, {unique: 2}, {"max.message.bytes": "512"})
+    create_connector(store, connector_properties(apache_kafka, unique, **{"topics.whitelist": unique, **EXACTLY_ONCE}),
                      {0: [(unique, 0), (unique, 1)]})  # fmt: skip
     task = TaskThread.start(store, unique)
-    produce(kafka.source_bootstrap_servers,
+    produce(apache_kafka.source_bootstrap_servers,
             [{"topic": unique, "partition": i % 2, "value": b"v%d-" % i + b"x" * 200} for i in range(100)])  # fmt: skip
     # The destination refuses the batches: the transaction is aborted and the partitions rewound, again and again.
     wait_for(lambda: any(e.startswith("transaction aborted") for e in task.events), what="an abort")
-    admin = AdminClient({"bootstrap.servers": kafka.destination_bootstrap_servers})
+    admin = AdminClient({"bootstrap.servers": apache_kafka.destination_bootstrap_servers})
     resource = ConfigResource(ConfigResource.Type.TOPIC, unique, set_config={"max.message.bytes": "1000012"})
     for future in admin.alter_configs([resource]).values():
         future.result(timeout=30)
     wait_for(lambda: sum(store.load_offsets(unique).values()) == 100, timeout=60, what="replication after the abort")
     task.finish()
-    _exactly(consume_all(kafka.destination_bootstrap_servers, unique, 2, expected=100), 2, 50)
+    _exactly(apache_kafka, unique, 2, 100)

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from confluent_kafka.admin import AdminClient
-from sqlalchemy import Engine
 
 from mirus_dagster.stack import StackEndpoints
 from replicator import provenance
@@ -22,11 +20,6 @@ from .kafka_helpers import consume_all, create_topics, wait_for
 
 def _cluster_id(bootstrap: str) -> str:
     return AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).cluster_id
-
-
-@pytest.fixture
-def store(db_engine: Engine) -> Store:
-    return Store(db_engine)
 
 
 def test_heartbeats_flow_to_the_destination_and_liveness_shows_a_stopped_flow(

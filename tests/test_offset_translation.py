@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, ConsumerGroupState, ConsumerGroupTopicPartitions, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
-from sqlalchemy import Engine, text
+from sqlalchemy import text
 
 from mirus_dagster.cli import main
 from mirus_dagster.stack import StackEndpoints
@@ -20,11 +19,6 @@ from replicator.store import Store
 
 from .engine_helpers import TaskThread, connector_properties
 from .kafka_helpers import consume_all, create_topics, produce, wait_for
-
-
-@pytest.fixture
-def store(db_engine: Engine) -> Store:
-    return Store(db_engine)
 
 
 def _put(store: Store, properties: dict[str, object]) -> ConnectorConfig:

@@ -3,34 +3,27 @@ lease is valid, takes over when the owner dies or falls silent, and nothing is l
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import text
 
 from mirus_dagster.stack import StackEndpoints
-from replicator import provenance
 from replicator.ownership import TaskOwnership
 from replicator.store import FencedError, Store
 
 from .engine_helpers import connector_properties, create_connector
-from .kafka_helpers import Rec, consume_all, create_topics, produce, wait_for
+from .kafka_helpers import create_topics, produce, wait_for
+from .replica_check import ReplicaReport, check_replica
 
 PARTITIONS = 2
-
-
-@pytest.fixture
-def store(db_engine: Engine) -> Store:
-    return Store(db_engine)
 
 
 def offset_epochs(store: Store, connector: str) -> set[int]:
@@ -88,34 +81,9 @@ class Traffic:
         return self.written
 
 
-def origin_of(record: Rec) -> tuple[int, int]:
-    """The source (partition, offset) a copy is of."""
-    origin = provenance.parse(record.headers)
-    assert origin is not None and origin.source_partition == record.partition
-    return origin.source_partition, origin.source_offset
-
-
-def copies(stack: StackEndpoints, topic: str, written: int) -> list[Rec]:
-    """Every copy at the destination, read until each of the `written` source records was seen: counting copies
-    instead would stop early by the number of duplicates, which a loaded machine may then never read."""
-    return consume_all(stack.destination_bootstrap_servers, topic, PARTITIONS, expected=written, distinct=origin_of)
-
-
-def assert_complete_and_in_order(copied: list[Rec], written: int) -> None:
-    """Every source record arrived; per partition, copies follow source order except for replays of a suffix
-    that was not yet committed (at-least-once), which restart at or below what was already copied."""
-    by_partition: dict[int, list[int]] = defaultdict(list)
-    for r in copied:
-        partition, offset = origin_of(r)
-        by_partition[partition].append(offset)
-    total = 0
-    for partition, offsets in by_partition.items():
-        first_seen = list(dict.fromkeys(offsets))
-        assert first_seen == list(range(len(first_seen))), f"partition {partition}: a gap or a reordering"
-        for previous, offset in itertools.pairwise(offsets):
-            assert offset == previous + 1 or offset <= previous, f"partition {partition}: {previous} -> {offset}"
-        total += len(first_seen)
-    assert total == written
+def replica_of(stack: StackEndpoints, topic: str, written: int) -> ReplicaReport:
+    return check_replica(stack.source_bootstrap_servers, topic, stack.destination_bootstrap_servers,
+                         partitions=PARTITIONS, written=written)  # fmt: skip
 
 
 def test_a_standby_waits_while_the_owner_lives_and_takes_over_when_its_session_ends(
@@ -203,13 +171,10 @@ def test_kill_9_of_the_owner_hands_over_to_the_standby_without_loss_or_reorderin
         if standby is not None:
             standby.stop()
 
-    copied = copies(stack, unique, written)
-    assert_complete_and_in_order(copied, written)
+    replica = replica_of(stack, unique, written)
+    replica.assert_at_least_once()
     # Copied twice: only records after the owner's last commit.
-    counts: dict[tuple[int, int], int] = defaultdict(int)
-    for r in copied:
-        counts[origin_of(r)] += 1
-    assert all(offset >= committed_at_kill[(unique, p)] for (p, offset), n in counts.items() if n > 1)
+    replica.assert_duplicates_only_after({p: o for (_, p), o in committed_at_kill.items()})
 
 
 def test_a_stopped_owner_is_fenced_after_the_lease_timeout_and_never_commits_again(
@@ -250,7 +215,7 @@ def test_a_stopped_owner_is_fenced_after_the_lease_timeout_and_never_commits_aga
         if standby is not None:
             standby.stop()
     # Nothing lost (the woken owner may have sent a last batch twice).
-    assert len({origin_of(r) for r in copies(stack, unique, written)}) == written
+    replica_of(stack, unique, written).assert_at_least_once()
 
 
 def test_a_standby_blocked_on_the_lease_row_still_stops_when_asked(

@@ -5,14 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Engine, event, text
+from sqlalchemy import event, text
 
 from replicator.store import ConnectorState, FencedError, PartitionHealth, Store, UnknownConnectorError
-
-
-@pytest.fixture
-def store(db_engine: Engine) -> Store:
-    return Store(db_engine)
 
 
 def test_each_put_is_a_new_version_and_delete_keeps_offsets(store: Store, unique: str) -> None:

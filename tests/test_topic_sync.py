@@ -1,11 +1,13 @@
 """Destination topics follow their source: created with its partitions and configs, grown with it, configs kept
-in sync. Run against whichever brokers the suite uses (Tansu by default; Apache Kafka with
-MIRUS_SOURCE_BOOTSTRAP_SERVERS / MIRUS_DESTINATION_BOOTSTRAP_SERVERS); where a broker lacks a feature the test
-says which branch it proved."""
+in sync. What needs Apache Kafka's behaviour (topic configs reported as set, CreatePartitions, replication factors
+checked) runs on the `apache_kafka` clusters; a destination that cannot add partitions is an embedded broker
+started by its test; the rest runs on the session's clusters."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -17,9 +19,9 @@ from confluent_kafka.admin import (
     NewPartitions,
     ResourceType,
 )
-from sqlalchemy import Engine
 
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.faults.brokers import tansu_broker
+from mirus_dagster.stack import StackEndpoints, free_port
 from replicator import provenance
 from replicator.config import validate_submission
 from replicator.heartbeats import HEARTBEATS_TOPIC
@@ -30,11 +32,6 @@ from .engine_helpers import TaskThread, connector_properties
 from .kafka_helpers import consume_all, create_topics, produce, wait_for
 
 CONFIGS = {"retention.ms": "3600000", "max.message.bytes": "200000", "cleanup.policy": "delete"}
-
-
-@pytest.fixture
-def store(db_engine: Engine) -> Store:
-    return Store(db_engine)
 
 
 def _admin(bootstrap: str) -> AdminClient:
@@ -49,12 +46,6 @@ def _partitions(bootstrap: str, topic: str) -> int:
 def _configs(bootstrap: str, topic: str) -> dict[str, object]:
     admin, resource = _admin(bootstrap), ConfigResource(ResourceType.TOPIC, topic)
     return dict(admin.describe_configs([resource])[resource].result())
-
-
-def _overrides_reported(bootstrap: str, topic: str) -> bool:
-    """Whether the broker reports configs set on a topic as such (Kafka does; Tansu 0.6 calls them defaults)."""
-    entry = _configs(bootstrap, topic).get("retention.ms")
-    return entry is not None and not entry.is_default
 
 
 def _put(store: Store, properties: dict[str, object]) -> str:
@@ -73,11 +64,11 @@ def _held(store: Store, connector: str) -> dict[tuple[str, int], str]:
 
 
 def test_a_topic_created_at_the_source_appears_at_the_destination_and_its_records_flow(
-    stack: StackEndpoints, store: Store, unique: str
+    apache_kafka: StackEndpoints, store: Store, unique: str
 ) -> None:
-    src, dst = stack.source_bootstrap_servers, stack.destination_bootstrap_servers
+    src, dst = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
     monitor = KafkaMonitor(store)
-    name = _put(store, connector_properties(stack, unique, **{"topics.regex": f"{unique}-.*",
+    name = _put(store, connector_properties(apache_kafka, unique, **{"topics.regex": f"{unique}-.*",
                                                                "destination.topic.name.suffix": ".copy"}))  # fmt: skip
     topic = f"{unique}-new"
     create_topics(src, {topic: 3}, config={**CONFIGS, "min.insync.replicas": "1"})
@@ -94,11 +85,6 @@ def test_a_topic_created_at_the_source_appears_at_the_destination_and_its_record
     assert len(copied) == 90
     assert all(provenance.parse(r.headers).source_partition == r.partition for r in copied)
 
-    if not _overrides_reported(src, topic):
-        pytest.skip(
-            "partitions and records proven; configs not comparable: this broker reports topic configs "
-            "as defaults (DescribeConfigs), so none are copied (run on Apache Kafka for this part)"
-        )
     copied_configs = _configs(dst, f"{topic}.copy")
     assert {k: copied_configs[k].value for k in CONFIGS} == CONFIGS
     assert all(not copied_configs[k].is_default for k in CONFIGS)
@@ -119,16 +105,16 @@ def test_creation_switched_off_holds_partitions_with_the_reason(
     }
 
 
-def test_a_creation_failure_is_shown_with_the_brokers_reason(stack: StackEndpoints, store: Store, unique: str) -> None:
+def test_a_creation_failure_is_shown_with_the_brokers_reason(
+    apache_kafka: StackEndpoints, store: Store, unique: str
+) -> None:
     # A replication factor no single-broker cluster can satisfy: the broker refuses and says why.
-    name = _put(store, connector_properties(stack, unique, **{"topics.whitelist": unique, "replication.factor": "3"}))
-    create_topics(stack.source_bootstrap_servers, {unique: 1})
+    name = _put(
+        store, connector_properties(apache_kafka, unique, **{"topics.whitelist": unique, "replication.factor": "3"})
+    )
+    create_topics(apache_kafka.source_bootstrap_servers, {unique: 1})
     KafkaMonitor(store).poll(name)
-    if _partitions(stack.destination_bootstrap_servers, unique):
-        pytest.skip(
-            "this broker created a topic with 3 replicas on 1 broker (Tansu 0.6 accepts it); "
-            "run on Apache Kafka, which refuses"
-        )
+    assert _partitions(apache_kafka.destination_bootstrap_servers, unique) == 0
     reason = _held(store, name)[(unique, 0)]
     assert reason.startswith(f"destination topic {unique!r} could not be created: ")
     assert "(" in reason and reason.endswith(")")  # the broker's error name
@@ -145,22 +131,17 @@ def _grow(bootstrap: str, topic: str, count: int) -> KafkaError | None:
 
 
 def test_a_grown_source_topic_keeps_every_record_in_its_own_partition(
-    stack: StackEndpoints, store: Store, unique: str
+    apache_kafka: StackEndpoints, store: Store, unique: str
 ) -> None:
-    src, dst = stack.source_bootstrap_servers, stack.destination_bootstrap_servers
+    src, dst = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
     monitor = KafkaMonitor(store)
-    name = _put(store, connector_properties(stack, unique, **{"topics.whitelist": unique}))
+    name = _put(store, connector_properties(apache_kafka, unique, **{"topics.whitelist": unique}))
     create_topics(src, {unique: 2})
     monitor.poll(name)
     runner = TaskThread.start(store, name)
     try:
         produce(src, [{"topic": unique, "partition": i % 2, "value": b"before-%d" % i} for i in range(20)])
-        error = _grow(src, unique, 4)
-        if error is not None:
-            pytest.skip(
-                f"this source broker cannot add partitions ({error.str()}); the held-back path is "
-                "tested by test_a_destination_that_cannot_grow_holds_only_the_new_partitions"
-            )
+        assert _grow(src, unique, 4) is None
         wait_for(lambda: _partitions(src, unique) == 4, what="source grown to 4")
         # Records for the new partitions are written before the monitor has seen them.
         produce(src, [{"topic": unique, "partition": i % 4, "value": b"after-%d" % i} for i in range(40)])
@@ -180,23 +161,52 @@ def test_a_grown_source_topic_keeps_every_record_in_its_own_partition(
     assert {p: [r.value for r in copied if r.partition == p] for p in range(4)} == dict(by_partition)
 
 
-def test_a_destination_that_cannot_grow_holds_only_the_new_partitions(
-    stack: StackEndpoints, store: Store, unique: str
+def test_a_destination_with_fewer_partitions_than_its_source_is_grown(
+    apache_kafka: StackEndpoints, store: Store, unique: str
 ) -> None:
-    src, dst = stack.source_bootstrap_servers, stack.destination_bootstrap_servers
+    src, dst = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
     create_topics(src, {unique: 4})
     create_topics(dst, {unique: 2})  # as if the source had grown from 2 to 4 partitions
     produce(src, [{"topic": unique, "partition": i % 4, "value": b"v%d" % i} for i in range(40)])
-    name = _put(store, connector_properties(stack, unique, **{"topics.whitelist": unique}))
+    name = _put(store, connector_properties(apache_kafka, unique, **{"topics.whitelist": unique}))
+    result = KafkaMonitor(store).poll(name)
+    assert _partitions(dst, unique) == 4
+    assert _selected(result.plan.replicate) == [(unique, p) for p in range(4)]
+    runner = TaskThread.start(store, name)
+    try:
+        copied = consume_all(dst, unique, 4, expected=40)
+    finally:
+        runner.finish()
+    assert sorted(r.value for r in copied) == sorted(b"v%d" % i for i in range(40))
+    assert all(provenance.parse(r.headers).source_partition == r.partition for r in copied)
+
+
+@pytest.fixture
+def destination_without_create_partitions(tmp_path: Path) -> Iterator[str]:
+    """A destination cluster whose broker cannot add partitions: the embedded broker (no CreatePartitions), started
+    here so that the test proves the held-back path whichever clusters the suite runs on."""
+    broker = tansu_broker("destination-fixed", port := free_port(), port, tmp_path / "tansu.log")
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+def test_a_destination_that_cannot_grow_holds_only_the_new_partitions(
+    stack: StackEndpoints, destination_without_create_partitions: str, store: Store, unique: str
+) -> None:
+    src, dst = stack.source_bootstrap_servers, destination_without_create_partitions
+    create_topics(src, {unique: 4})
+    create_topics(dst, {unique: 2})  # as if the source had grown from 2 to 4 partitions
+    produce(src, [{"topic": unique, "partition": i % 4, "value": b"v%d" % i} for i in range(40)])
+    endpoints = StackEndpoints(src, dst, stack.database_url)
+    name = _put(store, connector_properties(endpoints, unique, **{"topics.whitelist": unique}))
     result = KafkaMonitor(store).poll(name)
     runner = TaskThread.start(store, name)
     try:
-        if _partitions(dst, unique) == 4:  # the destination broker supports CreatePartitions (Apache Kafka)
-            assert _selected(result.plan.replicate) == [(unique, p) for p in range(4)]
-            copied = consume_all(dst, unique, 4, expected=40)
-            assert all(provenance.parse(r.headers).source_partition == r.partition for r in copied)
-            return
-        # Tansu: no CreatePartitions. Partitions 2 and 3 wait with the broker's reason; 0 and 1 flow.
+        # Partitions 2 and 3 wait with the broker's reason; 0 and 1 flow.
+        assert _partitions(dst, unique) == 2
         assert _selected(result.plan.replicate) == [(unique, 0), (unique, 1)]
         held = {tp: reason for tp, reason in _held(store, name).items() if tp[0] == unique}
         assert set(held) == {(unique, 2), (unique, 3)}
@@ -205,10 +215,10 @@ def test_a_destination_that_cannot_grow_holds_only_the_new_partitions(
                                      "partitions failed: ")  # fmt: skip
             assert "CreatePartitions" in reason and "_UNSUPPORTED_FEATURE" in reason
         copied = consume_all(dst, unique, 2, expected=20)
-        assert sorted(r.value for r in copied) == sorted(b"v%d" % i for i in range(40) if i % 4 < 2)
-        assert all(provenance.parse(r.headers).source_partition == r.partition for r in copied)
     finally:
         runner.finish()
+    assert sorted(r.value for r in copied) == sorted(b"v%d" % i for i in range(40) if i % 4 < 2)
+    assert all(provenance.parse(r.headers).source_partition == r.partition for r in copied)
 
 
 def _set_config(bootstrap: str, topic: str, name: str, value: str) -> None:
@@ -225,14 +235,10 @@ def _set_config(bootstrap: str, topic: str, name: str, value: str) -> None:
         admin.alter_configs([legacy])[legacy].result()
 
 
-def test_a_source_config_change_propagates(stack: StackEndpoints, store: Store, unique: str) -> None:
-    src, dst = stack.source_bootstrap_servers, stack.destination_bootstrap_servers
+def test_a_source_config_change_propagates(apache_kafka: StackEndpoints, store: Store, unique: str) -> None:
+    src, dst = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
     create_topics(src, {unique: 1}, config=CONFIGS)
-    if not _overrides_reported(src, unique):
-        pytest.skip(
-            "this broker reports topic configs as defaults (DescribeConfigs): nothing is copied; run on Apache Kafka"
-        )
-    name = _put(store, connector_properties(stack, unique, **{
+    name = _put(store, connector_properties(apache_kafka, unique, **{
         "topics.whitelist": unique, "sync.topic.configs.interval.seconds": "1"}))  # fmt: skip
     monitor = KafkaMonitor(store)
     monitor.poll(name)

@@ -13,6 +13,7 @@ from mirus_dagster.verify_command import verify
 from replicator.verify import Mismatch, PartitionResult, Replay, VerifyReport, verify_replication
 
 from .kafka_helpers import Rec, consume_all, create_topics, produce, replicated_headers, wait_for
+from .replica_check import check_replica
 
 IDLE_S = 1.5
 PER_PARTITION = 6
@@ -319,3 +320,28 @@ def _end_offset(bootstrap: str, topic: str) -> int:
         return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
     finally:
         consumer.close()
+
+
+def test_verify_finds_what_the_suites_replica_checker_finds(stack: StackEndpoints, unique: str) -> None:
+    # `mirus verify` is product code; the suite's oracle (tests/replica_check.py) reads the same clusters on its own.
+    # One destination holds every kind of fault; both must name the same records.
+    src, dst = source_records(stack, unique), f"{unique}.copy"
+    p0 = [copy(r, dst) for r in src[0] if r.offset != 1] + [copy(r, dst) for r in src[0][3:]]  # 1 lost; 3-5 replayed
+    p1 = [copy(src[1][i], dst) for i in (0, 1, 3, 2)]  # 2 and 3 swapped
+    p1 += [copy(src[1][4], dst, value=b"changed"), copy(src[1][5], dst), copy(src[1][5], dst)]  # 4 changed, 5 twice
+    destination(stack, dst, p0 + p1)
+
+    report = check(stack, {unique: dst})
+    oracle = check_replica(stack.source_bootstrap_servers, unique, stack.destination_bootstrap_servers, dst,
+                           partitions=2, written=2 * PER_PARTITION, timeout=3)  # fmt: skip
+
+    assert oracle.missing == {0: [1]} and sorted(oracle.duplicated.items()) == [((0, 3), 1), ((0, 4), 1), ((0, 5), 1),
+                                                                                 ((1, 5), 1)]  # fmt: skip
+    assert {f.split(":")[0] for f in oracle.out_of_order} == {"partition 1"}, oracle.out_of_order
+    assert [m.split(":")[0] for m in oracle.mismatched] == [f"{unique}[1]@4"]
+    verified = {p: partition(report, p) for p in (0, 1)}
+    assert {p: r.missing_offsets for p, r in verified.items() if r.missing} == oracle.missing
+    assert sum(r.duplicated for r in verified.values()) == sum(oracle.duplicated.values())
+    assert [p for p, r in verified.items() if r.out_of_order] == [1]
+    assert [(p, r.mismatched) for p, r in verified.items() if r.mismatched] == [(1, 1)]
+    assert not report.ok and report.complete

@@ -20,7 +20,19 @@ from pathlib import Path
 from mirus_dagster.stack import _kafka_ready, _terminate, _wait_until_ready
 
 KAFKA_HOME_ENV = "MIRUS_KAFKA_HOME"
-DEFAULT_KAFKA_HOME = Path.home() / ".cache" / "apache-kafka" / "kafka"
+# Where an Apache Kafka distribution is looked for when MIRUS_KAFKA_HOME is not set, first match wins: the kit beside
+# the project's checkout (what CI has), then the kit's own rebuild directory.
+KAFKA_HOME_CANDIDATES = (
+    Path(__file__).resolve().parents[2].parent / "shared" / "apache-kafka" / "kafka",
+    Path.home() / ".cache" / "apache-kafka" / "kafka",
+)
+
+
+def kafka_home() -> Path:
+    """The Apache Kafka distribution to run: $MIRUS_KAFKA_HOME, else the first candidate that holds one."""
+    if configured := os.environ.get(KAFKA_HOME_ENV):
+        return Path(configured)
+    return next((home for home in KAFKA_HOME_CANDIDATES if (home / "libs").is_dir()), KAFKA_HOME_CANDIDATES[0])
 
 
 @dataclass
@@ -71,11 +83,12 @@ def tansu_broker(name: str, listen_port: int, advertised_port: int, log: Path) -
 class KafkaKit:
     """A ZooKeeper and any number of single-broker Apache Kafka clusters under `work_dir`."""
 
-    def __init__(self, work_dir: Path, zookeeper_port: int, kafka_home: Path | None = None) -> None:
-        self.home = Path(kafka_home or os.environ.get(KAFKA_HOME_ENV) or DEFAULT_KAFKA_HOME)
+    def __init__(self, work_dir: Path, zookeeper_port: int, home: Path | None = None) -> None:
+        self.home = home or kafka_home()
         if not (self.home / "libs").is_dir():
             raise FileNotFoundError(
-                f"no Apache Kafka distribution at {self.home} (set {KAFKA_HOME_ENV}); see ../shared/apache-kafka"
+                f"no Apache Kafka distribution at {self.home}: set {KAFKA_HOME_ENV} to the directory of one "
+                f"(looked in {', '.join(str(c) for c in KAFKA_HOME_CANDIDATES)})"
             )
         self.work_dir = work_dir
         self.zookeeper_port = zookeeper_port

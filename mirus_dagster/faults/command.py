@@ -30,7 +30,8 @@ def faults() -> None:
 @click.option(
     "--apache-kafka",
     is_flag=True,
-    help="Run ZooKeeper and two Apache Kafka brokers from $MIRUS_KAFKA_HOME (default ~/.cache/apache-kafka/kafka) "
+    help="Run ZooKeeper and two Apache Kafka brokers from $MIRUS_KAFKA_HOME (default: the "
+    "kit beside the checkout, ../shared/apache-kafka/kafka, else ~/.cache/apache-kafka/kafka) "
     "instead of the embedded broker: needed for broker restarts with data kept and for refusals.",
 )
 @click.option(
