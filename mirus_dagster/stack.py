@@ -105,7 +105,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _port_is_free(port: int) -> bool:
+def port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # As servers do: connections of a just-stopped process in TIME_WAIT must not count, a listener must.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -271,7 +271,7 @@ class LocalStack:
                 f"port {port}; run `mirus stack down` first."
             )
         state.processes.pop(name, None)
-        if not _port_is_free(port):
+        if not port_is_free(port):
             raise StackError(
                 f"port {port} for {name} is already in use by another process; stop it or choose another port "
                 f"(MIRUS_{name.upper()}_PORT)."
