@@ -49,6 +49,20 @@ def source_prefix(source_cluster: str, topic: str, partition: int) -> bytes:
     return f"{source_cluster}/{topic}/{partition}/".encode()
 
 
+def copy_headers(
+    headers: Headers | None, origin: str, source_cluster: str, topic: str, partition: int, offset: int
+) -> list[tuple[str, bytes | None]]:
+    """The headers of a record's copy: its own headers without provenance (order and duplicates kept), then this
+    hop's provenance; the origin an earlier hop recorded is kept, else it is `origin`. The forwarding loop
+    (`replicator.task`) writes the same inline, since a call per record costs; a test holds the two together."""
+    first = origin_cluster(headers) or origin
+    return [
+        *user_headers(headers),
+        (ORIGIN, first.encode()),
+        (SOURCE, source_prefix(source_cluster, topic, partition) + b"%d" % offset),
+    ]
+
+
 def parse(headers: Headers | None) -> Provenance | None:
     """The provenance of a replicated record, or None for a record without (valid) provenance headers."""
     origin = source = None

@@ -10,9 +10,10 @@ from click.testing import CliRunner
 
 from mirus_dagster.stack import StackEndpoints
 from mirus_dagster.verify_command import verify
+from replicator import provenance
 from replicator.verify import Mismatch, PartitionResult, Replay, VerifyReport, verify_replication
 
-from .kafka_helpers import Rec, consume_all, create_topics, produce, replicated_headers, wait_for
+from .kafka_helpers import Rec, consume_all, create_topics, produce, wait_for
 from .replica_check import check_replica
 
 IDLE_S = 1.5
@@ -44,7 +45,7 @@ def copy(
     rec: Rec, topic: str, partition: int | None = None, *, with_provenance: bool = True, **changes: object
 ) -> dict:
     """What the replicator would produce for `rec` (optionally altered), as Producer.produce() arguments."""
-    headers = replicated_headers(rec.headers, "source", "source", rec.topic, rec.partition, rec.offset)
+    headers = provenance.copy_headers(rec.headers, "source", "source", rec.topic, rec.partition, rec.offset)
     args = {
         "topic": topic,
         "partition": rec.partition if partition is None else partition,
