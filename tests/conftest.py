@@ -129,6 +129,7 @@ def chromium() -> None:
 
 @pytest.fixture
 def instance() -> Iterator[dg.DagsterInstance]:
+    """A Dagster instance of its own (a temporary directory: `instance.root_directory`) for in-process runs."""
     with dg.instance_for_test() as instance:
         # Each run start re-applies logging.config.dictConfig (for YAML-defined handlers, none here). Two runs in
         # threads of one process then deadlock on logging's locks; real runs are separate processes. Skip it.

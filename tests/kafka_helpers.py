@@ -1,15 +1,16 @@
-"""Small Kafka client helpers for tests: create topics, produce, and consume everything by assign()."""
+"""Small Kafka client helpers for tests: create topics, produce (at once or as background traffic), consume
+everything by assign(), and a cluster's id."""
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-
-from replicator import provenance
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,10 @@ def delete_topics(bootstrap: str, topics: Iterable[str]) -> None:
         future.result(timeout=30)
 
 
+def cluster_id(bootstrap: str) -> str:
+    return AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).cluster_id
+
+
 def produce(bootstrap: str, records: Iterable[dict], **config: object) -> None:
     """Produce dicts of Producer.produce() arguments and wait until every one is acknowledged."""
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5, **config})
@@ -76,6 +81,88 @@ def produce(bootstrap: str, records: Iterable[dict], **config: object) -> None:
                 producer.poll(0.1)
     remaining = producer.flush(60)
     assert remaining == 0 and not errors, f"produce failed: {remaining} unacknowledged, errors {errors[:3]}"
+
+
+def numbered(topic: str, partition: int, i: int) -> dict:
+    """The i-th record of `Traffic` unless told otherwise: its number as the value, for ordering checks."""
+    return {"topic": topic, "partition": partition, "value": b"%08d" % i}
+
+
+class Traffic:
+    """Records produced in a background thread, round-robin over every partition of `topics`, about `rate` a
+    second, until `stop()` (or until `total` records were produced: then `join()` waits for them).
+
+    `record(topic, partition, i)` gives the i-th record's Producer.produce() arguments. Only acknowledged records
+    count: `written` is how many there are, `acked` the highest acknowledged offset per partition. `stop()` and
+    `join()` fail if a record was refused or left unacknowledged."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Mapping[str, int],
+        *,
+        rate: float,
+        total: int | None = None,
+        record: Callable[[str, int, int], dict] = numbered,
+    ) -> None:
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+        self.targets = [(t, p) for t, n in sorted(topics.items()) for p in range(n)]
+        self.rate, self.total, self.record = rate, total, record
+        self.written = 0
+        self.acked: dict[tuple[str, int], int] = {}
+        self.errors: list[str] = []
+        self.lock = threading.Lock()  # delivery reports also run in the test's thread (`snapshot`)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="traffic")
+        self.thread.start()
+
+    def _delivered(self, err: object, msg: Message) -> None:
+        with self.lock:
+            if err is not None:
+                self.errors.append(str(err))
+                return
+            tp = (msg.topic(), msg.partition())
+            self.acked[tp] = max(self.acked.get(tp, -1), msg.offset())
+            self.written += 1
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        for i in range(self.total) if self.total is not None else itertools.count():
+            topic, partition = self.targets[i % len(self.targets)]
+            while True:
+                try:
+                    self.producer.produce(on_delivery=self._delivered, **self.record(topic, partition, i))
+                    break
+                except BufferError:
+                    self.producer.poll(0.1)
+            self.producer.poll(0)
+            # Pacing the producer, not waiting for a condition.
+            if self.stopped.wait(max(0.0, started + (i + 1) / self.rate - time.monotonic())):
+                break
+        if unacknowledged := self.producer.flush(60):
+            self.errors.append(f"{unacknowledged} records unacknowledged after 60s")
+
+    @property
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+    def snapshot(self) -> dict[tuple[str, int], int]:
+        """The highest acknowledged offset per partition, as of now."""
+        self.producer.poll(0)
+        with self.lock:
+            return dict(self.acked)
+
+    def stop(self) -> int:
+        """Stop producing; returns how many records were written, every one acknowledged."""
+        self.stopped.set()
+        return self.join()
+
+    def join(self, timeout: float = 120.0) -> int:
+        """Wait until the traffic ended (all `total` records, or stopped); returns how many were written."""
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"traffic still producing after {timeout}s"
+        assert not self.errors, f"traffic into {self.targets[0][0]}: {self.errors[:3]}"
+        return self.written
 
 
 def consume_all(
@@ -118,19 +205,3 @@ def consume_all(
     finally:
         consumer.close()
     return records
-
-
-def replicated_headers(
-    headers: list[tuple[str, bytes | None]] | None,
-    origin: str,
-    source_cluster: str,
-    topic: str,
-    partition: int,
-    offset: int,
-) -> list[tuple[str, bytes | None]]:
-    """A record's headers as the engine writes them on a copy: the user's, then this hop's provenance."""
-    return [
-        *provenance.user_headers(headers),
-        (provenance.ORIGIN, origin.encode()),
-        (provenance.SOURCE, provenance.source_prefix(source_cluster, topic, partition) + b"%d" % offset),
-    ]  # fmt: skip

@@ -186,7 +186,7 @@ def test_mirus_api_runs_on_its_own_with_host_and_port(stack: StackEndpoints, db_
         assert "mirus_connector_tasks" in requests.get(f"http://127.0.0.1:{port}/metrics").text
     finally:
         proc.terminate()
-        proc.wait(15)
+        proc.wait(60)
 
 
 def _answers(url: str) -> bool:

@@ -10,12 +10,11 @@ import dagster as dg
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from mirus_dagster.api.auth import ApiSettings
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET
 from mirus_dagster.definitions import kafka_monitor
-from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.stack import StackEndpoints
 from replicator.monitor import KafkaMonitor
 from replicator.secrets import ENV_ALLOWED_PATHS
@@ -319,6 +318,19 @@ def m(metric: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     return metric, tuple(sorted(labels.items()))
 
 
+def _sampled_ago(store: Store, connector: str, seconds: int) -> None:
+    """Move every metric sample of `connector` so that its interval ends `seconds` ago."""
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE metric_samples SET interval_end = now() - make_interval(secs => :s),"
+                " interval_start = now() - make_interval(secs => :s) - (interval_end - interval_start)"
+                " WHERE connector = :c"
+            ),
+            {"s": seconds, "c": connector},
+        )
+
+
 def test_metrics_move_with_real_traffic_and_cover_task_states(
     api: str, stack: StackEndpoints, store: Store, unique: str
 ) -> None:
@@ -349,7 +361,12 @@ def test_metrics_move_with_real_traffic_and_cover_task_states(
     assert first[m("mirus_replication_latency_seconds_count", **dest)] == 30
     assert first[m("mirus_replication_latency_seconds_bucket", **dest, le="+Inf")] == 30
     assert first[m("mirus_replication_latency_seconds_bucket", **dest, le="300.0")] == 30  # Mirus's 5m bucket
-    assert first[m("mirus_record_rate", **dest)] == pytest.approx(30 / 60)
+    # The rate counts the last minute's samples by the database's clock: they are placed 30 s, then 61 s, in the
+    # past, so that how long replication took on this machine plays no part.
+    _sampled_ago(store, name, 30)
+    assert _samples(api)[m("mirus_record_rate", **dest)] == pytest.approx(30 / 60)
+    _sampled_ago(store, name, 61)
+    assert _samples(api).get(m("mirus_record_rate", **dest), 0.0) == 0.0
     assert first[m("mirus_missing_destination_partitions", connector=name)] == 3
     assert first[m("mirus_connector_tasks", connector=name, state="RUNNING")] == 1
     assert first[m("mirus_connector_tasks", connector=name, state="FAILED")] == 0
@@ -369,29 +386,27 @@ def test_metrics_move_with_real_traffic_and_cover_task_states(
 
 
 def test_a_connector_put_over_the_api_shows_in_dagster(
-    api: str, stack: StackEndpoints, db_engine: Engine, unique: str
+    api: str, instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, unique: str
 ) -> None:
     config = connector_properties(stack, unique, **{"topics.whitelist": unique})
     assert requests.put(f"{api}/connectors/{unique}/config", json=config).status_code == 201
-    resources = {"platform": PlatformDatabase(database_url=stack.database_url), "supervisor": SupervisorPolicy()}
-    with dg.instance_for_test() as instance:
-        result = kafka_monitor(dg.build_sensor_context(instance=instance, resources=resources))
-        added = [n for r in result.dynamic_partitions_requests if isinstance(r, dg.AddDynamicPartitionsRequest)
-                 for n in r.partition_keys]  # fmt: skip
-        assert unique in added
-        events = [e for e in result.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET)]
-        assert events and unique in events[-1].metadata["configs (secrets masked)"].data
-        cursor = result.cursor
-        requests.put(f"{api}/connectors/{unique}/pause")
-        result = kafka_monitor(dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources))
-        events = [e for e in result.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET)]
-        assert events and f"| {unique} | PAUSED |" in events[-1].metadata["connectors"].value
-        requests.post(f"{api}/connectors/{unique}/restart")
-        result = kafka_monitor(dg.build_sensor_context(instance=instance, cursor=result.cursor, resources=resources))
-        assert any(e.asset_key == dg.AssetKey(CONNECTORS_ASSET) for e in result.asset_events)
-        requests.delete(f"{api}/connectors/{unique}")
-        instance.add_dynamic_partitions(CONNECTOR_PARTITIONS, [unique])
-        result = kafka_monitor(dg.build_sensor_context(instance=instance, cursor=result.cursor, resources=resources))
-        removed = [n for r in result.dynamic_partitions_requests if isinstance(r, dg.DeleteDynamicPartitionsRequest)
-                   for n in r.partition_keys]  # fmt: skip
-        assert unique in removed
+    result = kafka_monitor(dg.build_sensor_context(instance=instance, resources=resources))
+    added = [n for r in result.dynamic_partitions_requests if isinstance(r, dg.AddDynamicPartitionsRequest)
+             for n in r.partition_keys]  # fmt: skip
+    assert unique in added
+    events = [e for e in result.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET)]
+    assert events and unique in events[-1].metadata["configs (secrets masked)"].data
+    cursor = result.cursor
+    requests.put(f"{api}/connectors/{unique}/pause")
+    result = kafka_monitor(dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+    events = [e for e in result.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET)]
+    assert events and f"| {unique} | PAUSED |" in events[-1].metadata["connectors"].value
+    requests.post(f"{api}/connectors/{unique}/restart")
+    result = kafka_monitor(dg.build_sensor_context(instance=instance, cursor=result.cursor, resources=resources))
+    assert any(e.asset_key == dg.AssetKey(CONNECTORS_ASSET) for e in result.asset_events)
+    requests.delete(f"{api}/connectors/{unique}")
+    instance.add_dynamic_partitions(CONNECTOR_PARTITIONS, [unique])
+    result = kafka_monitor(dg.build_sensor_context(instance=instance, cursor=result.cursor, resources=resources))
+    removed = [n for r in result.dynamic_partitions_requests if isinstance(r, dg.DeleteDynamicPartitionsRequest)
+               for n in r.partition_keys]  # fmt: skip
+    assert unique in removed

@@ -3,18 +3,12 @@ loop, and provenance headers name the source cluster by id."""
 
 from __future__ import annotations
 
-from confluent_kafka.admin import AdminClient
-
 from mirus_dagster.stack import StackEndpoints
 from replicator import provenance
 from replicator.store import Store
 
 from .engine_helpers import TaskThread, create_connector
-from .kafka_helpers import consume_all, create_topics, produce, wait_for
-
-
-def _cluster_id(bootstrap: str) -> str:
-    return AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).cluster_id
+from .kafka_helpers import cluster_id, consume_all, create_topics, produce, wait_for
 
 
 def _identity_connector(name: str, source: str, destination: str, topic: str) -> dict[str, str]:
@@ -33,7 +27,7 @@ def test_bidirectional_identity_pair_without_aliases_does_not_loop(
     stack: StackEndpoints, store: Store, unique: str
 ) -> None:
     a, b = stack.source_bootstrap_servers, stack.destination_bootstrap_servers
-    a_id, b_id = _cluster_id(a), _cluster_id(b)
+    a_id, b_id = cluster_id(a), cluster_id(b)
     assert a_id != b_id
     topic, partitions, per_side = unique, 2, 300
     create_topics(a, {topic: partitions})
@@ -65,7 +59,7 @@ def test_bidirectional_identity_pair_without_aliases_does_not_loop(
         for _ in range(5):
             beats = {c: store.lease_of(c, 0).heartbeat_at for c in (a_to_b.name, b_to_a.name)}
             for connector, beat in beats.items():
-                wait_for(lambda c=connector, b=beat: store.lease_of(c, 0).heartbeat_at > b, timeout=10,
+                wait_for(lambda c=connector, b=beat: store.lease_of(c, 0).heartbeat_at > b, timeout=60,
                          what=f"a further commit cycle of {connector}")  # fmt: skip
                 assert read_to_end(connector)
     finally:

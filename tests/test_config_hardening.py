@@ -8,7 +8,7 @@ generated invalid configs (`tests/invalid_configs.py`) go through the entry poin
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import dagster as dg
@@ -22,7 +22,6 @@ from mirus_dagster.cli import main
 from mirus_dagster.constants import PUT_CONNECTOR_JOB, STORE_CONNECTOR_OP
 from mirus_dagster.definitions import admin_jobs
 from mirus_dagster.jobs import PutConnectorConfig
-from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.stack import StackEndpoints
 from replicator.config import ConnectorConfigError, validate_submission
 from replicator.masking import mask_properties
@@ -32,18 +31,6 @@ from tests.engine_helpers import connector_properties
 from tests.invalid_configs import SECRET_IN_URL, InvalidCase, invalid_cases
 
 JOBS = {job.name: job for job in admin_jobs}
-
-
-@pytest.fixture(scope="module")
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
-        instance.get_yaml_python_handlers = list  # type: ignore[method-assign]  # as in test_sensors
-        yield instance
-
-
-@pytest.fixture
-def resources(stack: StackEndpoints, db_engine: Engine) -> dict[str, object]:
-    return {"platform": PlatformDatabase(database_url=stack.database_url), "supervisor": SupervisorPolicy()}
 
 
 def base(stack: StackEndpoints, name: str) -> dict[str, object]:

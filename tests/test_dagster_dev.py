@@ -7,16 +7,15 @@ failing one does not hide the others. Only the GraphQL API is used to act on the
 
 from __future__ import annotations
 
-import itertools
-import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from sqlalchemy import Engine
 
 from mirus_dagster.constants import (
@@ -43,7 +42,7 @@ from replicator.assignment import SourcePartition
 from replicator.heartbeats import HEARTBEATS_TOPIC
 from replicator.store import ConnectorState, Store
 from tests.engine_helpers import connector_properties
-from tests.kafka_helpers import create_topics, produce, wait_for
+from tests.kafka_helpers import Traffic, create_topics, produce, wait_for
 from tests.replica_check import check_replica
 
 LIVE = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
@@ -62,47 +61,6 @@ def assert_copied(stack: StackEndpoints, topic: str, partitions: int, count: int
     check_replica(
         stack.source_bootstrap_servers, topic, stack.destination_bootstrap_servers, partitions=partitions, written=count
     ).assert_exactly_once()
-
-
-class Traffic:
-    """A producer thread writing keyed records with headers to every partition, about `rate` per second."""
-
-    def __init__(self, bootstrap: str, topics: Mapping[str, int], phase: str, rate: float = 200.0) -> None:
-        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
-        self.targets = [(t, p) for t, n in sorted(topics.items()) for p in range(n)]
-        self.phase = phase
-        self.interval = 1.0 / rate
-        self.acked: dict[SourcePartition, int] = {}  # highest acknowledged source offset per partition
-        self.errors: list[str] = []
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True, name=f"traffic-{phase}")
-        self.thread.start()
-
-    def _on_delivery(self, err: object, msg: Message) -> None:
-        if err is not None:
-            self.errors.append(str(err))
-        else:
-            tp = (msg.topic(), msg.partition())
-            self.acked[tp] = max(self.acked.get(tp, -1), msg.offset())
-
-    def _run(self) -> None:
-        for i in itertools.count():
-            topic, partition = self.targets[i % len(self.targets)]
-            self.producer.produce(on_delivery=self._on_delivery, **record(topic, partition, i, self.phase))
-            self.producer.poll(0)
-            if self.stopped.wait(self.interval):  # pacing the producer, not waiting for a condition
-                break
-        if unacknowledged := self.producer.flush(30):
-            self.errors.append(f"{unacknowledged} records unacknowledged after 30s")
-
-    def snapshot(self) -> dict[SourcePartition, int]:
-        self.producer.poll(0)
-        return dict(self.acked)
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.thread.join(60)
-        assert not self.thread.is_alive() and not self.errors, f"traffic {self.phase}: {self.errors[:3]}"
 
 
 class Replicated:
@@ -147,7 +105,9 @@ def traffic_through(
     replicated = Replicated(platform.stack.destination_bootstrap_servers, platform.topics)
     try:
         copied = {tp: n - 1 for tp, n in replicated.update().items()}
-        traffic = Traffic(platform.stack.source_bootstrap_servers, platform.topics, phase)
+        traffic = Traffic(
+            platform.stack.source_bootstrap_servers, platform.topics, rate=200, record=partial(record, phase=phase)
+        )
         try:
             wait_for(lambda: replicated.beyond(copied, partitions), 60, what=f"traffic flowing through task {task}")
             yield replicated, traffic, partitions

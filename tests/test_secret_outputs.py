@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -29,7 +28,6 @@ from mirus_dagster.api.auth import ApiSettings
 from mirus_dagster.cli import main as mirus
 from mirus_dagster.constants import CONNECTORS_ASSET
 from mirus_dagster.definitions import admin_jobs, kafka_monitor
-from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.stack import StackEndpoints
 from replicator.config import load
 from replicator.store import Store
@@ -47,14 +45,6 @@ def sentinel(monkeypatch: pytest.MonkeyPatch) -> str:
     value = f"sentinel-{uuid.uuid4().hex}"
     monkeypatch.setenv(SECRET_ENV, value)
     return value
-
-
-@pytest.fixture
-def instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        instance.get_yaml_python_handlers = list  # type: ignore[method-assign]  # as in test_sensors
-        yield instance
 
 
 def rest_api_responses(stack: StackEndpoints, store: Store, connector: str, properties: dict) -> list[str]:
@@ -89,6 +79,7 @@ def files_containing(root: Path, needle: bytes) -> list[str]:
 
 def test_a_referenced_secret_reaches_the_clients_and_no_output(
     instance: dg.DagsterInstance,
+    resources: dict,
     stack: StackEndpoints,
     db_engine: Engine,
     unique: str,
@@ -98,7 +89,6 @@ def test_a_referenced_secret_reaches_the_clients_and_no_output(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    resources = {"platform": PlatformDatabase(database_url=stack.database_url), "supervisor": SupervisorPolicy()}
     reference = f"${{env:{SECRET_ENV}}}"
     create_topics(stack.source_bootstrap_servers, {unique: 2})
     create_topics(stack.destination_bootstrap_servers, {f"{unique}.copy": 2})
@@ -178,9 +168,8 @@ def test_a_referenced_secret_reaches_the_clients_and_no_output(
 
 
 def test_a_rejected_literal_secret_does_not_stay_in_the_run_history(
-    instance: dg.DagsterInstance, stack: StackEndpoints, db_engine: Engine, unique: str
+    instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
 ) -> None:
-    resources = {"platform": PlatformDatabase(database_url=stack.database_url), "supervisor": SupervisorPolicy()}
     typed = f"typed-in-clear-{uuid.uuid4().hex}"
     properties = connector_properties(stack, unique, **{"topics.whitelist": unique, "producer.sasl.password": typed})
 

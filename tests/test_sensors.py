@@ -371,7 +371,7 @@ def test_the_supervisor_restarts_a_failed_task(
 
     restart = wait_for(
         lambda: requests_for(evaluate(task_supervisor, instance, resources, None), unique),
-        timeout=10, what="a restart after the first backoff",
+        timeout=60, what="a restart after the first backoff",
     )  # fmt: skip
     assert restart[0].tags[TAG_TASK] == "0" and "restart" in restart[0].tags[TAG_REASON]
     assert store.lease_of(unique, 0).restart_attempts == 1

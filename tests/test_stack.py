@@ -20,6 +20,7 @@ from mirus_dagster.cli import main
 from mirus_dagster.stack import StackEndpoints, free_port
 from replicator.database import current_revision, head_revision, upgrade
 from replicator.schema import Base
+from replicator.store import Store
 
 from .kafka_helpers import consume_all, create_topics, produce
 
@@ -38,13 +39,16 @@ def test_clusters_are_separate_and_carry_records(stack: StackEndpoints, unique: 
     assert unique not in destination_topics.topics
 
 
-def test_postgres_is_reachable_and_migrations_are_idempotent(db_engine: Engine) -> None:
+def test_postgres_is_reachable_and_migrations_are_idempotent(db_engine: Engine, unique: str) -> None:
+    Store(db_engine).put_connector(unique, {"name": unique}, 1)  # what an upgrade of a live platform finds
+
     upgrade(db_engine)
     upgrade(db_engine)
 
     assert current_revision(db_engine) == head_revision(db_engine)
     with db_engine.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM connectors")).scalar_one() >= 0
+        kept = conn.execute(text("SELECT name, tasks_max FROM connectors WHERE name = :n"), {"n": unique}).all()
+        assert [tuple(row) for row in kept] == [(unique, 1)]
         # The migrations create exactly what the models describe.
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
 

@@ -6,12 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient
 from sqlalchemy import text
 
 from mirus_dagster.stack import StackEndpoints
@@ -20,7 +18,7 @@ from replicator.store import Store
 from replicator.task import CommitWatchdogError, TaskExit
 
 from .engine_helpers import TaskThread, connector_properties, create_connector, private_database
-from .kafka_helpers import Rec, consume_all, create_topics, delete_topics, produce, replicated_headers, wait_for
+from .kafka_helpers import Rec, Traffic, cluster_id, consume_all, create_topics, delete_topics, produce, wait_for
 from .replica_check import check_replica
 
 
@@ -58,7 +56,7 @@ def test_records_arrive_intact_with_partitions_headers_timestamps_and_provenance
     runner = TaskThread.start(store, unique)
     copied = consume_all(stack.destination_bootstrap_servers, f"{topic}.mirror", partitions, expected=800)
     assert runner.finish() is TaskExit.STOPPED
-    source_id = AdminClient({"bootstrap.servers": stack.source_bootstrap_servers}).list_topics(timeout=10).cluster_id
+    source_id = cluster_id(stack.source_bootstrap_servers)
 
     source = consume_all(stack.source_bootstrap_servers, topic, partitions, expected=800)
     assert len(copied) == 800
@@ -73,6 +71,8 @@ def test_records_arrive_intact_with_partitions_headers_timestamps_and_provenance
             assert origin is not None
             assert (origin.source_topic, origin.source_partition, origin.source_offset) == (topic, p, src.offset)
             assert origin.origin_cluster == source_id
+            # The layout the engine writes inline is the one `provenance.copy_headers` describes.
+            assert list(dst.headers) == provenance.copy_headers(src.headers, source_id, source_id, topic, p, src.offset)
     ends = {(topic, p): src_by_p[p][-1].offset + 1 for p in range(partitions)}
     assert _committed(store, unique) == ends
     assert store.lease_of(unique, 0).state == "STOPPED"
@@ -94,8 +94,8 @@ def test_provenance_headers_can_be_turned_off_and_cycles_are_never_written_back(
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
     # The second record was itself replicated from the destination cluster earlier (its origin is the destination's
     # cluster id): a cycle. The aliases are left at their defaults; they play no part.
-    target = AdminClient({"bootstrap.servers": stack.destination_bootstrap_servers}).list_topics(timeout=10).cluster_id
-    looped = replicated_headers([("h", b"x")], target, target, unique, 0, 41)
+    target = cluster_id(stack.destination_bootstrap_servers)
+    looped = provenance.copy_headers([("h", b"x")], target, target, unique, 0, 41)
     produce(stack.source_bootstrap_servers, [
         {"topic": unique, "value": b"local", "headers": [("h", b"1")]},
         {"topic": unique, "value": b"came-from-target", "headers": looped},
@@ -141,17 +141,13 @@ def test_clean_stop_resumes_from_exactly_the_committed_offsets(
 
 
 def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, unique: str, tmp_path: Path) -> None:
-    partitions, total, chunk = 4, 40_000, 1_000
+    partitions, total = 4, 40_000
     create_topics(stack.source_bootstrap_servers, {unique: partitions})
     create_topics(stack.destination_bootstrap_servers, {unique: partitions})
     create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
                      {0: [(unique, p) for p in range(partitions)]})  # fmt: skip
-    records = [{"topic": unique, "partition": i % partitions, "value": b"%08d" % i} for i in range(total)]
     # The source keeps growing while the task runs, so the kill lands mid-stream with records in flight.
-    producer = threading.Thread(
-        target=lambda: [produce(stack.source_bootstrap_servers, records[i : i + chunk]) for i in range(0, total, chunk)]
-    )
-    producer.start()
+    traffic = Traffic(stack.source_bootstrap_servers, {unique: partitions}, rate=10_000, total=total)
     env = {**os.environ, "MIRUS_DATABASE_URL": stack.database_url}
     argv = [sys.executable, "-c", "from mirus_dagster.cli import main; main()", "task", "run", unique, "0"]
 
@@ -161,8 +157,8 @@ def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, un
         first.send_signal(signal.SIGKILL)
         first.wait(10)
     committed_at_kill = _committed(store, unique)
-    assert producer.is_alive() or sum(committed_at_kill.values()) < total, "the kill did not land mid-stream"
-    producer.join()
+    assert traffic.running or sum(committed_at_kill.values()) < total, "the kill did not land mid-stream"
+    assert traffic.join() == total
 
     with open(tmp_path / "second.log", "w") as log:
         second = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
