@@ -1,7 +1,9 @@
-"""Replication metrics summed over every task that ever wrote `metric_samples`: what exporters read.
+"""Replication metrics of every task of every connector: what exporters read.
 
-Tasks write one row per partition and interval from whichever process runs them, so a reader of these sums sees
-every task of every connector at once. Only connectors that still exist are reported.
+Tasks write one sample per partition and interval from whichever process runs them, and in the same transaction
+add it to the connector's running totals (`metric_totals`) and overwrite the partition's lag (`partition_lags`).
+Totals and lags cost a scrape one row per series, however many samples are kept, and pruning old samples never
+lowers a total. Only connectors that still exist are reported.
 """
 
 from __future__ import annotations
@@ -51,19 +53,13 @@ _EXISTING = "connector IN (SELECT name FROM connectors)"
 
 def topic_totals(store: Store) -> list[TopicTotals]:
     with store.engine.connect() as conn:
-        sums = conn.execute(text(
-            "SELECT connector, topic, sum(records), sum(bytes), sum(latency_sum_ms), sum(latency_count)"
-            f" FROM metric_samples WHERE {_EXISTING} GROUP BY connector, topic ORDER BY connector, topic"
+        rows = conn.execute(text(
+            "SELECT connector, topic, records, bytes, latency_sum_ms, latency_count, latency_histogram"
+            f" FROM metric_totals WHERE {_EXISTING} ORDER BY connector, topic"
         )).all()  # fmt: skip
-        buckets = conn.execute(text(
-            "SELECT connector, topic, h.key, sum(h.value::bigint) FROM metric_samples,"
-            f" jsonb_each_text(latency_histogram) AS h WHERE {_EXISTING} GROUP BY connector, topic, h.key"
-        )).all()  # fmt: skip
-    histograms: dict[tuple[str, str], dict[str, int]] = {}
-    for connector, topic, bound, count in buckets:
-        histograms.setdefault((connector, topic), {})[bound] = int(count)
     return [
-        TopicTotals(c, t, int(r), int(b), int(ls), int(lc), histograms.get((c, t), {})) for c, t, r, b, ls, lc in sums
+        TopicTotals(c, t, int(r), int(b), int(ls), int(lc), {k: int(v) for k, v in h.items()})
+        for c, t, r, b, ls, lc, h in rows
     ]
 
 
@@ -84,7 +80,7 @@ def partition_lags(store: Store) -> list[PartitionLag]:
     """The latest known lag of every partition (brokers with unusable high watermarks report none)."""
     with store.engine.connect() as conn:
         rows = conn.execute(text(
-            "SELECT DISTINCT ON (connector, topic, partition) connector, topic, partition, lag FROM metric_samples"
-            f" WHERE lag IS NOT NULL AND {_EXISTING} ORDER BY connector, topic, partition, id DESC"
+            "SELECT connector, topic, partition, lag FROM partition_lags"
+            f" WHERE lag IS NOT NULL AND {_EXISTING} ORDER BY connector, topic, partition"
         )).all()  # fmt: skip
     return [PartitionLag(c, t, p, int(lag)) for c, t, p, lag in rows]

@@ -8,6 +8,8 @@
 - `partition_status`: a partition paused or dropped by the engine, and why.
 - `metadata_snapshots`: what the monitor saw on a cluster.
 - `metric_samples`: per task, partition and interval: records, bytes, latency summary and histogram, lag.
+- `metric_totals`: per connector and source topic, the running totals of those samples (never lowered).
+- `partition_lags`: per connector and source partition, its latest lag (overwritten).
 - `flows`: per connector, its clusters' ids and its periodic duties (topic configs, group offsets, heartbeats).
 - `checkpoints`: a source consumer group's committed offset and its exact destination translation.
 """
@@ -133,7 +135,11 @@ class MetadataSnapshot(Base):
 
 class MetricSample(Base):
     __tablename__ = "metric_samples"
-    __table_args__ = (Index("ix_metric_samples_connector_interval_end", "connector", "interval_end"),)
+    __table_args__ = (
+        Index("ix_metric_samples_connector_interval_end", "connector", "interval_end"),
+        # The last minute's rates, the lake's export and pruning select by time alone.
+        Index("ix_metric_samples_interval_end", "interval_end"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     connector: Mapped[str] = mapped_column(Text, nullable=False)
@@ -152,6 +158,37 @@ class MetricSample(Base):
         JSONB, nullable=False, doc="Upper bound in ms ('+Inf' last) -> count of records at or below it."
     )
     lag: Mapped[int | None] = mapped_column(BigInteger, doc="Source records not yet replicated, when known.")
+
+
+class MetricTotal(Base):
+    """Cumulative counters per connector and source topic, added to in the transaction that stores the samples:
+    what the Prometheus counters report. Pruning `metric_samples` leaves them as they are, so a counter never goes
+    down, and a scrape reads one row per series however long the samples are kept."""
+
+    __tablename__ = "metric_totals"
+
+    connector: Mapped[str] = mapped_column(Text, primary_key=True)
+    topic: Mapped[str] = mapped_column(Text, primary_key=True)
+    records: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    latency_sum_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    latency_count: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    latency_histogram: Mapped[dict[str, int]] = mapped_column(
+        JSONB, nullable=False, doc="Upper bound in ms ('+Inf' last) -> records at or below it, since the start."
+    )
+    updated_at: Mapped[datetime] = _now()
+
+
+class PartitionLag(Base):
+    """Each source partition's lag as of its newest sample, overwritten (a gauge, not a time series)."""
+
+    __tablename__ = "partition_lags"
+
+    connector: Mapped[str] = mapped_column(Text, primary_key=True)
+    topic: Mapped[str] = mapped_column(Text, primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    lag: Mapped[int | None] = mapped_column(BigInteger, doc="None: the source broker gave no usable end offset.")
+    measured_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
 
 
 class Flow(Base):

@@ -4,18 +4,24 @@ in a sealed hour of the lake and older than the retention leave Postgres."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from sqlalchemy import Engine, text
+from alembic import command
+from sqlalchemy import Engine, insert, text
 
+from mirus_dagster.metrics_exporter import StoreCollector
 from mirus_dagster.stack import StackEndpoints
+from replicator.database import alembic_config, upgrade
 from replicator.lake import PART_FILE, PART_GLOB, export_hour, hour_dir, hour_floor, prune, state_path
+from replicator.metric_totals import topic_totals
 from replicator.metrics import TaskMetrics
+from replicator.schema import MetricSample
 from replicator.store import MetricRow, Store
 
-from .engine_helpers import connector_properties
+from .engine_helpers import connector_properties, private_database
 
 
 def _row(topic: str, partition: int, end: datetime, records: int, histogram: dict[str, int] | None = None) -> MetricRow:
@@ -119,3 +125,64 @@ def test_the_running_hour_is_exported_incrementally_then_in_full(
     assert export_hour(db_engine, tmp_path, hour, now=ended).sealed  # after the hour: one file, everything in it
     assert [p.name for p in hour_dir(tmp_path, "metric_samples", hour).glob(PART_GLOB)] == [PART_FILE]
     assert sorted(r["records"] for r in _lake_rows(tmp_path, "metric_samples", hour, unique)) == [1, 2]
+
+
+def _counters(store: Store, connector: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every counter and histogram sample the Prometheus exporter shows for `connector`."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in StoreCollector(store).collect() if family.type in ("counter", "histogram")
+        for sample in family.samples if sample.labels.get("connector") == connector
+    }  # fmt: skip
+
+
+def test_counters_never_go_down_when_samples_are_pruned_and_lags_keep_the_newest(
+    db_engine: Engine, unique: str, tmp_path: Path, stack: StackEndpoints
+) -> None:
+    store = Store(db_engine)
+    store.put_connector(unique, connector_properties(stack, unique, **{"topics.whitelist": "orders"}), 1)
+    now = datetime.now(UTC)
+    old = hour_floor(now - timedelta(hours=6))
+    store.record_metrics(unique, [_row("orders", 0, old + timedelta(minutes=10), 4),
+                                  _row("orders", 1, old + timedelta(minutes=20), 2)])  # fmt: skip
+    before = _counters(store, unique)
+    assert before[("mirus_replicated_records_total", (("connector", unique), ("topic", "orders")))] == 6
+
+    export_hour(db_engine, tmp_path, old, now=now)
+    assert prune(db_engine, tmp_path, timedelta(hours=3), now=now).metric_samples_deleted >= 2
+    assert _count(db_engine, unique) == 0
+    assert _counters(store, unique) == before  # the samples are gone; what they counted is not
+
+    store.record_metrics(unique, [replace(_row("orders", 0, now, 3), lag=2)])
+    after = _counters(store, unique)
+    assert after[("mirus_replicated_records_total", (("connector", unique), ("topic", "orders")))] == 9
+    assert after.keys() == before.keys() and all(after[k] >= before[k] for k in before), (before, after)
+    # Lag is the newest sample's, per partition; a late report of an older interval does not overwrite it.
+    store.record_metrics(unique, [replace(_row("orders", 0, now - timedelta(minutes=5), 1), lag=40)])
+    assert store.partition_lags(unique) == {("orders", 0): 2, ("orders", 1): 7}
+    store.delete_connector(unique)
+    assert _counters(store, unique) == {} and store.partition_lags(unique) == {}
+
+
+def test_the_upgrade_that_adds_running_totals_starts_them_from_the_stored_samples(
+    stack: StackEndpoints, unique: str
+) -> None:
+    engine = private_database(stack, unique)
+    command.downgrade(alembic_config(engine), "0003")
+    now = datetime.now(UTC)
+    rows = [_row("orders", 0, now - timedelta(minutes=2), 4), _row("orders", 0, now - timedelta(minutes=1), 1),
+            replace(_row("orders", 1, now, 2), lag=None)]  # fmt: skip
+    with engine.begin() as conn:
+        for row in rows:
+            conn.execute(insert(MetricSample).values(connector=unique, **row.__dict__))
+    upgrade(engine)
+    store = Store(engine)
+    store.put_connector(unique, connector_properties(stack, unique, **{"topics.whitelist": "orders"}), 1)
+
+    (totals,) = topic_totals(store)
+    assert (totals.topic, totals.records, totals.bytes, totals.latency_count) == ("orders", 7, 70, 7)
+    assert totals.histogram == {
+        bound: sum(r.latency_histogram[bound] for r in rows) for bound in rows[0].latency_histogram
+    }
+    assert store.partition_lags(unique) == {("orders", 0): 7, ("orders", 1): None}
+    engine.dispose()
