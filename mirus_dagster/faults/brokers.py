@@ -21,9 +21,10 @@ from mirus_dagster.stack import _kafka_ready, _terminate, _wait_until_ready
 
 KAFKA_HOME_ENV = "MIRUS_KAFKA_HOME"
 # Where an Apache Kafka distribution is looked for when MIRUS_KAFKA_HOME is not set, first match wins: the kit beside
-# the project's checkout (what CI has), then the kit's own rebuild directory.
+# the project's checkout (what CI has) or beside a folder above it, then the kit's own rebuild directory.
+_CHECKOUT = Path(__file__).resolve().parents[2]
 KAFKA_HOME_CANDIDATES = (
-    Path(__file__).resolve().parents[2].parent / "shared" / "apache-kafka" / "kafka",
+    *(folder / "shared" / "apache-kafka" / "kafka" for folder in _CHECKOUT.parents),
     Path.home() / ".cache" / "apache-kafka" / "kafka",
 )
 
