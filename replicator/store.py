@@ -206,6 +206,49 @@ class MetricRow:
     lag: int | None
 
 
+# Every changed partition of a commit in one statement: per topic, an array with the new offsets at their partitions
+# and NULL elsewhere, merged into the stored array element by element (a NULL keeps the stored value; the longer
+# array sets the length). Rows come in topic order, so two tasks sharing topics never lock them in opposite orders.
+_MERGE_OFFSETS = text("""
+INSERT INTO offsets AS o (connector, topic, positions, destination_positions, epoch, updated_at)
+SELECT :connector, u.topic, CAST(u.positions AS bigint[]), CAST(u.destinations AS bigint[]), :epoch, now()
+FROM unnest(CAST(:topics AS text[]), CAST(:positions AS text[]), CAST(:destinations AS text[]))
+  AS u(topic, positions, destinations)
+ON CONFLICT (connector, topic) DO UPDATE SET
+  positions = (SELECT array_agg(coalesce(n, s) ORDER BY i)
+               FROM unnest(o.positions, excluded.positions) WITH ORDINALITY AS m(s, n, i)),
+  destination_positions = CASE WHEN excluded.destination_positions IS NULL THEN o.destination_positions ELSE
+    (SELECT array_agg(coalesce(n, s) ORDER BY i)
+     FROM unnest(o.destination_positions, excluded.destination_positions) WITH ORDINALITY AS m(s, n, i)) END,
+  epoch = excluded.epoch, updated_at = now()
+""")
+
+
+def _topic_arrays(
+    offsets: Mapping[SourcePartition, int], destinations: Mapping[SourcePartition, int]
+) -> dict[str, Any]:
+    """`_MERGE_OFFSETS`'s parameters: array literals (Postgres parses `{1,NULL,3}` far faster than a bound list)."""
+    by_topic: dict[str, dict[int, int]] = {}
+    for (topic, partition), offset in offsets.items():
+        by_topic.setdefault(topic, {})[partition] = offset
+    topics = sorted(by_topic)
+    positions, ends = [], []
+    for topic in topics:
+        changed = by_topic[topic]
+        positions.append(_array_literal(changed))
+        own = {p: destinations[(topic, p)] for p in changed if (topic, p) in destinations}
+        ends.append(_array_literal(own) if own else None)
+    return {"topics": topics, "positions": positions, "destinations": ends}
+
+
+def _array_literal(values: Mapping[int, int]) -> str:
+    """`{NULL,7,NULL,9}` for {1: 7, 3: 9}."""
+    row = ["NULL"] * (max(values) + 1)
+    for index, value in values.items():
+        row[index] = str(value)
+    return "{" + ",".join(row) + "}"
+
+
 # A running histogram plus a new one, bound by bound (a bound only one side has counts from that side).
 HISTOGRAM_SUM = literal_column(
     "(SELECT jsonb_object_agg(k, coalesce((metric_totals.latency_histogram->>k)::bigint, 0)"
@@ -367,23 +410,15 @@ class Store:
         """Heartbeat and store `offsets` (next offset to replicate) atomically, only under `lease`'s epoch.
 
         Exactly-once also stores `destination_offsets`: where the partition's copies end at the destination (a
-        partition without a new one keeps its stored value)."""
-        positions = destination_offsets or {}
+        partition without a new one keeps its stored value). One statement for every changed partition: a topic's
+        partitions go as one array, merged into the stored one element by element."""
         with Session(self.engine) as s, s.begin():
             self._fence_check(s, lease)
             if offsets:
-                stmt = insert(Offset).values(
-                    [{"connector": lease.connector, "topic": t, "partition": p, "offset": o, "epoch": lease.epoch,
-                      "destination_offset": positions.get((t, p))} for (t, p), o in sorted(offsets.items())]
-                )  # fmt: skip
-                s.execute(
-                    stmt.on_conflict_do_update(
-                        index_elements=[Offset.connector, Offset.topic, Offset.partition],
-                        set_={"offset": stmt.excluded.offset, "epoch": stmt.excluded.epoch, "updated_at": func.now(),
-                              "destination_offset": func.coalesce(stmt.excluded.destination_offset,
-                                                                  Offset.destination_offset)},
-                    )
-                )  # fmt: skip
+                s.execute(_MERGE_OFFSETS, {
+                    "connector": lease.connector, "epoch": lease.epoch,
+                    **_topic_arrays(offsets, destination_offsets or {}),
+                })  # fmt: skip
 
     def finish_task(self, lease: Lease, state: str, error: str | None = None) -> None:
         """Record how the task instance ended and release its partitions, if it still holds the lease."""
@@ -424,29 +459,31 @@ class Store:
     def load_offsets(
         self, connector: str, partitions: Iterable[SourcePartition] | None = None
     ) -> dict[SourcePartition, int]:
-        query = select(Offset.topic, Offset.partition, Offset.offset).where(Offset.connector == connector)
-        wanted = list(partitions) if partitions is not None else None
-        if wanted is not None:
-            if not wanted:
-                return {}
-            query = query.where(tuple_(Offset.topic, Offset.partition).in_(wanted))
-        with self.engine.connect() as conn:
-            return {(t, p): o for t, p, o in conn.execute(query)}
+        return self._stored(connector, Offset.positions, partitions)
 
     def load_destination_offsets(
         self, connector: str, partitions: Iterable[SourcePartition]
     ) -> dict[SourcePartition, int]:
         """Exactly-once: where each partition's committed copies end at the destination, where recorded."""
-        wanted = list(partitions)
-        if not wanted:
-            return {}
-        query = select(Offset.topic, Offset.partition, Offset.destination_offset).where(
-            Offset.connector == connector,
-            Offset.destination_offset.is_not(None),
-            tuple_(Offset.topic, Offset.partition).in_(wanted),
-        )
+        return self._stored(connector, Offset.destination_positions, partitions)
+
+    def _stored(
+        self, connector: str, column: Any, partitions: Iterable[SourcePartition] | None
+    ) -> dict[SourcePartition, int]:
+        wanted = set(partitions) if partitions is not None else None
+        query = select(Offset.topic, column).where(Offset.connector == connector, column.is_not(None))
+        if wanted is not None:
+            if not wanted:
+                return {}
+            query = query.where(Offset.topic.in_(sorted({t for t, _ in wanted})))
         with self.engine.connect() as conn:
-            return {(t, p): o for t, p, o in conn.execute(query)}
+            stored = {
+                (topic, p): offset
+                for topic, values in conn.execute(query)
+                for p, offset in enumerate(values)
+                if offset is not None
+            }
+        return stored if wanted is None else {tp: o for tp, o in stored.items() if tp in wanted}
 
     def alter_offsets_of_stopped(
         self, connector: str, offsets: Mapping[SourcePartition, int | None] | None, stale_after: timedelta
@@ -479,11 +516,27 @@ class Store:
             if offsets is None:
                 s.execute(delete(Offset).where(Offset.connector == connector))
                 return
+            by_topic: dict[str, dict[int, int | None]] = {}
             for (topic, partition), offset in offsets.items():
-                key = (Offset.connector == connector, Offset.topic == topic, Offset.partition == partition)
-                s.execute(delete(Offset).where(*key))
-                if offset is not None:
-                    s.add(Offset(connector=connector, topic=topic, partition=partition, offset=offset, epoch=0))
+                by_topic.setdefault(topic, {})[partition] = offset
+            for topic, changes in sorted(by_topic.items()):
+                row = s.get(Offset, (connector, topic), with_for_update=True)
+                positions = list(row.positions) if row else []
+                destinations = list(row.destination_positions or []) if row else []
+                for partition, offset in changes.items():
+                    positions.extend([None] * (partition + 1 - len(positions)))
+                    positions[partition] = offset
+                    if partition < len(destinations):
+                        destinations[partition] = None  # set by hand: no copy is known to end anywhere
+                while positions and positions[-1] is None:
+                    positions.pop()
+                if row is not None:
+                    s.delete(row)
+                    s.flush()
+                if any(p is not None for p in positions):
+                    s.add(Offset(connector=connector, topic=topic, positions=positions, epoch=0,
+                                 destination_positions=destinations if any(d is not None for d in destinations)
+                                 else None))  # fmt: skip
 
     # -- partition ownership and status -----------------------------------------------------------------
 
@@ -803,7 +856,7 @@ SELECT c.name, c.state, c.version, c.assignment_generation, cfg.config,
      FROM partition_status p WHERE p.connector = c.name AND p.state <> 'ACTIVE'), '[]'::json) AS unhealthy,
   f.source_cluster_id, f.destination_cluster_id, COALESCE(f.problems, '{}'::jsonb) AS flow_problems,
   COALESCE(f.heartbeats, '[]'::jsonb) AS heartbeats,
-  (SELECT o."offset" FROM offsets o WHERE o.connector = c.name AND o.topic = 'heartbeats' AND o.partition = 0)
+  (SELECT o.positions[1] FROM offsets o WHERE o.connector = c.name AND o.topic = 'heartbeats')
     AS heartbeats_committed
 FROM connectors c JOIN connector_configs cfg ON cfg.connector = c.name AND cfg.version = c.version
   LEFT JOIN flows f ON f.connector = c.name

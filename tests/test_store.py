@@ -5,9 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from alembic import command
 from sqlalchemy import event, text
 
+from mirus_dagster.stack import StackEndpoints
+from replicator.database import alembic_config, upgrade
 from replicator.store import ConnectorState, FencedError, PartitionHealth, Store, UnknownConnectorError
+
+from .engine_helpers import private_database
 
 
 def test_each_put_is_a_new_version_and_delete_keeps_offsets(store: Store, unique: str) -> None:
@@ -114,3 +119,62 @@ def test_connector_statuses_reads_every_connector_in_one_query(store: Store, uni
         "destination topic 'a' does not exist",
     )
     assert list(first.unhealthy_partitions) == [("a", 1)]
+
+
+def test_tasks_sharing_a_topic_commit_their_own_partitions_without_undoing_each_others(
+    store: Store, unique: str
+) -> None:
+    store.put_connector(unique, {"name": unique}, 2)
+    first, second = store.claim_task(unique, 0, "first"), store.claim_task(unique, 1, "second")
+    store.commit(first, {("t", 0): 10, ("t", 2): 30, ("u", 1): 4})
+    store.commit(second, {("t", 1): 20, ("t", 7): 70})
+    store.commit(first, {("t", 0): 11})  # only what changed: the others' and its own earlier offsets stay
+    assert store.load_offsets(unique) == {("t", 0): 11, ("t", 1): 20, ("t", 2): 30, ("t", 7): 70, ("u", 1): 4}
+    assert store.load_offsets(unique, [("t", 7), ("t", 3), ("u", 1)]) == {("t", 7): 70, ("u", 1): 4}
+    # Exactly-once: where the copies end is kept per partition too; a commit without one keeps the stored one.
+    store.commit(first, {("t", 0): 12, ("t", 2): 31}, {("t", 0): 500})
+    store.commit(second, {("t", 1): 21}, {("t", 1): 600})
+    store.commit(first, {("t", 2): 32})
+    assert store.load_destination_offsets(unique, [("t", 0), ("t", 1), ("t", 2)]) == {("t", 0): 500, ("t", 1): 600}
+    assert store.load_offsets(unique, [("t", 0), ("t", 1), ("t", 2)]) == {("t", 0): 12, ("t", 1): 21, ("t", 2): 32}
+
+
+def test_an_operator_sets_and_forgets_single_offsets_of_a_stopped_connector(store: Store, unique: str) -> None:
+    store.put_connector(unique, {"name": unique}, 1)
+    lease = store.claim_task(unique, 0, "me")
+    store.commit(lease, {("t", 0): 10, ("t", 1): 20, ("t", 3): 40}, {("t", 0): 100, ("t", 1): 200})
+    store.finish_task(lease, "STOPPED")
+    store.set_connector_state(unique, ConnectorState.PAUSED)
+    store.alter_offsets_of_stopped(unique, {("t", 3): None, ("t", 1): 5, ("v", 2): 9}, timedelta(seconds=30))
+    assert store.load_offsets(unique) == {("t", 0): 10, ("t", 1): 5, ("v", 2): 9}
+    # A hand-set offset no longer says where its copies end at the destination; the others keep theirs.
+    assert store.load_destination_offsets(unique, [("t", 0), ("t", 1)]) == {("t", 0): 100}
+    store.alter_offsets_of_stopped(unique, {("v", 2): None}, timedelta(seconds=30))
+    assert store.load_offsets(unique) == {("t", 0): 10, ("t", 1): 5}
+    store.alter_offsets_of_stopped(unique, None, timedelta(seconds=30))
+    assert store.load_offsets(unique) == {}
+
+
+def test_the_upgrade_to_offsets_per_topic_keeps_every_stored_offset(stack: StackEndpoints, unique: str) -> None:
+    engine = private_database(stack, unique)
+    command.downgrade(alembic_config(engine), "0004")  # offsets a row per partition, as stored before
+    rows = [("t", 0, 10, None), ("t", 3, 40, 400), ("u", 1, 5, None), ("heartbeats", 0, 2, None)]
+    with engine.begin() as conn:
+        for topic, partition, offset, destination in rows:
+            conn.execute(
+                text('INSERT INTO offsets (connector, topic, partition, "offset", epoch, destination_offset) '
+                     "VALUES (:c, :t, :p, :o, 3, :d)"),
+                {"c": unique, "t": topic, "p": partition, "o": offset, "d": destination},
+            )  # fmt: skip
+    upgrade(engine)
+    store = Store(engine)
+    assert store.load_offsets(unique) == {("t", 0): 10, ("t", 3): 40, ("u", 1): 5, ("heartbeats", 0): 2}
+    assert store.load_destination_offsets(unique, [("t", 0), ("t", 3)]) == {("t", 3): 400}
+    store.put_connector(unique, {"name": unique}, 1)
+    store.commit(store.claim_task(unique, 0, "me"), {("t", 1): 20})
+    assert store.load_offsets(unique, [("t", 0), ("t", 1), ("t", 3)]) == {("t", 0): 10, ("t", 1): 20, ("t", 3): 40}
+    command.downgrade(alembic_config(engine), "0004")  # and back: a row per stored partition again
+    with engine.connect() as conn:
+        back = conn.execute(text('SELECT topic, partition, "offset", destination_offset FROM offsets ORDER BY 1, 2'))
+        assert sorted(back) == sorted([*rows, ("t", 1, 20, None)])
+    engine.dispose()

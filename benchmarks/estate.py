@@ -1,0 +1,383 @@
+"""What holding partitions costs: one task with 10,000 partitions on Apache Kafka, beside the same task on 4.
+
+    python benchmarks/estate.py [--topics 20] [--partitions 500] [--rounds 2] [--baseline OTHER_CHECKOUT]
+        [--rate 10000] [--latency-rate 5000] [--mirrormaker]
+
+Needs the two Apache Kafka 1.0 clusters running (see `benchmarks/apache_kafka.py`). Creates `--topics` topics of
+`--partitions` partitions on both clusters (one record in each source partition, so every partition is read and
+committed) and one 4-partition topic. Per round and per code (this checkout, then `--baseline`, alternating; each
+on a Postgres database of its own, migrated by its own code), one connector with `tasks.max` 1 holds every wide
+partition, run as `mirus task run`:
+- start: seconds from the process start until Postgres holds an offset for every partition; resident memory;
+- idle (10 s after that, over 20 s): the task's CPU and memory, the source broker's CPU, and what the task costs
+  Postgres (transactions and rows written per second in its database, all Postgres processes' CPU);
+- flowing: `--rate` records/s of 100 bytes spread evenly over every partition (one load process): the same figures;
+- latency: `--latency-rate` records/s spread the same way, CreateTime to arrival at a destination reader (p50, p99);
+- then the same connector on the 4-partition topic, at the same rates (CPU and latency);
+- commit: one `Store.commit` of every partition changed, in a process of that code: wall time and Postgres CPU.
+`--mirrormaker` also measures the source broker idle beside Apache MirrorMaker 1.0 holding the same partitions
+(and with no copier at all). The broker's CPU is its JVM's (`server-a.properties`), read from /proc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from statistics import median
+
+import apache_kafka as kit  # puts the project on the path
+import psutil
+from apache_kafka import DESTINATION, SOURCE
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from sqlalchemy import Engine, create_engine, text
+
+# isort: split
+from replicator.config import validate_submission
+from replicator.store import Store
+
+NARROW = 4
+WARMUP_S = 8.0  # flowing: measured after this long, once the task has caught up with the load
+WINDOW_S = 20.0
+
+# Run by `python -c` with the measured code first on the path: one commit of every partition, timed.
+COMMIT_COST = """
+import statistics, sys, time, psutil
+from sqlalchemy import text
+from replicator.database import make_engine
+from replicator.store import Store
+url, connector, topics, partitions = sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4])
+store = Store(make_engine(url))
+store.put_connector(connector, {"name": connector}, 1)
+lease = store.claim_task(connector, 0, "commit-cost")
+with store.engine.connect() as conn:
+    backends = [psutil.Process(r[0]) for r in conn.execute(text(
+        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend'"))]
+walls, cpus = [], []
+for i in range(7):
+    offsets = {(t, p): 1000 * i + p for t in topics for p in range(partitions)}
+    before = sum(sum(b.cpu_times()[:2]) for b in backends)
+    started = time.perf_counter()
+    store.commit(lease, offsets)
+    walls.append(time.perf_counter() - started)
+    cpus.append(sum(sum(b.cpu_times()[:2]) for b in backends) - before)
+print(f"{statistics.median(walls) * 1000:.0f} {statistics.median(cpus) * 1000:.0f}")
+"""
+
+
+@dataclass
+class Window:
+    """What a window of time cost: CPU shares are of one core."""
+
+    task_cpu: float
+    task_mib: float
+    broker_cpu: float
+    postgres_cpu: float
+    transactions_s: float
+    rows_s: float
+
+    def __str__(self) -> str:
+        return (f"task {self.task_cpu:5.1%} CPU {self.task_mib:4.0f} MiB | source broker {self.broker_cpu:5.1%} | "
+                f"Postgres {self.postgres_cpu:5.1%} CPU, {self.transactions_s:5.1f} transactions/s, "
+                f"{self.rows_s:7,.0f} rows/s")  # fmt: skip
+
+
+def broker_process() -> psutil.Process:
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(arg.endswith("server-a.properties") for arg in proc.info["cmdline"] or ()):
+            return proc
+    raise RuntimeError("the source broker's process (server-a.properties) was not found")
+
+
+def postgres_processes() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres"]
+
+
+def cpu(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        with suppress(psutil.NoSuchProcess):
+            total += sum(proc.cpu_times()[:2])
+    return total
+
+
+def database_writes(engine: Engine) -> tuple[int, int]:
+    """Transactions committed and rows written in the current database so far (the statistics collector's)."""
+    with engine.connect() as conn:
+        row = conn.execute(text(
+            "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted FROM pg_stat_database "
+            "WHERE datname = current_database()"
+        )).one()  # fmt: skip
+    return int(row[0]), int(row[1])
+
+
+def measure(task: psutil.Process | None, engine: Engine, seconds: float = WINDOW_S) -> Window:
+    broker, postgres = broker_process(), postgres_processes()
+    tasks = [task] if task else []
+    before = (cpu(tasks), cpu([broker]), cpu(postgres), *database_writes(engine))
+    time.sleep(seconds)
+    time.sleep(0.6)  # statistics reach pg_stat_database up to 500 ms after the transaction
+    after = (cpu(tasks), cpu([broker]), cpu(postgres), *database_writes(engine))
+    delta = [(a - b) / seconds for a, b in zip(after, before, strict=True)]
+    # The window's own two statistics reads are one transaction each.
+    return Window(delta[0], task.memory_info().rss / 2**20 if task else 0.0, delta[1], delta[2],
+                  max(delta[3] - 2 / seconds, 0), delta[4])  # fmt: skip
+
+
+def create_topics(names: list[str], partitions: int) -> None:
+    for bootstrap in (SOURCE, DESTINATION):
+        admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 300_000})
+        for name in names:  # one request each: Kafka 1.0 creates thousands of partitions slowly
+            try:
+                admin.create_topics([NewTopic(name, partitions, 1)], request_timeout=600)[name].result(600)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+        while not all(len(getattr(admin.list_topics(n, timeout=60).topics.get(n), "partitions", {})) == partitions
+                      for n in names):  # fmt: skip
+            time.sleep(1)
+
+
+def fill(names: list[str], partitions: int) -> None:
+    producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 50})
+    for name in names:
+        for p in range(partitions):
+            while True:
+                try:
+                    producer.produce(name, b"x", None, p)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+    producer.flush(600)
+
+
+def load(topics: str, partitions: int, rate: int, seconds: float) -> None:
+    """Write `rate` records/s of 100 bytes for `seconds`, one partition after another over every partition."""
+    targets = [(t, p) for p in range(partitions) for t in topics.split(",")]
+    producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 5, "queue.buffering.max.messages": 1_000_000})
+    value, produce = b"v" * 100, producer.produce
+    sent, start, total = 0, time.perf_counter(), int(rate * seconds)
+    while sent < total:
+        due = min(int((time.perf_counter() - start) * rate), total)
+        while sent < due:
+            topic, partition = targets[sent % len(targets)]
+            try:
+                produce(topic, value, None, partition)
+            except BufferError:
+                producer.poll(0.001)
+                continue
+            sent += 1
+        producer.poll(0)
+        time.sleep(0.001)
+    producer.flush(30)
+
+
+def start_load(topics: list[str], partitions: int, rate: int, seconds: float) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, __file__, "load", ",".join(topics), str(partitions), str(rate), str(seconds)]
+    return kit.start_process(argv, dict(os.environ))
+
+
+def latency(topics: list[str], partitions: int, rate: int, seconds: float = 15.0) -> tuple[float, float]:
+    """p50 and p99 (ms) from CreateTime to arrival at a reader of the destination topics, first 3 s dropped."""
+    reader = Consumer({"bootstrap.servers": DESTINATION, "group.id": "estate-latency", "enable.auto.commit": False,
+                       "fetch.wait.max.ms": 10})  # fmt: skip
+    reader.assign([TopicPartition(t, p, OFFSET_END) for t in topics for p in range(partitions)])
+    reader.consume(1, 3.0)  # the END offsets are resolved before the load starts
+    loader = start_load(topics, partitions, rate, seconds)
+    seen: list[tuple[int, list[int]]] = []
+    deadline = time.monotonic() + seconds + 20
+    count, expected = 0, int(rate * seconds)
+    while count < expected and time.monotonic() < deadline:
+        msgs = reader.consume(10_000, 0) or reader.consume(1, 0.1)
+        now = time.time_ns() // 1_000_000
+        created = [m.timestamp()[1] for m in msgs if m.error() is None]
+        seen.append((now, created))
+        count += len(created)
+    loader.wait(60)
+    reader.close()
+    pairs = [(c, now) for now, created in seen for c in created]
+    if not pairs:
+        raise RuntimeError("no record reached the destination")
+    first = min(c for c, _ in pairs)
+    kept = sorted(now - c for c, now in pairs if c >= first + 3000)
+    return kept[len(kept) // 2], kept[min(int(0.99 * len(kept)), len(kept) - 1)]
+
+
+@contextmanager
+def task_process(code: str | None, url: str, connector: str) -> Iterator[psutil.Process]:
+    env = {**os.environ, "MIRUS_DATABASE_URL": url}
+    argv = [*kit.MIRUS, "task", "run", connector, "0"]
+    if code:
+        argv = ["env", f"PYTHONPATH={code}", *argv]
+    proc = kit.start_process(argv, env)
+    try:
+        yield psutil.Process(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(120)
+
+
+def committed(engine: Engine, connector: str) -> int:
+    """Partitions with a stored offset, whichever layout the code under test stores them in."""
+    with engine.connect() as conn:
+        per_topic = conn.execute(text(
+            "SELECT count(*) FROM information_schema.columns WHERE table_name = 'offsets' AND column_name = 'positions'"
+        )).scalar()  # fmt: skip
+        query = (
+            "SELECT coalesce(sum(cardinality(array_remove(positions, NULL))), 0) FROM offsets WHERE connector = :c"
+            if per_topic
+            else "SELECT count(*) FROM offsets WHERE connector = :c"
+        )
+        return int(conn.execute(text(query), {"c": connector}).scalar())
+
+
+def database_for(admin: Engine, code: str | None, name: str) -> tuple[str, Engine]:
+    """A fresh database migrated by the code under test."""
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    env = {**os.environ, **({"PYTHONPATH": code} if code else {})}
+    migrate = "import sys; from replicator.database import migrated_engine; migrated_engine(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", migrate, url], env=env, check=True, cwd=code or kit.ROOT)
+    return url, create_engine(url.replace("postgresql://", "postgresql+psycopg2://", 1))
+
+
+def put_connector(store: Store, name: str, topics: list[str], partitions: int) -> None:
+    config = validate_submission({
+        "name": name, "consumer.bootstrap.servers": SOURCE, "destination.consumer.bootstrap.servers": DESTINATION,
+        "topics.whitelist": ",".join(topics), "tasks.max": 1,
+    })  # fmt: skip
+    store.put_connector(name, config.raw, 1)
+    store.write_assignment(name, {0: [(t, p) for t in topics for p in range(partitions)]})
+
+
+def one_round(admin: Engine, code: str | None, label: str, wide: list[str], narrow: str, args: argparse.Namespace,
+              tag: str) -> dict[str, float]:  # fmt: skip
+    partitions, total = args.partitions, len(wide) * args.partitions
+    url, engine = database_for(admin, code, f"estate_{tag}")
+    store = Store(engine)
+    figures: dict[str, float] = {}
+    put_connector(store, "wide", wide, partitions)
+    with task_process(code, url, "wide") as task:
+        started = time.monotonic()
+        while committed(engine, "wide") < total:
+            if not task.is_running() or task.status() == psutil.STATUS_ZOMBIE:
+                raise RuntimeError(f"{label}: the task exited")
+            if time.monotonic() - started > 600:
+                raise TimeoutError(f"{label}: not every partition committed after 600 s")
+            time.sleep(0.2)
+        figures["start_s"] = time.monotonic() - started
+        print(f"  {label:<9} {total:,} partitions: every one committed after {figures['start_s']:.1f} s, "
+              f"{task.memory_info().rss / 2**20:.0f} MiB", flush=True)  # fmt: skip
+        time.sleep(10)
+        idle = measure(task, engine)
+        print(f"  {label:<9} idle:               {idle}", flush=True)
+        loader = start_load(wide, partitions, args.rate, WARMUP_S + WINDOW_S + 2)
+        time.sleep(WARMUP_S)
+        flowing = measure(task, engine)
+        loader.wait(60)
+        print(f"  {label:<9} {args.rate:,}/s over {total:,}: {flowing}", flush=True)
+        p50, p99 = latency(wide, partitions, args.latency_rate)
+        print(f"  {label:<9} latency at {args.latency_rate:,}/s over {total:,}: p50 {p50:.0f} ms, p99 {p99:.0f} ms",
+              flush=True)  # fmt: skip
+    figures.update(idle_cpu=idle.task_cpu, idle_mib=idle.task_mib, idle_broker=idle.broker_cpu,
+                   idle_tx=idle.transactions_s, idle_rows=idle.rows_s, flow_cpu=flowing.task_cpu,
+                   flow_tx=flowing.transactions_s, flow_rows=flowing.rows_s, flow_pg=flowing.postgres_cpu,
+                   p99=p99)  # fmt: skip
+    put_connector(store, "narrow", [narrow], NARROW)
+    with task_process(code, url, "narrow") as task:
+        while committed(engine, "narrow") < NARROW:
+            time.sleep(0.2)
+        loader = start_load([narrow], NARROW, args.rate, WARMUP_S + WINDOW_S + 2)
+        time.sleep(WARMUP_S)
+        few = measure(task, engine)
+        loader.wait(60)
+        print(f"  {label:<9} {args.rate:,}/s over {NARROW}: {few}", flush=True)
+        p50_few, p99_few = latency([narrow], NARROW, args.latency_rate)
+        print(f"  {label:<9} latency at {args.latency_rate:,}/s over {NARROW}: p50 {p50_few:.0f} ms, "
+              f"p99 {p99_few:.0f} ms", flush=True)  # fmt: skip
+    figures.update(few_cpu=few.task_cpu, p99_few=p99_few)
+    env = {**os.environ, **({"PYTHONPATH": code} if code else {})}
+    out = subprocess.run([sys.executable, "-c", COMMIT_COST, url, "commit-cost", ",".join(wide), str(partitions)],
+                         env=env, check=True, capture_output=True, text=True, cwd=code or kit.ROOT).stdout  # fmt: skip
+    wall_ms, pg_ms = (float(x) for x in out.split())
+    figures.update(commit_ms=wall_ms, commit_pg_ms=pg_ms)
+    print(f"  {label:<9} one commit of {total:,} partitions: {wall_ms:.0f} ms, Postgres CPU {pg_ms:.0f} ms",
+          flush=True)  # fmt: skip
+    engine.dispose()
+    return figures
+
+
+def idle_beside_mirrormaker(wide: list[str], admin: Engine) -> None:
+    nobody = measure(None, admin)
+    print(f"  no copier:   source broker {nobody.broker_cpu:.1%}")
+    env = dict(os.environ)
+    proc = kit.start_process([str(kit.KIT / "mirrormaker.sh"), "|".join(wide)], env)
+    try:
+        time.sleep(45)  # joined its group, copied the one record of every partition, idle since
+        window = measure(psutil.Process(proc.pid), admin)
+        java = [c for c in psutil.Process(proc.pid).children(recursive=True)] or [psutil.Process(proc.pid)]
+        print(f"  MirrorMaker 1.0 idle, {len(wide)} topics: source broker {window.broker_cpu:.1%} "
+              f"({len(java)} process(es))")  # fmt: skip
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "load":
+        load(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--topics", type=int, default=20)
+    parser.add_argument("--partitions", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rate", type=int, default=10_000)
+    parser.add_argument("--latency-rate", type=int, default=5_000)
+    parser.add_argument("--baseline", help="another checkout of the project, measured alternately with this one")
+    parser.add_argument("--mirrormaker", action="store_true", help="also the source broker beside MirrorMaker 1.0")
+    parser.add_argument("--prefix", help="reuse the topics of an earlier run")
+    args = kit.parse_args(parser)
+    prefix = args.prefix or f"estate{int(time.time())}"
+    wide = [f"{prefix}-{i:03d}" for i in range(args.topics)]
+    narrow = f"{prefix}-narrow"
+    print(f"creating {args.topics} topics x {args.partitions} partitions and one of {NARROW} on both clusters ...",
+          flush=True)  # fmt: skip
+    started = time.perf_counter()
+    if not args.prefix:
+        create_topics(wide, args.partitions)
+        create_topics([narrow], NARROW)
+        fill(wide, args.partitions)
+    print(f"  ready in {time.perf_counter() - started:.0f} s", flush=True)
+    codes: list[tuple[str, str | None]] = [("this", None)] + ([("baseline", args.baseline)] if args.baseline else [])
+    results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in codes}
+    with kit.platform_database() as store:
+        admin = store.engine.execution_options(isolation_level="AUTOCOMMIT")
+        if args.mirrormaker:
+            idle_beside_mirrormaker(wide, admin)
+        for round_ in range(args.rounds):
+            print(f"round {round_ + 1} (load average {os.getloadavg()[0]:.1f})", flush=True)
+            for label, code in codes if round_ % 2 == 0 else codes[::-1]:
+                results[label].append(one_round(admin, code, label, wide, narrow, args, f"{label}_{round_}"))
+    print("medians:")
+    for label, runs in results.items():
+        m = {key: median(r[key] for r in runs) for key in runs[0]}
+        print(f"  {label:<9} all committed {m['start_s']:.1f} s | idle {m['idle_cpu']:.1%} CPU "
+              f"{m['idle_mib']:.0f} MiB, broker {m['idle_broker']:.1%}, {m['idle_tx']:.1f} tx/s "
+              f"{m['idle_rows']:.0f} rows/s | "
+              f"{args.rate:,}/s: {m['flow_cpu']:.1%} CPU ({m['flow_cpu'] / max(m['few_cpu'], 1e-9):.2f} x {NARROW} "
+              f"partitions), {m['flow_tx']:.1f} tx/s {m['flow_rows']:,.0f} rows/s, Postgres {m['flow_pg']:.1%} | "
+              f"p99 at {args.latency_rate:,}/s {m['p99']:.0f} ms ({m['p99_few']:.0f} on {NARROW}) | "
+              f"commit {m['commit_ms']:.0f} ms, Postgres {m['commit_pg_ms']:.0f} ms")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
