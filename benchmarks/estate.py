@@ -356,6 +356,7 @@ def main() -> None:
         create_topics(wide, args.partitions)
         create_topics([narrow], NARROW)
         fill(wide, args.partitions)
+        fill([narrow], NARROW)
     print(f"  ready in {time.perf_counter() - started:.0f} s", flush=True)
     codes: list[tuple[str, str | None]] = [("this", None)] + ([("baseline", args.baseline)] if args.baseline else [])
     results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in codes}

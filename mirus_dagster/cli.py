@@ -110,12 +110,16 @@ def task_run(connector: str, task_id: int) -> None:
     import logging
     import socket
 
+    from replicator.database import DatabaseUnavailableError, SchemaBehindError, task_engine
     from replicator.ownership import run_owned
     from replicator.store import Store, UnknownConnectorError
     from replicator.task import ReplicationTask
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    store = Store(_migrated_engine())
+    try:
+        store = Store(task_engine(_stack().endpoints.database_url))
+    except (DatabaseUnavailableError, SchemaBehindError) as exc:
+        raise click.ClickException(str(exc)) from None
     owner = f"{socket.gethostname()}:{os.getpid()}"
     try:
         outcome = run_owned(ReplicationTask(store, connector, task_id, owner))

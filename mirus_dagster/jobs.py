@@ -66,7 +66,11 @@ def replicate(context: dg.OpExecutionContext, config: ReplicatorTaskConfig, plat
     # commits and releases before it propagates, and the run ends CANCELED.
     name = f"{config.connector}-{config.task_id}"  # every event names the task, so a run page says whose it is
     task = ReplicationTask(
-        platform.store(), config.connector, config.task_id, owner, on_event=lambda m: context.log.info(f"{name}: {m}")
+        platform.task_store(),
+        config.connector,
+        config.task_id,
+        owner,
+        on_event=lambda m: context.log.info(f"{name}: {m}"),
     )
     # A task has an owner run and warm standby runs (`task.standby.runs`); whichever gets the lease replicates.
     outcome = run_owned(task)

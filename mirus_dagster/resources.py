@@ -5,7 +5,7 @@ import threading
 import dagster as dg
 from pydantic import Field
 
-from replicator.database import make_engine, upgrade
+from replicator.database import make_engine, task_engine, upgrade_if_behind
 from replicator.store import Store
 
 _stores: dict[str, Store] = {}
@@ -18,14 +18,18 @@ class PlatformDatabase(dg.ConfigurableResource):
     database_url: str = Field(description="SQLAlchemy/libpq URL of the platform database (MIRUS_DATABASE_URL).")
 
     def store(self) -> Store:
-        """One engine (connection pool) per process and URL; the schema is migrated on first use."""
+        """One engine (connection pool) per process and URL; the schema is migrated on first use if behind."""
         with _lock:
             store = _stores.get(self.database_url)
             if store is None:
                 engine = make_engine(self.database_url)
-                upgrade(engine)
+                upgrade_if_behind(engine)
                 store = _stores[self.database_url] = Store(engine)
             return store
+
+    def task_store(self) -> Store:
+        """A replicator run's store: two connections, and never a migration (`replicator.database.task_engine`)."""
+        return Store(task_engine(self.database_url))
 
 
 class SupervisorPolicy(dg.ConfigurableResource):

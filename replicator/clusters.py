@@ -8,10 +8,12 @@ cannot loop whatever their naming policy and aliases.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
+from confluent_kafka.admin import AdminClient
 
 METADATA_TIMEOUT_S = 5.0
 
@@ -24,13 +26,48 @@ class MetadataClient(Protocol):
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> object: ...
 
 
-def cluster_id(client: MetadataClient, role: str, fallback: str) -> str:
-    """The cluster id reported in Metadata (Kafka >= 0.10.1), or `fallback` for a broker that reports none."""
+def cluster_id(admin: AdminClient, role: str, fallback: str) -> str:
+    """The cluster id reported in Metadata (Kafka >= 0.10.1), or `fallback` for a broker that reports none.
+
+    Asks for no topic: a cluster's whole metadata is 100,000 partitions in a large estate."""
     try:
-        metadata = client.list_topics(timeout=METADATA_TIMEOUT_S)
+        description = admin.describe_cluster(request_timeout=METADATA_TIMEOUT_S).result()
     except KafkaException as exc:
         raise ClusterIdentityError(f"cannot identify the {role} cluster (metadata unavailable): {exc}") from exc
-    return getattr(metadata, "cluster_id", None) or fallback
+    return description.cluster_id or fallback
+
+
+@dataclass(frozen=True)
+class TopicPartitions:
+    """A topic's partition ids, or why it has none (it does not exist, or may not be described)."""
+
+    ids: frozenset[int]
+    error: str | None = None
+
+
+# Errors that concern one topic; any other error fails the whole request (the cluster is unreachable).
+TOPIC_ERRORS = {
+    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.TOPIC_EXCEPTION,
+}  # fmt: skip
+
+
+def topic_partitions(admin: AdminClient, topics: Iterable[str]) -> dict[str, TopicPartitions]:
+    """The partitions of the named topics only, in one Metadata request (raises KafkaException if it fails)."""
+    names = sorted(set(topics))
+    if not names:
+        return {}
+    futures = admin.describe_topics(TopicCollection(names), request_timeout=METADATA_TIMEOUT_S)
+    found = {}
+    for name, future in futures.items():
+        try:
+            found[name] = TopicPartitions(frozenset(p.id for p in future.result().partitions))
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            if err.code() not in TOPIC_ERRORS:
+                raise
+            found[name] = TopicPartitions(frozenset(), err.str())
+    return found
 
 
 class MetadataUnavailableError(RuntimeError):

@@ -177,7 +177,8 @@ class _ConnectorModel(BaseModel):
             # The broker answers a fetch after at most 3 ms, with whatever arrived by then: a record waits at most
             # that long, and a steady trickle of small appends no longer costs a fetch each (at 5,000 records/s that
             # halved the task's CPU and with it the tail latency). A newly assigned partition joins the next fetch.
-            # The price: an idle task asks each source broker up to ~330 times a second (benchmarks/README.md).
+            # Partitions that go quiet move to a consumer fetching as MirrorMaker's does (`source_reader.py`), so an
+            # idle task does not ask each source broker ~330 times a second.
             "fetch.wait.max.ms": 3,
             "fetch.min.bytes": 1_000_000,
             **self.source_client,

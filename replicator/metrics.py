@@ -95,6 +95,7 @@ class TaskMetrics:
         self.interval_s = interval_s
         self.interval_start = datetime.now(UTC)
         self.counters: dict[tuple[str, int], PartitionCounters] = {}
+        self.reported_lags: dict[tuple[str, int], int | None] = {}  # each partition's lag as last written
 
     def counters_for(self, partition: tuple[str, int]) -> PartitionCounters:
         counters = self.counters.get(partition)
@@ -106,10 +107,14 @@ class TaskMetrics:
         return (datetime.now(UTC) - self.interval_start).total_seconds() >= self.interval_s
 
     def drain(self, lags: dict[tuple[str, int], int | None]) -> list[MetricRow]:
-        """Rows for every partition that moved records or has a known lag; counters start again at zero."""
+        """Rows for every partition that moved records or whose known lag changed; counters start again at zero.
+
+        A partition that neither moved nor changed its lag writes nothing: an idle task holding thousands of
+        partitions costs Postgres nothing but its heartbeat (its last lag stays in `partition_lags`)."""
         end = datetime.now(UTC)
         rows = []
-        for partition in sorted(set(self.counters) | {p for p, lag in lags.items() if lag is not None}):
+        changed = {p for p, lag in lags.items() if lag is not None and self.reported_lags.get(p) != lag}
+        for partition in sorted(set(self.counters) | changed):
             c = self.counters.get(partition) or PartitionCounters()
             rows.append(
                 MetricRow(
@@ -122,4 +127,5 @@ class TaskMetrics:
             )  # fmt: skip
         self.counters = {}
         self.interval_start = end
+        self.reported_lags = dict(lags)
         return rows

@@ -314,10 +314,11 @@ def properties_markdown() -> str:
         "",
         "The source consumer's fetches are answered within 3 ms by default (`fetch.wait.max.ms=3` with "
         "`fetch.min.bytes=1000000`): a record waits at most that long at any rate, and steady traffic costs at most "
-        "~330 fetches a second per source broker and task instead of one per append. An idle task still asks that "
-        "often (measured on Apache Kafka 1.0: ~10 % of a small broker's core per idle task, against ~1.5 % with "
-        "fetches answered at the first byte, `consumer.fetch.min.bytes=1` with `consumer.fetch.wait.max.ms=100`, "
-        "which costs CPU per append instead; benchmarks/README.md). Set those two for an estate of mostly idle topics.",
+        "~330 fetches a second per source broker and task instead of one per append. Partitions without a record "
+        "for 5 s move to a second consumer that fetches as MirrorMaker's does (`fetch.wait.max.ms=500` with "
+        "`fetch.min.bytes=1`: answered at the first byte, two fetches a second when idle) and move back at their "
+        "next record, so an idle task costs its source broker about what MirrorMaker 1.0's consumer does "
+        '(benchmarks/README.md, "Estate"). `consumer.*` settings apply to both; the quiet one keeps its two.',
         "",
         "| prefix | client | description |",
         "|---|---|---|",

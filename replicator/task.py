@@ -2,7 +2,8 @@
 source partitions.
 
 A record's path, top to bottom in this file:
-  fetch      `_poll_once`: `consumer.consume()` on assigned partitions (no consumer group), forwarding at once
+  fetch      `_poll_once`: `SourceReader.consume()` on assigned partitions (no consumer group), forwarding at
+             once; partitions that flow are fetched eagerly, quiet ones cheaply (`replicator.source_reader`)
   map        `_forward`: destination topic and partition, user headers plus provenance headers, cycle guard
   produce    `_forward`: `producer.produce()` with key, value, headers and source timestamp (`_produce_again` when
              the local queue is full or the record is refused before sending)
@@ -34,21 +35,21 @@ from typing import Any
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
-    Consumer,
     KafkaError,
     KafkaException,
     Message,
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, ClusterMetadata
+from confluent_kafka.admin import AdminClient
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator import provenance
 from replicator.assignment import SourcePartition
-from replicator.clusters import cluster_id
+from replicator.clusters import TopicPartitions, cluster_id, topic_partitions
 from replicator.config import ConnectorConfig, load
 from replicator.metrics import PartitionCounters, TaskMetrics
+from replicator.source_reader import QUIET_AFTER_S, SourceReader
 from replicator.store import ConnectorHead, ConnectorState, FencedError, Lease, MetricRow, PartitionHealth, Store
 from replicator.transactions import (
     FENCED_CODES,
@@ -78,6 +79,7 @@ SOURCE_GONE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, Kafk
 # "refreshing": pause, delete, restart, new config versions and assignment generations (one indexed row read).
 REFRESH_INTERVAL_S = 0.5
 DESTINATION_CHECK_INTERVAL_S = 5.0  # "checking destinations": route or pause partitions by destination metadata
+REST_INTERVAL_S = 1.0  # "resting": flowing partitions that went quiet move to the reader's quiet tier
 # The destination no longer accepts this producer's identity (id, epoch, sequence), or the producer stopped after
 # an error that could leave a gap (`enable.gapless.guarantee`): retrying with the same producer cannot succeed, a
 # new one can (seen after a network cut timed records out mid-flight). A timeout (only with a user-set
@@ -202,6 +204,7 @@ class ReplicationTask:
         owner: str,
         *,
         metrics_interval_s: float = 10.0,
+        quiet_after_s: float = QUIET_AFTER_S,
         on_event: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
@@ -209,16 +212,18 @@ class ReplicationTask:
         self.task_id = task_id
         self.owner = owner
         self.metrics = TaskMetrics(task_id, metrics_interval_s)
+        self.quiet_after_s = quiet_after_s
         self.on_event = on_event or (lambda message: log.info("%s-%d: %s", connector, task_id, message))
         # Set by `run` (lease) and `_rebuild` (config and clients) before anything uses them.
         self.lease: Lease
         self.config: ConnectorConfig
-        self.consumer: Consumer
+        self.reader: SourceReader
         self.producer: Producer
         self.destination_admin: AdminClient
         self.clients_open = False
         self.source_cluster = self.destination_cluster = ""  # Kafka cluster ids, read by `_rebuild`
         self.partitions: dict[SourcePartition, PartitionState] = {}
+        self.known_topics: set[str] = set()  # source topics whose metadata the consumer has read
         self.paused: dict[SourcePartition, PartitionState] = {}  # the partitions whose `paused_reason` is set
         self.waiting: set[SourcePartition] = set()  # assigned to us, still owned by another live task
         self.generation = 0
@@ -240,11 +245,12 @@ class ReplicationTask:
         self.committing = Periodic("committing offsets")
         self.refreshing = Periodic("refreshing assignment and configuration")
         self.checking_destinations = Periodic("checking destination partitions")
+        self.resting = Periodic("moving quiet partitions to cheap fetches")
         # Postgres commits, metric rows and destination metadata requests run beside the loop, never blocking a
         # record: one background thread, its results applied by the loop (`_collect_commit`, `_housekeeping`).
         self.background = ThreadPoolExecutor(1, thread_name_prefix=f"mirus-{connector}-{task_id}")
         self.commit_in_flight: tuple[Future[None], dict[SourcePartition, int]] | None = None
-        self.metadata_in_flight: Future[ClusterMetadata] | None = None
+        self.metadata_in_flight: Future[dict[str, TopicPartitions]] | None = None
         self.head_in_flight: Future[ConnectorHead | None] | None = None  # the connector's row, read in the background
         self.commit_started = 0.0
 
@@ -292,16 +298,20 @@ class ReplicationTask:
         if head is None:
             return
         self._rebuild(head.version, head.restart_requested_at)
-        for client in (self.consumer, self.producer, self.destination_admin):
-            try:
-                client.list_topics(timeout=5)
-            except Exception as exc:  # only slower later: the task loop reports real trouble
-                log.info("%s-%d: warming up a client failed: %s", self.connector, self.task_id, exc)
+        # Connected and holding the metadata of one of its topics (never the whole cluster's) before it is needed.
+        mine = self.store.read_assignment(self.connector).get(self.task_id)
+        if mine:
+            topic = mine[0][0]
+            for client, name in ((self.reader, topic), (self.producer, self.config.namer.destination_topic(topic))):
+                try:
+                    client.list_topics(name, timeout=5)
+                except Exception as exc:  # only slower later: the task loop reports real trouble
+                    log.info("%s-%d: warming up a client failed: %s", self.connector, self.task_id, exc)
 
     def discard(self) -> None:
         """Close the clients of a task that was prepared but never ran."""
         if self.clients_open:
-            self.consumer.close()
+            self.reader.close()
             self.clients_open = False
 
     def _shutdown(self, outcome: TaskExit | None, error: BaseException | None) -> None:
@@ -320,7 +330,7 @@ class ReplicationTask:
         finally:
             self.background.shutdown(wait=True)
             if self.clients_open:
-                self.consumer.close()
+                self.reader.close()
             if not fenced:
                 state = "FAILED" if isinstance(error, Exception) else (outcome.value if outcome else "STOPPED")
                 self.store.finish_task(self.lease, state, f"{type(error).__name__}: {error}" if error else None)
@@ -329,7 +339,7 @@ class ReplicationTask:
     # -- fetch, map, produce ----------------------------------------------------------------------------
 
     def _poll_once(self) -> None:
-        consumer, producer = self.consumer, self.producer
+        reader, producer = self.reader, self.producer
         timeout = min(self.config.poll_timeout_ms / 1000, MAX_BLOCK_S)
         if not self.partitions:
             time.sleep(min(timeout, 0.2))  # nothing assigned yet; housekeeping will pick work up
@@ -339,9 +349,9 @@ class ReplicationTask:
         if self.transaction_due:  # exactly-once: no intake until the transaction's records are acknowledged
             msgs = []
         else:
-            msgs = consumer.consume(BATCH, 0)
+            msgs = reader.consume(BATCH, 0)
             if not msgs:
-                msgs = consumer.consume(1, ACK_SERVE_S if len(producer) else timeout)
+                msgs = reader.consume(1, ACK_SERVE_S if len(producer) else timeout)
         if msgs:
             self._forward(msgs)
         self.now_ms = time.time_ns() // 1_000_000  # acknowledgement time of everything this poll serves
@@ -634,10 +644,10 @@ class ReplicationTask:
             offset = reset if state.durable is None else state.durable
             positions.append(TopicPartition(state.topic, state.partition, offset))
         if positions:
-            self.consumer.incremental_unassign([TopicPartition(tp.topic, tp.partition) for tp in positions])
-            self.consumer.incremental_assign(positions)
+            self.reader.unassign(list(self.partitions))
+            self.reader.assign(positions)
         if self.paused:
-            self.consumer.pause([TopicPartition(s.topic, s.partition) for s in self.paused.values()])
+            self.reader.pause(list(self.paused))
 
     def _collect_commit(self, wait: bool = False) -> None:
         """Apply the outcome of the background commit once it is done (raises FencedError if it was fenced)."""
@@ -714,7 +724,10 @@ class ReplicationTask:
             and self.partitions
             and self.checking_destinations.due(now, DESTINATION_CHECK_INTERVAL_S)
         ):
-            self.metadata_in_flight = self.background.submit(self.destination_admin.list_topics, timeout=5)
+            topics = {state.destination_topic for state in self.partitions.values()}
+            self.metadata_in_flight = self.background.submit(topic_partitions, self.destination_admin, topics)
+        if self.resting.due(now, REST_INTERVAL_S):
+            self.reader.settle(self._position)
         for state in [s for s in self.paused.values() if s.in_flight == 0 and now >= s.retry_at]:
             self._resume(state)
         if self.metrics.due():
@@ -749,18 +762,19 @@ class ReplicationTask:
             self.on_event(f"configuration version {record.version}: restarting clients in place")
             self._drain(10)
             self._commit()
-            self.consumer.close()
+            self.reader.close()
         self.config = config
         self.ordered_acks = config.ordered_acks
         self.version, self.restart_marker = record.version, restart_marker
-        self.consumer = Consumer(config.consumer_settings())
+        self.reader = SourceReader(config.consumer_settings(), self.quiet_after_s)
+        self.known_topics = set()
         self.producer = Producer(self._producer_settings(config))
         if self.owning:
             self._start_transactions()
         self.destination_admin = AdminClient(config.admin_settings("destination"))
         self.clients_open = True
         # Clusters are known by their Kafka cluster id (aliases are display names that may coincide).
-        self.source_cluster = cluster_id(self.consumer, "source", config.source_alias)
+        self.source_cluster = cluster_id(AdminClient(config.admin_settings("source")), "source", config.source_alias)
         self.destination_cluster = cluster_id(self.destination_admin, "destination", config.target_alias)
         self.origin = self.source_cluster.encode()
         self.origin_header = (provenance.ORIGIN, self.origin)
@@ -774,7 +788,7 @@ class ReplicationTask:
             # A partition moves only after everything read from it is acknowledged and committed.
             self._drain(30)
             self._commit()
-            self.consumer.incremental_unassign([TopicPartition(t, p) for t, p in removed])
+            self.reader.unassign(removed)
             for tp in removed:
                 del self.partitions[tp]
                 self.paused.pop(tp, None)
@@ -799,10 +813,12 @@ class ReplicationTask:
         if not partitions:
             return
         stored = self.store.load_offsets(self.connector, partitions)
-        try:  # metadata of new topics now, not at librdkafka's next scan (up to 1 s later)
-            self.consumer.list_topics(timeout=5)
-        except Exception as exc:
-            log.info("%s-%d: source metadata not refreshed: %s", self.connector, self.task_id, exc)
+        for topic in sorted({tp[0] for tp in partitions if tp[0] not in self.known_topics}):
+            try:  # metadata of a new topic now, not at librdkafka's next scan (up to 1 s later)
+                self.reader.list_topics(topic, timeout=5)
+                self.known_topics.add(topic)
+            except Exception as exc:
+                log.info("%s-%d: source metadata of %s not read: %s", self.connector, self.task_id, topic, exc)
         if self.transactions is not None:
             self._resume_after_destination(partitions, stored)
         reset = OFFSET_END if self.config.auto_offset_reset == "latest" else OFFSET_BEGINNING
@@ -812,7 +828,7 @@ class ReplicationTask:
             state = PartitionState(tp, stored.get(tp), destination, self.source_cluster)
             self.partitions[tp] = state
             assign.append(TopicPartition(tp[0], tp[1], stored.get(tp, reset)))
-        self.consumer.incremental_assign(assign)
+        self.reader.assign(assign)
         for topic in {self.partitions[tp].destination_topic for tp in partitions}:
             try:  # a destination topic grown a moment ago: the producer must know its new partitions
                 self.producer.list_topics(topic, timeout=5)
@@ -825,12 +841,11 @@ class ReplicationTask:
         """Exactly-once: a partition resumes after its last committed copy at the destination when that is ahead
         of Postgres (the task stopped between a transaction's commit and the offsets' commit)."""
         ends = self.store.load_destination_offsets(self.connector, partitions)
-        metadata = self.destination_admin.list_topics(timeout=5)
+        destinations = {tp: self.config.namer.destination_topic(tp[0]) for tp in partitions}
+        layouts = topic_partitions(self.destination_admin, destinations.values())
         points = {}
-        for tp in partitions:
-            destination = self.config.namer.destination_topic(tp[0])
-            topic = metadata.topics.get(destination)
-            if topic is not None and topic.error is None and tp[1] in topic.partitions:
+        for tp, destination in destinations.items():
+            if tp[1] in layouts[destination].ids:
                 points[tp] = ResumePoint(destination, tp[1], ends.get(tp))
         settings = self.config.admin_settings("destination")
         for tp, offset in resume_offsets(settings, self.source_cluster, points).items():
@@ -847,7 +862,7 @@ class ReplicationTask:
         if not states:
             return
         try:
-            metadata = self.destination_admin.list_topics(timeout=5)
+            layouts = topic_partitions(self.destination_admin, {state.destination_topic for state in states})
         except Exception as exc:
             log.warning("destination metadata unavailable for %s-%d: %s", self.connector, self.task_id, exc)
             for state in states:
@@ -856,16 +871,17 @@ class ReplicationTask:
                     # partition's records over the destination's partitions, out of order. Wait and retry.
                     self._pause(state, f"destination metadata unavailable: {exc}")
             return
-        self._map_destinations(states, metadata)
+        self._map_destinations(states, layouts)
 
-    def _map_destinations(self, states: list[PartitionState], metadata: ClusterMetadata) -> None:
+    def _map_destinations(self, states: list[PartitionState], layouts: dict[str, TopicPartitions]) -> None:
         for state in states:
-            topic = metadata.topics.get(state.destination_topic)
+            topic = layouts.get(state.destination_topic)
             if topic is None or topic.error is not None:
                 if state.paused_reason is None:
-                    self._pause(state, f"destination topic {state.destination_topic!r} does not exist")
+                    why = f" ({topic.error})" if topic is not None and "nknown topic" not in topic.error else ""
+                    self._pause(state, f"destination topic {state.destination_topic!r} does not exist{why}")
                 continue
-            if self.config.partition_matching is not False and state.partition in topic.partitions:
+            if self.config.partition_matching is not False and state.partition in topic.ids:
                 self._route(state, state.partition)
             elif self.config.requires_destination_partition:
                 if state.paused_reason is None:
@@ -898,7 +914,7 @@ class ReplicationTask:
         self.paused[state.tp] = state
         state.failures += 1
         state.retry_at = time.monotonic() + RETRY_BACKOFF_S[min(state.failures - 1, len(RETRY_BACKOFF_S) - 1)]
-        self.consumer.pause([TopicPartition(state.topic, state.partition)])
+        self.reader.pause([state.tp])
         self._show_state(state, PartitionHealth.PAUSED, reason)
         self.on_event(f"paused {state.topic}[{state.partition}]: {reason}")
 
@@ -911,9 +927,13 @@ class ReplicationTask:
         if state.paused_reason is not None:
             return  # still missing: _check_destination paused it again with a longer backoff
         restart = self._read_again(state)
-        self.consumer.resume([TopicPartition(state.topic, state.partition)])
+        self.reader.resume([state.tp])
         self._show_state(state, PartitionHealth.ACTIVE, None)
         self.on_event(f"resumed {state.topic}[{state.partition}] at offset {restart} (was: {reason})")
+
+    def _position(self, tp: SourcePartition) -> int | None:
+        """The next offset of `tp` to read (None: nothing read or stored yet)."""
+        return self.partitions[tp].position
 
     def _read_again(self, state: PartitionState) -> int | None:
         """Read a partition again from its first unacknowledged offset (returned): nothing produced is awaited."""
@@ -921,7 +941,7 @@ class ReplicationTask:
         state.forget_in_flight()
         state.position = restart
         if restart is not None:
-            self.consumer.seek(TopicPartition(state.topic, state.partition, restart))
+            self.reader.seek(state.tp, restart)
         return restart
 
     def _show_state(self, state: PartitionState, shown: PartitionHealth, reason: str | None) -> None:
@@ -932,7 +952,7 @@ class ReplicationTask:
             log.warning("partition state of %s[%d] not recorded: %s", state.topic, state.partition, exc)
 
     def _drop(self, tp: SourcePartition, reason: str) -> None:
-        self.consumer.incremental_unassign([TopicPartition(*tp)])
+        self.reader.unassign([tp])
         self.partitions.pop(tp, None)
         self.paused.pop(tp, None)
         self.store.set_partition_state(self.lease, tp, PartitionHealth.DROPPED, reason)
@@ -1005,7 +1025,7 @@ class ReplicationTask:
         self._fold_metrics()
         lags: dict[SourcePartition, int | None] = {}
         for state in self.partitions.values():
-            _low, high = self.consumer.get_watermark_offsets(TopicPartition(state.topic, state.partition), cached=True)
+            _low, high = self.reader.watermarks(state.tp)
             done = state.committable()
             # Watermarks are only a hint (some brokers report them wrongly): never negative, unknown when absent.
             lags[state.tp] = max(high - done, 0) if high >= 0 and done is not None else None

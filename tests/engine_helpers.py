@@ -14,6 +14,7 @@ from replicator.assignment import SourcePartition
 from replicator.config import ConnectorConfig, validate_submission
 from replicator.database import make_engine, upgrade
 from replicator.ownership import run_owned
+from replicator.source_reader import QUIET_AFTER_S
 from replicator.store import Store
 from replicator.task import ReplicationTask, TaskExit
 
@@ -64,9 +65,11 @@ class TaskThread:
 
     @classmethod
     def start(
-        cls, store: Store, connector: str, task_id: int = 0, owner: str = "test", *, owned: bool = False
-    ) -> TaskThread:
-        runner = cls(task=ReplicationTask(store, connector, task_id, owner, metrics_interval_s=1.0), owned=owned)
+        cls, store: Store, connector: str, task_id: int = 0, owner: str = "test", *, owned: bool = False,
+        quiet_after_s: float = QUIET_AFTER_S,
+    ) -> TaskThread:  # fmt: skip
+        task = ReplicationTask(store, connector, task_id, owner, metrics_interval_s=1.0, quiet_after_s=quiet_after_s)
+        runner = cls(task=task, owned=owned)
         runner.task.on_event = runner.events.append
         runner.thread = threading.Thread(target=runner._run, daemon=True, name=f"{connector}-{task_id}")
         runner.thread.start()

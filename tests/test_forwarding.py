@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from mirus_dagster.stack import StackEndpoints
-from replicator import provenance, task
+from replicator import provenance, source_reader, task
 from replicator.store import PartitionHealth, Store
 from replicator.task import TaskExit
 
@@ -171,7 +171,7 @@ def test_a_full_local_producer_queue_delays_records_but_loses_or_reorders_none(
     assert not any("paused" in e for e in runner.events), runner.events
 
 
-class _RecordingConsumer(task.Consumer):
+class _RecordingConsumer(source_reader.Consumer):
     """The real consumer, noting each `consume` call's request and what it returned."""
 
     log: list[tuple[Any, ...]]
@@ -198,7 +198,7 @@ def test_a_single_record_on_an_idle_source_is_forwarded_without_waiting_for_a_ba
     log: list[tuple[Any, ...]] = []
     monkeypatch.setattr(_RecordingConsumer, "log", log, raising=False)
     monkeypatch.setattr(_RecordingProducer, "log", log, raising=False)
-    monkeypatch.setattr(task, "Consumer", _RecordingConsumer)
+    monkeypatch.setattr(source_reader, "Consumer", _RecordingConsumer)
     monkeypatch.setattr(task, "Producer", _RecordingProducer)
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})

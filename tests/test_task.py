@@ -140,6 +140,36 @@ def test_clean_stop_resumes_from_exactly_the_committed_offsets(
     assert sum(_committed(store, unique).values()) == 300
 
 
+def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_record(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    create_topics(stack.source_bootstrap_servers, {unique: 3})
+    create_topics(stack.destination_bootstrap_servers, {unique: 3})
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
+                     {0: [(unique, p) for p in range(3)]})  # fmt: skip
+    produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": p, "value": b"a%d" % p} for p in (0, 1)])
+    runner = TaskThread.start(store, unique, quiet_after_s=0.5)
+    wait_for(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
+    reader = runner.task.reader
+    consume_all(stack.destination_bootstrap_servers, unique, 3, expected=2)
+    # Partitions 0 and 1 were read and stopped; partition 2 never had a record (its empty log's end is its place).
+    wait_for(lambda: reader.quiet_count == 3, timeout=30, what="every partition in the quiet tier")
+    # Records on quiet partitions flow, and their partitions go back to eager fetching from the next offset.
+    produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"b%d" % i} for i in range(50)])
+    produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 2, "value": b"c%d" % i} for i in range(5)])
+    consume_all(stack.destination_bootstrap_servers, unique, 3, expected=57)
+    produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"d%d" % i} for i in range(50)])
+    copied = consume_all(stack.destination_bootstrap_servers, unique, 3, expected=107)
+    wait_for(lambda: reader.quiet_count == 3, timeout=30, what="every partition quiet again")
+    runner.finish()
+    by_partition = _by_partition(copied)
+    later = [*(b"b%d" % i for i in range(50)), *(b"d%d" % i for i in range(50))]
+    assert [r.value for r in by_partition[0]] == [b"a0", *later]
+    assert [r.value for r in by_partition[1]] == [b"a1"]
+    assert [r.value for r in by_partition[2]] == [b"c%d" % i for i in range(5)]
+    assert _committed(store, unique) == {(unique, 0): 101, (unique, 1): 1, (unique, 2): 5}
+
+
 def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, unique: str, tmp_path: Path) -> None:
     partitions, total = 4, 40_000
     create_topics(stack.source_bootstrap_servers, {unique: partitions})
