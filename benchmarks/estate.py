@@ -316,17 +316,19 @@ def one_round(admin: Engine, code: str | None, label: str, wide: list[str], narr
     return figures
 
 
-def idle_beside_mirrormaker(wide: list[str], admin: Engine) -> None:
+def idle_beside_mirrormaker(wide: list[str], partitions: int, admin: Engine) -> None:
     nobody = measure(None, admin)
-    print(f"  no copier:   source broker {nobody.broker_cpu:.1%}")
+    print(f"  no copier: source broker {nobody.broker_cpu:.1%}", flush=True)
     env = dict(os.environ)
     proc = kit.start_process([str(kit.KIT / "mirrormaker.sh"), "|".join(wide)], env)
     try:
         time.sleep(45)  # joined its group, copied the one record of every partition, idle since
         window = measure(psutil.Process(proc.pid), admin)
-        java = [c for c in psutil.Process(proc.pid).children(recursive=True)] or [psutil.Process(proc.pid)]
-        print(f"  MirrorMaker 1.0 idle, {len(wide)} topics: source broker {window.broker_cpu:.1%} "
-              f"({len(java)} process(es))")  # fmt: skip
+        print(
+            f"  MirrorMaker 1.0 idle on the same {len(wide) * partitions:,} partitions: source broker "
+            f"{window.broker_cpu:.1%}; MirrorMaker {window.task_cpu:.1%} CPU, {window.task_mib:.0f} MiB",
+            flush=True,
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -363,7 +365,7 @@ def main() -> None:
     with kit.platform_database() as store:
         admin = store.engine.execution_options(isolation_level="AUTOCOMMIT")
         if args.mirrormaker:
-            idle_beside_mirrormaker(wide, admin)
+            idle_beside_mirrormaker(wide, args.partitions, admin)
         for round_ in range(args.rounds):
             print(f"round {round_ + 1} (load average {os.getloadavg()[0]:.1f})", flush=True)
             for label, code in codes if round_ % 2 == 0 else codes[::-1]:

@@ -118,8 +118,12 @@ def task_run(connector: str, task_id: int) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         store = Store(task_engine(_stack().endpoints.database_url))
-    except (DatabaseUnavailableError, SchemaBehindError) as exc:
+    except SchemaBehindError as exc:
         raise click.ClickException(str(exc)) from None
+    except DatabaseUnavailableError as exc:
+        raise click.ClickException(
+            f"{exc}. Start the embedded one with `mirus stack up`, or point MIRUS_DATABASE_URL at yours."
+        ) from None
     owner = f"{socket.gethostname()}:{os.getpid()}"
     try:
         outcome = run_owned(ReplicationTask(store, connector, task_id, owner))

@@ -136,8 +136,9 @@ def test_stack_up_shows_the_log_of_a_process_that_dies_at_start(tmp_path: Path, 
 def test_every_database_command_migrates_a_fresh_database_or_says_what_to_run(
     stack: StackEndpoints, unique: str, tmp_path: Path
 ) -> None:
-    """A database that never saw a migration is brought to the schema by the command that needs it; an
-    unreachable one is named (without its password) with the command that starts the embedded one."""
+    """A database that never saw a migration is brought to the schema by `mirus db upgrade`; a task never migrates
+    and says what to run; an unreachable one is named (without its password) with the command that starts the
+    embedded one."""
     name = unique.replace("-", "_")
     admin = create_engine(stack.database_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -145,13 +146,19 @@ def test_every_database_command_migrates_a_fresh_database_or_says_what_to_run(
     admin.dispose()
     fresh = stack.database_url.rsplit("/", 1)[0] + f"/{name}"
     runner = CliRunner()
+    engine = create_engine(fresh)
 
     task = runner.invoke(main, ["task", "run", "no-such-connector", "0"], env={"MIRUS_DATABASE_URL": fresh})
+    assert task.exit_code == 1, task.output
+    assert "schema is at revision none" in task.output and "`mirus db upgrade`" in task.output, task.output
+    assert current_revision(engine) is None
 
+    upgraded = runner.invoke(main, ["db", "upgrade"], env={"MIRUS_DATABASE_URL": fresh})
+    assert upgraded.exit_code == 0, upgraded.output
+    assert current_revision(engine) == head_revision(engine)
+    task = runner.invoke(main, ["task", "run", "no-such-connector", "0"], env={"MIRUS_DATABASE_URL": fresh})
     assert task.exit_code == 1, task.output
     assert "connector 'no-such-connector' does not exist; add it with the put_connector job" in task.output
-    engine = create_engine(fresh)
-    assert current_revision(engine) == head_revision(engine)
     engine.dispose()
 
     unreachable = f"postgresql://mirus:s3cret-pw@127.0.0.1:{free_port()}/mirus"

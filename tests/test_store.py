@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from datetime import timedelta
 
 import pytest
@@ -12,7 +9,7 @@ from alembic import command
 from sqlalchemy import event, text
 
 from mirus_dagster.stack import StackEndpoints
-from replicator.database import alembic_config, current_revision, head_revision, task_engine, upgrade
+from replicator.database import alembic_config, upgrade
 from replicator.store import ConnectorState, FencedError, PartitionHealth, Store, UnknownConnectorError
 
 from .engine_helpers import private_database
@@ -180,25 +177,4 @@ def test_the_upgrade_to_offsets_per_topic_keeps_every_stored_offset(stack: Stack
     with engine.connect() as conn:
         back = conn.execute(text('SELECT topic, partition, "offset", destination_offset FROM offsets ORDER BY 1, 2'))
         assert sorted(back) == sorted([*rows, ("t", 1, 20, None)])
-    engine.dispose()
-
-
-def test_a_task_never_migrates_and_names_the_command_when_the_schema_is_behind(
-    stack: StackEndpoints, unique: str
-) -> None:
-    engine = private_database(stack, unique)
-    command.downgrade(alembic_config(engine), "0004")
-    url = engine.url.render_as_string(hide_password=False)
-    ran = subprocess.run(
-        [sys.executable, "-c", "from mirus_dagster.cli import main; main()", "task", "run", unique, "0"],
-        env={**os.environ, "MIRUS_DATABASE_URL": url}, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert ran.returncode != 0, ran.stdout
-    assert "revision 0004" in ran.stderr and "mirus db upgrade" in ran.stderr, ran.stderr
-    assert current_revision(engine) == "0004"  # left as it was
-    upgrade(engine)
-    migrated = task_engine(url)
-    assert current_revision(migrated) == head_revision(migrated)
-    assert (migrated.pool.size(), migrated.pool._max_overflow) == (2, 0)  # its work, and its owner's epoch lock
-    migrated.dispose()
     engine.dispose()
