@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import median
 
 import apache_kafka as kit  # puts the project on the path
@@ -212,16 +213,21 @@ def latency(topics: list[str], partitions: int, rate: int, seconds: float = 15.0
 
 @contextmanager
 def task_process(code: str | None, url: str, connector: str) -> Iterator[psutil.Process]:
-    env = {**os.environ, "MIRUS_DATABASE_URL": url}
-    argv = [*kit.MIRUS, "task", "run", connector, "0"]
-    if code:
-        argv = ["env", f"PYTHONPATH={code}", *argv]
-    proc = kit.start_process(argv, env)
+    """`mirus task run` of the code under test (this checkout's own when `code` is None), its log in a file."""
+    env = {**os.environ, "MIRUS_DATABASE_URL": url, "PYTHONPATH": code or str(kit.ROOT)}
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"estate-{connector}-{os.getpid()}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([*kit.MIRUS, "task", "run", connector, "0"], env=env, stdout=out, stderr=out,
+                                start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
         yield psutil.Process(proc.pid)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(120)
+        if proc.returncode not in (0, -signal.SIGINT):
+            last = [line for line in log.read_text().splitlines() if line.strip()][-3:]
+            print(f"    (the task exited with {proc.returncode}: {' | '.join(last)[:600]})", flush=True)
 
 
 def committed(engine: Engine, connector: str) -> int:
@@ -270,7 +276,9 @@ def one_round(admin: Engine, code: str | None, label: str, wide: list[str], narr
         started = time.monotonic()
         while committed(engine, "wide") < total:
             if not task.is_running() or task.status() == psutil.STATUS_ZOMBIE:
-                raise RuntimeError(f"{label}: the task exited")
+                raise RuntimeError(
+                    f"{label}: the task exited after committing {committed(engine, 'wide'):,} of {total:,} partitions"
+                )
             if time.monotonic() - started > 600:
                 raise TimeoutError(f"{label}: not every partition committed after 600 s")
             time.sleep(0.2)
@@ -322,7 +330,13 @@ def idle_beside_mirrormaker(wide: list[str], partitions: int, admin: Engine) -> 
     env = dict(os.environ)
     proc = kit.start_process([str(kit.KIT / "mirrormaker.sh"), "|".join(wide)], env)
     try:
-        time.sleep(45)  # joined its group, copied the one record of every partition, idle since
+        mm = psutil.Process(proc.pid)
+        started, busy = time.monotonic(), 1.0
+        while busy > 0.1 and time.monotonic() - started < 300:  # joined its group, copied everything, idle since
+            before = cpu([mm])
+            time.sleep(5)
+            busy = (cpu([mm]) - before) / 5
+        print(f"  (MirrorMaker idle after {time.monotonic() - started:.0f} s)", flush=True)
         window = measure(psutil.Process(proc.pid), admin)
         print(
             f"  MirrorMaker 1.0 idle on the same {len(wide) * partitions:,} partitions: source broker "
@@ -369,9 +383,15 @@ def main() -> None:
         for round_ in range(args.rounds):
             print(f"round {round_ + 1} (load average {os.getloadavg()[0]:.1f})", flush=True)
             for label, code in codes if round_ % 2 == 0 else codes[::-1]:
-                results[label].append(one_round(admin, code, label, wide, narrow, args, f"{label}_{round_}"))
+                try:
+                    results[label].append(one_round(admin, code, label, wide, narrow, args, f"{label}_{round_}"))
+                except RuntimeError as exc:
+                    print(f"  {label:<9} failed: {exc}", flush=True)
     print("medians:")
     for label, runs in results.items():
+        if not runs:
+            print(f"  {label:<9} no completed round")
+            continue
         m = {key: median(r[key] for r in runs) for key in runs[0]}
         print(f"  {label:<9} all committed {m['start_s']:.1f} s | idle {m['idle_cpu']:.1%} CPU "
               f"{m['idle_mib']:.0f} MiB, broker {m['idle_broker']:.1%}, {m['idle_tx']:.1f} tx/s "

@@ -102,10 +102,17 @@ def held_reasons(
 
 
 class KafkaMonitor:
-    def __init__(self, store: Store, read_view: Callable[[AdminClient, str], ClusterView] = read_cluster) -> None:
-        """`read_view`: how a cluster is read (the metadata watcher passes the reading it shares among connectors)."""
+    def __init__(
+        self,
+        store: Store,
+        read_view: Callable[[AdminClient, str], ClusterView] = read_cluster,
+        admin_for: Callable[[dict[str, str]], AdminClient] = AdminClient,
+    ) -> None:
+        """`read_view`: how a cluster is read (the metadata watcher passes the reading it shares among connectors);
+        `admin_for`: the admin client for a cluster's settings (the watcher's live as long as it does)."""
         self.store = store
         self.read_view = read_view
+        self.admin_for = admin_for
 
     def _read(self, connector: str, admin: AdminClient, role: str) -> ClusterView:
         try:
@@ -120,7 +127,9 @@ class KafkaMonitor:
         """Read both clusters, apply the connector's rules, and store a new generation if membership changed."""
         record = self.store.get_connector(connector)
         config = load(record.properties)
-        admins = Admins(AdminClient(config.admin_settings("source")), AdminClient(config.admin_settings("destination")))
+        admins = Admins(
+            self.admin_for(config.admin_settings("source")), self.admin_for(config.admin_settings("destination"))
+        )
         source = self._read(connector, admins.source, "source")
         destination = self._read(connector, admins.destination, "destination")
         flow = self.store.flow(connector)
@@ -186,7 +195,7 @@ class KafkaMonitor:
         ):
             source_id, destination_id = ids(source, destination, config)
             try:
-                failed = sync_groups(config, self.store, source_id, destination_id)
+                failed = sync_groups(config, self.store, source_id, destination_id, (admins.source, admins.destination))
             except (TranslationError, KafkaException) as exc:
                 failed = {"*": broker_reason(exc) if isinstance(exc, KafkaException) else str(exc)}
             updates.update(groups_synced_at=now, problems=problems("group", failed))

@@ -327,11 +327,17 @@ def translate_group(
     return translated
 
 
-def sync_groups(config: ConnectorConfig, store: Store, source_cluster: str, destination_cluster: str) -> dict[str, str]:
+def sync_groups(
+    config: ConnectorConfig, store: Store, source_cluster: str, destination_cluster: str,
+    admins: tuple[AdminClient, AdminClient] | None = None,
+) -> dict[str, str]:  # fmt: skip
     """The periodic duty: checkpoint every selected group and, with `sync.group.offsets.enabled`, write the
-    translations into idle destination groups. Returns problems (group -> why)."""
-    source_admin = AdminClient(config.admin_settings("source"))
-    destination_admin = AdminClient(config.admin_settings("destination"))
+    translations into idle destination groups. Returns problems (group -> why). `admins`: the source's and the
+    destination's clients to use (the metadata watcher's live as long as it does); new ones otherwise."""
+    source_admin, destination_admin = admins or (
+        AdminClient(config.admin_settings("source")),
+        AdminClient(config.admin_settings("destination")),
+    )
     problems: dict[str, str] = {}
     offsets = {}
     for group in selected_groups(config, list_groups(source_admin)):

@@ -13,8 +13,23 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, func, literal_column, or_, select, text, tuple_, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import (
+    Engine,
+    Integer,
+    Text,
+    and_,
+    bindparam,
+    delete,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, insert
 from sqlalchemy.orm import Session
 
 from replicator.assignment import SourcePartition
@@ -49,6 +64,7 @@ class PartitionHealth(StrEnum):
     DROPPED = "DROPPED"
 
 
+KEPT_GENERATIONS = 10  # assignment generations kept per connector, the current one included
 LEASE_HELD = "RUNNING"  # a lease's state while an instance holds it (see LeaseRow.state)
 
 
@@ -224,6 +240,21 @@ ON CONFLICT (connector, topic) DO UPDATE SET
 """)
 
 
+def _pairs(partitions: Iterable[SourcePartition]) -> Any:
+    """Partitions as (topic, partition) rows from two array parameters: an IN list of pairs grows the statement
+    with every partition, and 10,000 of them exceed Postgres's stack depth."""
+    pairs = sorted(set(partitions))
+    topics = bindparam(None, [t for t, _ in pairs], type_=ARRAY(Text))
+    numbers = bindparam(None, [p for _, p in pairs], type_=ARRAY(Integer))
+    return func.unnest(topics, numbers).table_valued("topic", "partition").render_derived()
+
+
+def _among(partitions: Iterable[SourcePartition]) -> Any:
+    """`partition_status` rows of `partitions` (a WHERE condition)."""
+    pairs = _pairs(partitions)
+    return tuple_(PartitionStatus.topic, PartitionStatus.partition).in_(select(pairs.c.topic, pairs.c.partition))
+
+
 def _topic_arrays(
     offsets: Mapping[SourcePartition, int], destinations: Mapping[SourcePartition, int]
 ) -> dict[str, Any]:
@@ -351,6 +382,12 @@ class Store:
             for task_id, parts in wanted.items():
                 s.add(Assignment(connector=connector, generation=row.assignment_generation, task_id=task_id,
                                  partitions=[list(tp) for tp in parts]))  # fmt: skip
+            # Older generations are history nobody reads: a task reads the generation it just saw in the head row,
+            # and keeping a few lets one that saw it moments ago still read it.
+            s.execute(delete(Assignment).where(
+                Assignment.connector == connector,
+                Assignment.generation <= row.assignment_generation - KEPT_GENERATIONS,
+            ))  # fmt: skip
             return row.assignment_generation
 
     def read_assignment(self, connector: str, generation: int | None = None) -> dict[int, list[SourcePartition]]:
@@ -563,8 +600,7 @@ class Store:
                 ((t, p), task) for t, p, task in s.execute(
                     select(PartitionStatus.topic, PartitionStatus.partition, PartitionStatus.task_id)
                     .where(PartitionStatus.connector == lease.connector, PartitionStatus.task_id.is_not(None),
-                           PartitionStatus.task_id != lease.task_id,
-                           tuple_(PartitionStatus.topic, PartitionStatus.partition).in_(list(partitions)))
+                           PartitionStatus.task_id != lease.task_id, _among(partitions))
                     .with_for_update()
                 )
             )  # fmt: skip
@@ -574,9 +610,11 @@ class Store:
                 " AND l.task_id = partition_status.task_id AND l.state = :held"
                 " AND l.heartbeat_at > now() - :stale)"
             ).bindparams(stale=stale_after, held=LEASE_HELD)
-            stmt = insert(PartitionStatus).values(
-                [{"connector": lease.connector, "topic": t, "partition": p, "task_id": lease.task_id,
-                  "state": PartitionHealth.ACTIVE} for t, p in partitions]
+            pairs = _pairs(partitions)
+            stmt = insert(PartitionStatus).from_select(
+                ["connector", "topic", "partition", "task_id", "state"],
+                select(literal(lease.connector), pairs.c.topic, pairs.c.partition, literal(lease.task_id),
+                       literal(PartitionHealth.ACTIVE.value)),
             )  # fmt: skip
             stmt = stmt.on_conflict_do_update(
                 index_elements=[PartitionStatus.connector, PartitionStatus.topic, PartitionStatus.partition],
@@ -599,7 +637,7 @@ class Store:
             s.execute(
                 update(PartitionStatus)
                 .where(PartitionStatus.connector == lease.connector, PartitionStatus.task_id == lease.task_id,
-                       tuple_(PartitionStatus.topic, PartitionStatus.partition).in_(wanted))
+                       _among(wanted))
                 .values(task_id=None, updated_at=func.now())
             )  # fmt: skip
 
@@ -653,7 +691,7 @@ class Store:
                 s.execute(
                     delete(PartitionStatus).where(
                         PartitionStatus.connector == connector, PartitionStatus.task_id.is_(None),
-                        tuple_(PartitionStatus.topic, PartitionStatus.partition).in_(stale),
+                        _among(stale),
                     )
                 )  # fmt: skip
 

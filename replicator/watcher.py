@@ -48,14 +48,20 @@ class ClusterReadings:
         self.requests: Counter[str] = Counter()  # bootstrap servers -> metadata requests this round
         self.fingerprints: dict[str, str] = {}
 
+    def client(self, settings: Mapping[str, str]) -> AdminClient:
+        """The cluster's long-lived admin client (one per cluster and settings, for reads and for the duties)."""
+        key = _settings_key(settings)
+        self.used.add(key)
+        client = self.clients.get(key)
+        if client is None:
+            client = self.clients[key] = AdminClient(dict(settings))
+        return client
+
     def read(self, settings: Mapping[str, str], cluster: str) -> ClusterView:
         """The cluster as `replicator.clusters.read_cluster` shows it, read once a round."""
         key = _settings_key(settings)
         if key not in self.views:
-            self.used.add(key)
-            client = self.clients.get(key)
-            if client is None:
-                client = self.clients[key] = AdminClient(dict(settings))
+            client = self.client(settings)
             self.requests[str(settings.get("bootstrap.servers"))] += 1
             try:
                 self.views[key] = read_cluster(client, cluster)
@@ -158,7 +164,7 @@ class MetadataWatcher:
                     watch.seen = seen
                     continue
                 done.polled.append(record.name)
-                monitor = KafkaMonitor(self.store, read_view=self._shared(config, readings))
+                monitor = KafkaMonitor(self.store, read_view=self._shared(config, readings), admin_for=readings.client)
                 result = monitor.poll(record.name)
                 watch.due_at = time.monotonic() + config.monitor_poll_wait_ms / 1000
             except MetadataUnavailableError as exc:  # recorded with the failed snapshot: the connector shows it

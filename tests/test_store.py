@@ -42,6 +42,18 @@ def test_a_new_generation_only_when_membership_changes(store: Store, unique: str
     assert store.read_assignment(unique) == {}
 
 
+def test_old_assignment_generations_are_pruned_and_recent_ones_kept(store: Store, unique: str) -> None:
+    store.put_connector(unique, {"name": unique}, 1)
+    for generation in range(1, 26):
+        assert store.write_assignment(unique, {0: [("t", generation)]}) == generation
+    assert store.read_assignment(unique) == {0: [("t", 25)]}
+    assert store.read_assignment(unique, 16) == {0: [("t", 16)]}  # a task that saw it moments ago still reads it
+    assert store.read_assignment(unique, 15) == {}  # older history is gone
+    with store.engine.connect() as conn:
+        kept = conn.execute(text("SELECT count(*) FROM assignments WHERE connector = :c"), {"c": unique}).scalar()
+    assert kept == 10
+
+
 def test_a_fenced_instance_cannot_write(store: Store, unique: str) -> None:
     store.put_connector(unique, {"name": unique}, 1)
     old = store.claim_task(unique, 0, "old")
