@@ -51,7 +51,7 @@ def _rewind(store: Store, connector: str, offsets: dict[tuple[str, int], int]) -
     with store.engine.begin() as conn:
         for (topic, partition), offset in offsets.items():
             conn.execute(
-                text('UPDATE offsets SET "offset" = :o WHERE connector = :c AND topic = :t AND partition = :p'),
+                text("UPDATE offsets SET positions[:p + 1] = :o WHERE connector = :c AND topic = :t"),
                 {"o": offset, "c": connector, "t": topic, "p": partition},
             )
 
