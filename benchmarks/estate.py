@@ -217,8 +217,9 @@ def task_process(code: str | None, url: str, connector: str) -> Iterator[psutil.
     env = {**os.environ, "MIRUS_DATABASE_URL": url, "PYTHONPATH": code or str(kit.ROOT)}
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"estate-{connector}-{os.getpid()}.log"
     with log.open("w") as out:
+        # Run from the code's own directory: `python -c` puts the working directory ahead of PYTHONPATH.
         proc = subprocess.Popen([*kit.MIRUS, "task", "run", connector, "0"], env=env, stdout=out, stderr=out,
-                                start_new_session=True,
+                                cwd=code or kit.ROOT, start_new_session=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
         yield psutil.Process(proc.pid)

@@ -9,6 +9,10 @@ from datetime import datetime
 # A failed run that lived this long had been replicating (or standing by, ready to): its crash is not part of a
 # crash loop, and its replacement starts at once however many crashes came before.
 HEALTHY_RUN_S = 60.0
+# A failed run that lived this long and whose task heartbeated until about when it ended was replicating when it
+# died (killed, its node lost): it is replaced at once, so repeated kills never leave a task waiting for a backoff.
+# A crash loop of runs that get that far restarts at most once per this many seconds.
+REPLICATING_RUN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,7 @@ class TaskRunHistory:
     latest_status: str | None  # SUCCESS, FAILURE, CANCELED, ... of the newest finished run; None if never run
     latest_ended_at: datetime | None
     consecutive_failures: int  # FAILURE runs in a row, newest first, that crashed soon after they started
+    latest_lived_s: float | None = None  # how long the newest finished run lived
 
     @property
     def live(self) -> bool:
@@ -72,6 +77,12 @@ def restart_decision(
     if history.live and heartbeat_at is not None and heartbeat_at > history.latest_ended_at:
         # A standby took the task over after the crash and replicates: no crash loop, whatever came before.
         return Decision(True, "standby missing (the task replicates)", runs=wanted - history.live_runs)
+    if (
+        heartbeat_at is not None
+        and (history.latest_lived_s or 0.0) >= REPLICATING_RUN_S
+        and (history.latest_ended_at - heartbeat_at).total_seconds() <= lease_timeout_s
+    ):
+        return Decision(True, "the failed run was replicating until it ended", runs=wanted - history.live_runs)
     wait = restart_backoff_s(history.consecutive_failures, initial_backoff_s, max_backoff_s)
     waited = (now - history.latest_ended_at).total_seconds()
     if waited < wait:

@@ -83,6 +83,7 @@ def task_histories(instance: dg.DagsterInstance, connector: str) -> dict[int, Ta
             latest_status=done[0].dagster_run.status.value if done else None,
             latest_ended_at=_ts(done[0].end_time or done[0].update_timestamp.timestamp()) if done else None,
             consecutive_failures=failures,
+            latest_lived_s=_lived_s(done[0]) if done else None,
         )
     return histories
 

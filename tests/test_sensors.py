@@ -27,6 +27,7 @@ from replicator.store import Store
 from replicator.watcher import MetadataWatcher, WatchRound
 from sensors.decisions import (
     HEALTHY_RUN_S,
+    REPLICATING_RUN_S,
     TaskRunHistory,
     failure_streak,
     requested_restart,
@@ -108,6 +109,20 @@ def test_a_crash_after_healthy_replication_restarts_at_once_however_many_came_be
     assert failure_streak([("FAILURE", crash)] * 3 + [("FAILURE", healthy), ("FAILURE", crash)]) == 4
     assert failure_streak([("FAILURE", crash), ("FAILURE", None), ("SUCCESS", crash), ("FAILURE", crash)]) == 2
     assert failure_streak([("CANCELED", crash), ("FAILURE", crash)]) == 0
+
+
+def test_a_run_killed_while_replicating_is_replaced_at_once_even_deep_in_a_streak() -> None:
+    policy = {"lease_timeout_s": 30.0, "initial_backoff_s": 1.0, "max_backoff_s": 60.0}
+    # Killed again and again before its new standby started: no live run, six short-lived failures in a row.
+    killed = history(latest_status="FAILURE", latest_ended_at=NOW, consecutive_failures=6,
+                     latest_lived_s=REPLICATING_RUN_S + 5)  # fmt: skip
+    decision = restart_decision(killed, NOW - timedelta(seconds=1), NOW, wanted=2, **policy)
+    assert decision.launch and decision.runs == 2  # heartbeating until it died: owner and standby at once
+    # The same streak of runs that never heartbeated (or died within seconds of starting) is a crash loop.
+    assert not restart_decision(killed, NOW - timedelta(minutes=5), NOW, wanted=2, **policy).launch
+    assert not restart_decision(killed, None, NOW, wanted=2, **policy).launch
+    young = history(latest_status="FAILURE", latest_ended_at=NOW, consecutive_failures=6, latest_lived_s=3.0)
+    assert not restart_decision(young, NOW - timedelta(seconds=1), NOW, wanted=2, **policy).launch
 
 
 def test_an_operator_restart_brings_a_failed_task_back_at_once() -> None:
