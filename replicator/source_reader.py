@@ -8,8 +8,9 @@ serve both kinds of partition:
 - quiet (no record for `quiet_after_s`): `fetch.wait.max.ms` 500 with `fetch.min.bytes` 1, as MirrorMaker's Java
   consumer fetches: the broker holds the fetch until the first byte arrives, so a new record is answered at once,
   and an idle partition costs two fetches a second per broker instead of 330.
-A quiet partition that yields a record moves back to the flowing tier at the offset after it; one whose records
-stop moves to the quiet tier at its next offset. A partition is in exactly one tier; moving it is an unassign from
+A quiet partition that yields a record keeps being read by the quiet consumer (which answers at the first byte) and
+moves back to the flowing tier at the next `settle`; one whose records stop moves to the quiet tier at its next
+offset. A partition is in exactly one tier; moving it is an unassign from
 one consumer and an assign at an explicit offset on the other (librdkafka drops what the first had prefetched).
 """
 
@@ -39,6 +40,7 @@ class SourceReader:
         self.tier: dict[SourcePartition, Consumer] = {}
         self.quiet_count = 0
         self.paused: set[SourcePartition] = set()
+        self.waking: set[SourcePartition] = set()  # quiet partitions that yielded records since the last `settle`
         # Per flowing partition: its position when last checked, and since when it has not moved.
         self.still_since: dict[SourcePartition, tuple[int | None, float]] = {}
 
@@ -58,24 +60,25 @@ class SourceReader:
                 msgs = flowing.consume(count, min(left, SLICE_S))
                 woken = [] if msgs else quiet.consume(count, 0)
         if woken:
-            self._wake(woken)
+            for msg in woken:  # they flow again at the next `settle`: one move for all, not one per batch
+                self.waking.add((msg.topic(), msg.partition()))
             msgs.extend(woken)
         return msgs
 
-    def _wake(self, msgs: list[Message]) -> None:
-        """Quiet partitions that yielded records flow again, from the offset after their last one here."""
-        after: dict[SourcePartition, int] = {}
-        for msg in msgs:
-            if msg.error() is None:
-                after[(msg.topic(), msg.partition())] = msg.offset() + 1
-        woken = [tp for tp in after if self.tier.get(tp) is self.quiet and tp not in self.paused]
-        if woken:
-            self._move(woken, self.quiet, self.flowing, {tp: after[tp] for tp in woken})
-
     def settle(self, positions: Callable[[SourcePartition], int | None]) -> None:
-        """Move flowing partitions whose position has not changed for `quiet_after_s` to the quiet tier (called
-        about once a second; `positions` gives the task's next offset to read of a partition, None if unknown)."""
+        """Move quiet partitions that yielded records back to the flowing tier, and flowing partitions whose position
+        has not changed for `quiet_after_s` to the quiet tier, each at the task's next offset to read (`positions`;
+        None if unknown). Called about once a second: librdkafka's assignment changes cost in proportion to every
+        partition assigned, so partitions move in one batch each way, never one by one."""
         now = time.monotonic()
+        waking = {
+            tp: position
+            for tp in self.waking
+            if self.tier.get(tp) is self.quiet and tp not in self.paused and (position := positions(tp)) is not None
+        }
+        self.waking = set()
+        if waking:
+            self._move(list(waking), self.quiet, self.flowing, waking)
         resting: dict[SourcePartition, int] = {}
         for tp, consumer in self.tier.items():
             if consumer is not self.flowing or tp in self.paused:
