@@ -8,7 +8,8 @@ Needs the two Apache Kafka 1.0 clusters running (see `benchmarks/apache_kafka.py
 committed) and one 4-partition topic. Per round and per code (this checkout, then `--baseline`, alternating; each
 on a Postgres database of its own, migrated by its own code), one connector with `tasks.max` 1 holds every wide
 partition, run as `mirus task run`:
-- start: seconds from the process start until Postgres holds an offset for every partition; resident memory;
+- start: seconds from the process start until every partition is copied and committed up to its end (records
+  left by earlier runs included: the line says how many); resident memory;
 - idle (10 s after that, over 20 s): the task's CPU and memory, the source broker's CPU, and what the task costs
   Postgres (transactions and rows written per second in its database, all Postgres processes' CPU);
 - flowing: `--rate` records/s of 100 bytes spread evenly over every partition (one load process): the same figures;
@@ -231,18 +232,34 @@ def task_process(code: str | None, url: str, connector: str) -> Iterator[psutil.
             print(f"    (the task exited with {proc.returncode}: {' | '.join(last)[:600]})", flush=True)
 
 
-def committed(engine: Engine, connector: str) -> int:
-    """Partitions with a stored offset, whichever layout the code under test stores them in."""
+def committed(engine: Engine, connector: str) -> tuple[int, int]:
+    """Partitions with a stored offset, and the sum of those offsets, whichever layout the code under test uses."""
     with engine.connect() as conn:
         per_topic = conn.execute(text(
             "SELECT count(*) FROM information_schema.columns WHERE table_name = 'offsets' AND column_name = 'positions'"
         )).scalar()  # fmt: skip
         query = (
-            "SELECT coalesce(sum(cardinality(array_remove(positions, NULL))), 0) FROM offsets WHERE connector = :c"
+            "SELECT count(x), coalesce(sum(x), 0) FROM offsets, unnest(positions) AS x WHERE connector = :c"
             if per_topic
-            else "SELECT count(*) FROM offsets WHERE connector = :c"
+            else 'SELECT count(*), coalesce(sum("offset"), 0) FROM offsets WHERE connector = :c'
         )
-        return int(conn.execute(text(query), {"c": connector}).scalar())
+        count, total = conn.execute(text(query), {"c": connector}).one()
+        return int(count), int(total)
+
+
+def end_offsets(topics: list[str], partitions: int) -> int:
+    """The sum of the source partitions' end offsets: where a task that has copied everything has committed."""
+    reader = Consumer({"bootstrap.servers": SOURCE, "group.id": "estate-ends"})
+    try:
+        return sum(reader.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
+                   for t in topics for p in range(partitions))  # fmt: skip
+    finally:
+        reader.close()
+
+
+def caught_up(engine: Engine, connector: str, partitions: int, end: int) -> bool:
+    count, total = committed(engine, connector)
+    return count >= partitions and total >= end
 
 
 def database_for(admin: Engine, code: str | None, name: str) -> tuple[str, Engine]:
@@ -273,18 +290,20 @@ def one_round(admin: Engine, code: str | None, label: str, wide: list[str], narr
     store = Store(engine)
     figures: dict[str, float] = {}
     put_connector(store, "wide", wide, partitions)
+    end = end_offsets(wide, partitions)
     with task_process(code, url, "wide") as task:
         started = time.monotonic()
-        while committed(engine, "wide") < total:
+        while not caught_up(engine, "wide", total, end):
             if not task.is_running() or task.status() == psutil.STATUS_ZOMBIE:
                 raise RuntimeError(
-                    f"{label}: the task exited after committing {committed(engine, 'wide'):,} of {total:,} partitions"
+                    f"{label}: the task exited; {committed(engine, 'wide')[0]:,} of {total:,} partitions committed"
                 )
             if time.monotonic() - started > 600:
-                raise TimeoutError(f"{label}: not every partition committed after 600 s")
+                raise TimeoutError(f"{label}: not everything copied and committed after 600 s")
             time.sleep(0.2)
         figures["start_s"] = time.monotonic() - started
-        print(f"  {label:<9} {total:,} partitions: every one committed after {figures['start_s']:.1f} s, "
+        print(f"  {label:<9} {total:,} partitions, {end:,} records: all copied and committed after "
+              f"{figures['start_s']:.1f} s, "
               f"{task.memory_info().rss / 2**20:.0f} MiB", flush=True)  # fmt: skip
         time.sleep(10)
         idle = measure(task, engine)
@@ -302,8 +321,9 @@ def one_round(admin: Engine, code: str | None, label: str, wide: list[str], narr
                    flow_tx=flowing.transactions_s, flow_rows=flowing.rows_s, flow_pg=flowing.postgres_cpu,
                    p99=p99)  # fmt: skip
     put_connector(store, "narrow", [narrow], NARROW)
+    end = end_offsets([narrow], NARROW)
     with task_process(code, url, "narrow") as task:
-        while committed(engine, "narrow") < NARROW:
+        while not caught_up(engine, "narrow", NARROW, end):
             time.sleep(0.2)
         loader = start_load([narrow], NARROW, args.rate, WARMUP_S + WINDOW_S + 2)
         time.sleep(WARMUP_S)
