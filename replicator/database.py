@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -73,22 +74,18 @@ def head_revision(engine: Engine) -> str | None:
 
 def migrated_engine(url: str) -> Engine:
     """An engine on a database brought to the newest schema: what every command that reads or writes needs."""
-    engine = make_engine(url)
-    try:
-        upgrade_if_behind(engine)
-    except OperationalError as exc:
-        engine.dispose()
-        where = engine.url.render_as_string(hide_password=True)
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise DatabaseUnavailableError(f"the platform database at {where} is not reachable ({reason})") from None
-    return engine
+    return _checked_engine(make_engine(url), upgrade_if_behind)
 
 
 def task_engine(url: str) -> Engine:
     """An engine for a replicator task's process: a pool of `TASK_POOL`, on a schema already migrated."""
-    engine = make_engine(url, **TASK_POOL)
+    return _checked_engine(make_engine(url, **TASK_POOL), require_current)
+
+
+def _checked_engine(engine: Engine, check: Callable[[Engine], None]) -> Engine:
+    """`engine` once `check` passed on it; disposed otherwise, an unreachable database named (password hidden)."""
     try:
-        require_current(engine)
+        check(engine)
     except OperationalError as exc:
         engine.dispose()
         where = engine.url.render_as_string(hide_password=True)
