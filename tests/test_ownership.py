@@ -3,21 +3,23 @@ lease is valid, takes over when the owner dies or falls silent, and nothing is l
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 
 from mirus_dagster.stack import StackEndpoints
-from replicator.ownership import TaskOwnership
-from replicator.store import FencedError, Store
+from replicator.ownership import TaskOwnership, epoch_lock_key
+from replicator.store import FencedError, Lease, Store
 
 from .engine_helpers import connector_properties, create_connector
 from .kafka_helpers import Traffic, create_topics, wait_for
@@ -58,9 +60,23 @@ class TaskProcess:
             self.process.wait(30)
 
 
+def three_waits_of_a_heartbeating_owner(store: Store, lease: Lease) -> Callable[[], bool]:
+    """A standby's `should_stop` that lets it wait three times on the owner's lock (up to a second each), the owner
+    heartbeating before each."""
+    rounds = 0
+
+    def should_stop() -> bool:
+        nonlocal rounds
+        rounds += 1
+        store.commit(lease, {})
+        return rounds > 3
+
+    return should_stop
+
+
 def assert_taken_over_before_the_lease_timeout(store: Store, connector: str, last_heartbeat: datetime | None) -> None:
     """The new owner claimed the task before the old one's lease could have timed out: the standby noticed its
-    session end, not a silence. By the database's clock, so that a slow machine does not decide it; how fast a
+    lock transaction end, not a silence. By the database's clock, so that a slow machine does not decide it; how fast a
     takeover is belongs to the benchmarks (benchmarks/README.md, "Orchestration latency" and "Discovery and
     takeover at scale")."""
     lease = store.lease_of(connector, 0)
@@ -73,7 +89,7 @@ def replica_of(stack: StackEndpoints, topic: str, written: int) -> ReplicaReport
                          partitions=PARTITIONS, written=written)  # fmt: skip
 
 
-def test_a_standby_waits_while_the_owner_lives_and_takes_over_when_its_session_ends(
+def test_a_standby_waits_while_the_owner_lives_and_takes_over_when_its_lock_transaction_ends(
     store: Store, stack: StackEndpoints, unique: str
 ) -> None:
     create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
@@ -81,15 +97,7 @@ def test_a_standby_waits_while_the_owner_lives_and_takes_over_when_its_session_e
     lease = owner.acquire()
     assert lease is not None and lease.epoch == 1
     standby = TaskOwnership(store.engine, unique, 0, "standby", LEASE_TIMEOUT)
-    rounds = 0
-
-    def three_waits() -> bool:  # each wait blocks on the owner's lock for up to a second
-        nonlocal rounds
-        rounds += 1
-        store.commit(lease, {})  # the owner heartbeats
-        return rounds > 3
-
-    assert standby.acquire(three_waits) is None
+    assert standby.acquire(three_waits_of_a_heartbeating_owner(store, lease)) is None
     assert epoch_of(store, unique) == 1
     store.commit(lease, {(unique, 0): 5})  # the owner still writes: nobody fenced it
 
@@ -97,7 +105,7 @@ def test_a_standby_waits_while_the_owner_lives_and_takes_over_when_its_session_e
     claimed: list[object] = []
     waiting = threading.Thread(target=lambda: claimed.append(standby.acquire()))
     waiting.start()
-    owner.close()  # the owner's session ends, as when its process is killed
+    owner.close()  # its lock transaction ends, as when its process is killed
     waiting.join(60)
     assert claimed and getattr(claimed[0], "epoch", None) == 2
     assert_taken_over_before_the_lease_timeout(store, unique, last_heartbeat)
@@ -107,12 +115,32 @@ def test_a_standby_waits_while_the_owner_lives_and_takes_over_when_its_session_e
     standby.close()
 
 
+def test_the_owners_lock_outlives_the_servers_idle_and_transaction_timeouts(
+    store: Store, stack: StackEndpoints, unique: str
+) -> None:
+    # A deployment may end idle transactions (or any long one, Postgres 17+) for its other clients; the owner's lock
+    # transaction is idle for the task's whole life and must stay open, or a standby takes over a live owner.
+    timeouts = "-c idle_in_transaction_session_timeout=300 -c transaction_timeout=300"
+    strict = create_engine(store.engine.url, connect_args={"options": timeouts})
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
+    try:
+        with TaskOwnership(strict, unique, 0, "owner", LEASE_TIMEOUT) as owner:
+            lease = owner.acquire()
+            assert lease is not None
+            with TaskOwnership(store.engine, unique, 0, "standby", LEASE_TIMEOUT) as standby:
+                assert standby.acquire(three_waits_of_a_heartbeating_owner(store, lease)) is None
+            store.commit(lease, {(unique, 0): 1})
+    finally:
+        strict.dispose()
+    assert epoch_of(store, unique) == 1
+
+
 def test_a_silent_owner_is_fenced_when_its_lease_times_out(store: Store, stack: StackEndpoints, unique: str) -> None:
     create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
     with TaskOwnership(store.engine, unique, 0, "owner", LEASE_TIMEOUT) as owner:
         lease = owner.acquire()
         assert lease is not None
-        with store.engine.begin() as conn:  # alive (its session holds the lock) but silent for a minute
+        with store.engine.begin() as conn:  # alive (its lock transaction holds the lock) but silent for a minute
             conn.execute(
                 text("UPDATE task_leases SET heartbeat_at = now() - interval '60 seconds' WHERE connector = :c"),
                 {"c": unique},
@@ -128,17 +156,26 @@ def test_a_silent_owner_is_fenced_when_its_lease_times_out(store: Store, stack: 
 def test_kill_9_of_the_owner_hands_over_to_the_standby_without_loss_or_reordering(
     store: Store, stack: StackEndpoints, unique: str, tmp_path: Path
 ) -> None:
+    kill_9_hands_over(store, stack, stack.database_url, unique, tmp_path)
+
+
+def kill_9_hands_over(store: Store, stack: StackEndpoints, database_url: str, unique: str, tmp_path: Path) -> None:
+    """Owner and standby processes of a task, on `database_url`: the standby writes nothing while the owner lives,
+    takes over when it is killed, fences it, and nothing is lost or reordered."""
     create_topics(stack.source_bootstrap_servers, {unique: PARTITIONS})
     create_topics(stack.destination_bootstrap_servers, {unique: PARTITIONS})
     create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
                      {0: [(unique, p) for p in range(PARTITIONS)]})  # fmt: skip
     traffic = Traffic(stack.source_bootstrap_servers, {unique: PARTITIONS}, rate=1000)
-    owner = TaskProcess(stack, unique, tmp_path / "owner.log")
+    tasks = dataclasses.replace(stack, database_url=database_url)
+    owner = TaskProcess(tasks, unique, tmp_path / "owner.log")
     standby: TaskProcess | None = None
     try:
         wait_for(lambda: store.load_offsets(unique), timeout=60, what="the owner committing")
         epoch = epoch_of(store, unique)
-        standby = TaskProcess(stack, unique, tmp_path / "standby.log")
+        # Its lock transaction stays open (through PgBouncer: pinning a server connection) and holds back no vacuum.
+        assert lock_holders(store, unique, epoch) == [("idle in transaction", None, None)]
+        standby = TaskProcess(tasks, unique, tmp_path / "standby.log")
         wait_for(lambda: "standing by" in standby.output(), timeout=60, what="the standby standing by")
         # While the owner lives, the standby writes nothing: no new epoch, every offset is the owner's.
         committed = dict(store.load_offsets(unique))
@@ -146,11 +183,13 @@ def test_kill_9_of_the_owner_hands_over_to_the_standby_without_loss_or_reorderin
         assert epoch_of(store, unique) == epoch and offset_epochs(store, unique) == {epoch}
 
         last_heartbeat = store.lease_of(unique, 0).heartbeat_at  # a later last beat only makes the check stricter
-        owner.signal(signal.SIGKILL)
+        owner.signal(signal.SIGKILL)  # (PgBouncer closes the server connection its client left in a transaction)
         owner.process.wait(10)
         committed_at_kill = store.load_offsets(unique)
         wait_for(lambda: epoch_of(store, unique) == epoch + 1, timeout=60, what="the takeover")
         assert_taken_over_before_the_lease_timeout(store, unique, last_heartbeat)
+        with pytest.raises(FencedError):
+            store.commit(Lease(unique, 0, epoch), {(unique, 0): 0})
         written = traffic.stop()
         wait_for(lambda: sum(store.load_offsets(unique).values()) == written, timeout=60, what="everything copied")
         assert offset_epochs(store, unique) == {epoch + 1}
@@ -163,8 +202,21 @@ def test_kill_9_of_the_owner_hands_over_to_the_standby_without_loss_or_reorderin
 
     replica = replica_of(stack, unique, written)
     replica.assert_at_least_once()
-    # Copied twice: only records after the owner's last commit.
+    # Copied twice: only records after the owner's last commit (the new owner resumed from it).
     replica.assert_duplicates_only_after({p: o for (_, p), o in committed_at_kill.items()})
+
+
+def lock_holders(store: Store, connector: str, epoch: int) -> list[tuple[str, object, object]]:
+    """State, transaction id and snapshot horizon of the sessions holding `epoch`'s lock."""
+    key = epoch_lock_key(connector, 0, epoch)
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT a.state, a.backend_xid, a.backend_xmin FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                 " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+                 " AND l.classid::bigint = :high AND l.objid::bigint = :low"),
+            {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF},
+        )  # fmt: skip
+        return [tuple(row) for row in rows]
 
 
 def test_a_stopped_owner_is_fenced_after_the_lease_timeout_and_never_commits_again(
