@@ -10,13 +10,9 @@ MIGRATION_LOCK_ID = 0x6D69727573  # "mirus"
 
 engine = context.config.attributes["engine"]
 with engine.connect() as connection:
-    connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": MIGRATION_LOCK_ID})
-    connection.commit()
-    try:
-        context.configure(connection=connection, target_metadata=Base.metadata, compare_type=True)
-        with context.begin_transaction():
-            context.run_migrations()
-        connection.commit()
-    finally:
-        connection.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": MIGRATION_LOCK_ID})
-        connection.commit()
+    context.configure(connection=connection, target_metadata=Base.metadata, compare_type=True)
+    with context.begin_transaction():
+        # Transaction-scoped, so that upgrades also run through a transaction pooler (PgBouncer); taken before the
+        # current revision is read, so a waiting upgrade finds what the one before it applied.
+        connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK_ID})
+        context.run_migrations()
