@@ -8,17 +8,16 @@ driver on Debian's own chromedriver, so selenium never tries to download a drive
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.debian import ensure_debian_packages
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 DEBIAN_PACKAGES = ("chromium", "chromium-driver")
-INSTALL_TIMEOUT_S = 900
 # Root needs --no-sandbox; the rest keeps Chromium from reaching out to the network at start (there is none).
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -28,39 +27,12 @@ CHROMIUM_FLAGS = (
 
 
 class BrowserSetupError(RuntimeError):
-    """Chromium could not be installed or started; the message says what was tried and what it printed."""
-
-
-def _apt_prefix() -> list[str]:
-    if os.geteuid() == 0:
-        return []
-    if shutil.which("sudo"):
-        return ["sudo", "-n"]
-    raise BrowserSetupError(
-        f"{CHROMIUM} is missing and this user cannot install it: run "
-        f"`apt-get install {' '.join(DEBIAN_PACKAGES)}` as root once, then rerun the tests"
-    )
+    """Chromium could not be started; the message says what it printed."""
 
 
 def ensure_chromium() -> None:
     """Install Debian's chromium and chromium-driver unless both are there."""
-    if CHROMIUM.exists() and CHROMEDRIVER.exists():
-        return
-    if not shutil.which("apt-get"):
-        raise BrowserSetupError(f"{CHROMIUM} is missing and there is no apt-get to install {DEBIAN_PACKAGES}")
-    prefix = _apt_prefix()
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (
-        [*prefix, "apt-get", "update", "-q"],
-        [*prefix, "apt-get", "install", "-y", "-q", "--no-install-recommends", *DEBIAN_PACKAGES],
-    ):
-        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False)
-        if result.returncode != 0:
-            raise BrowserSetupError(
-                f"`{' '.join(argv)}` exited with {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-            )
-    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        raise BrowserSetupError(f"apt-get installed {DEBIAN_PACKAGES} but {CHROMIUM} or {CHROMEDRIVER} is missing")
+    ensure_debian_packages(DEBIAN_PACKAGES, (CHROMIUM, CHROMEDRIVER))
 
 
 @dataclass
