@@ -32,7 +32,7 @@ STATE_LAKE = dg.AssetKey.from_user_string(LAKE_STATE_ASSET)
             group_name=LAKE_GROUP,
             deps=[CONNECTORS_ASSET],
             description="Metric samples (records, bytes, latency summary and histogram, lag) per task, "
-            "partition and interval, with the destination topic, by hour of interval end.",
+            "source topic and interval, with the destination topic, by hour of interval end.",
         ),
         dg.AssetSpec(
             SNAPSHOTS_LAKE,

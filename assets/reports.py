@@ -167,17 +167,17 @@ def missing_partitions(pyspark: PySparkResource, reporting: Reporting) -> dg.Mat
 
 
 _LAG_COLUMNS = {
-    "connector": "connector", "topic": "source topic", "partition": "partition", "lag": "lag now",
+    "connector": "connector", "topic": "source topic", "lag": "lag now",
     "max_lag": "max lag", "records_per_s": "records/s (last step)", "time": "last step",
 }  # fmt: skip
-CHART_PARTITIONS = 8
+CHART_TOPICS = 8
 
 
 @dg.asset(
     key=THROUGHPUT_REPORT,
     group_name=REPORTS_GROUP,
     deps=[METRIC_SAMPLES_LAKE, DESTINATION_TOPICS],
-    description="Records/s, bytes/s and lag per connector and source partition, per time step over the window.",
+    description="Records/s, bytes/s and lag per connector and source topic, per time step over the window.",
 )
 def throughput_lag(pyspark: PySparkResource, reporting: Reporting) -> dg.MaterializeResult:
     spark, lake = pyspark.spark_session, reporting.lake
@@ -185,21 +185,21 @@ def throughput_lag(pyspark: PySparkResource, reporting: Reporting) -> dg.Materia
     step_s = reporting.step_minutes * 60
     path = str(report_path(lake, "throughput_lag"))
     throughput_lag_report(spark, lake, start, end, step_s).write.mode("overwrite").parquet(path)
-    summary = throughput_summary(spark.read.parquet(path), end, CHART_PARTITIONS)
+    summary = throughput_summary(spark.read.parquet(path), end, CHART_TOPICS)
     rate_chart = charts.series_chart(
         "Records replicated per second, per connector (UTC)", summary.rate_series, "records/s", "no records"
     )
     no_lag = "no lag reported (the broker's high watermarks were unusable, or nothing lags)"
-    lag_chart = charts.series_chart("Lag of the most lagging partitions (UTC)", summary.lag_series, "records", no_lag)
+    lag_chart = charts.series_chart("Lag of the most lagging topics (UTC)", summary.lag_series, "records", no_lag)
     return dg.MaterializeResult(
         metadata={
             "window": f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC, step {reporting.step_minutes} min",
-            "partitions": len(summary.partitions),
+            "topics": len(summary.topics),
             "records/s over the last hour": round(summary.records_per_s_last_hour, 1),
-            "partitions with lag now": sum(1 for p in summary.partitions if p["lag"]),
+            "topics with lag now": sum(1 for t in summary.topics if t["lag"]),
             "throughput": dg.MetadataValue.md(charts.markdown_image("throughput", rate_chart)),
             "lag": dg.MetadataValue.md(charts.markdown_image("lag", lag_chart)),
-            "partitions by max lag": _table(summary.partitions[:TABLE_ROWS], _LAG_COLUMNS),
+            "topics by max lag": _table(summary.topics[:TABLE_ROWS], _LAG_COLUMNS),
             "full table": dg.MetadataValue.path(path),
         }
     )

@@ -35,7 +35,7 @@ from replicator.config import ConnectorConfig, validate_submission
 from replicator.database import make_engine, upgrade
 from replicator.metrics import BUCKET_LABELS
 from replicator.monitor import KafkaMonitor
-from replicator.store import ConnectorState, MetricRow, Store
+from replicator.store import ConnectorState, MetricInterval, MetricRow, Store
 
 
 def free_port() -> int:
@@ -105,10 +105,12 @@ def postgres_costs(store: Store, pid: int | None) -> None:
         print(f"  commit with {partitions:>4} changed partitions: {figures}")
     now = datetime.now(UTC)
     histogram = {label: 0 for label in BUCKET_LABELS}
-    for rows in (10, 100, 1000):
-        batch = [MetricRow(0, tag, p, now, now, 1000, 100_000, 1, 50, 5000, 1000, histogram, 0) for p in range(rows)]
-        figures = timed(lambda _i, b=batch: store.record_metrics(tag, b), 10, pid)
-        print(f"  metric batch of {rows:>4} rows: {figures}")
+    samples = [MetricRow(0, f"{tag}-{t}", now, now, 1000, 100_000, 1, 50, 5000, 1000, histogram, 0) for t in range(10)]
+    for partitions in (10, 1000, 10_000):
+        lags = {(f"{tag}-{p % 10}", p // 10): 1 for p in range(partitions)}
+        figures = timed(lambda i, n=lags: store.record_metrics(tag, MetricInterval(samples, {tp: i for tp in n}, now)),
+                        10, pid)  # fmt: skip
+        print(f"  metric interval of 10 topics, {partitions:>5} changed partition lags: {figures}")
     store.delete_connector(tag)
 
 

@@ -2,12 +2,12 @@
 
     python benchmarks/postgres_growth.py [--partitions 10000] [--hours 6] [--every-s 600] [--retention-hours 3]
 
-Writes samples through `Store.record_metrics` exactly as running tasks do (one row per partition and interval),
-for `--partitions` partitions over the last `--hours`, one interval every `--every-s` seconds of that span (a
-sample of the real 10 s cadence, to keep the run short), measures rows and bytes per row, exports every hour to
-a temporary lake and prunes with the retention. Prints the measured figures and the per-day arithmetic for the
-engine's real cadence (`metrics_interval_s`, 10 s). Uses `MIRUS_DATABASE_URL` when set, else a private embedded
-Postgres on free ports.
+Writes samples through `Store.record_metrics` exactly as running tasks do (one row per source topic and interval,
+topics of 10 partitions, each partition's lag overwritten), for `--partitions` partitions over the last `--hours`,
+one interval every `--every-s` seconds of that span (a sample of the real 10 s cadence, to keep the run short),
+measures rows and bytes per row, exports every hour to a temporary lake and prunes with the retention. Prints the
+measured figures and the per-day arithmetic for the engine's real cadence (`metrics_interval_s`, 10 s). Uses
+`MIRUS_DATABASE_URL` when set, else a private embedded Postgres on free ports.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, free_port
 from replicator.database import make_engine, upgrade
 from replicator.lake import HOUR, export_hour, hour_floor, prune
-from replicator.metrics import TaskMetrics
-from replicator.store import MetricRow, Store
+from replicator.metrics import TopicCounters
+from replicator.store import MetricInterval, MetricRow, Store
 
 ENGINE_INTERVAL_S = 10  # ReplicationTask's default metrics interval
-TASK_PARTITIONS = 100  # partitions per simulated task (one insert per task and interval, as tasks do)
+TASK_PARTITIONS = 100  # partitions per simulated task (one write per task and interval, as tasks do)
+TOPIC_PARTITIONS = 10
 
 
 def _table_bytes(engine: Engine) -> tuple[int, int]:
@@ -46,30 +47,35 @@ def run(engine: Engine, partitions: int, hours: int, every_s: int, retention_hou
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE metric_samples"))
     now = datetime.now(UTC)
-    counters = TaskMetrics(0).counters_for(("t", 0))
-    counters.add([3, 8, 40, 120, 900, 2_000], 6, 6_000)  # a realistic, fully populated histogram
+    counters = TopicCounters()
+    counters.add_latencies(2_000, [1_997, 1_992, 1_960, 1_880, 1_100, 0])  # a realistic, fully populated histogram
     histogram = counters.cumulative_histogram()
     started = time.monotonic()
     ends = [now - timedelta(seconds=s) for s in range(0, hours * 3600, every_s)]
     for end in ends:
         for task in range(partitions // TASK_PARTITIONS):
-            rows = [
-                MetricRow(task_id=task, topic=f"topic-{(task * TASK_PARTITIONS + p) // 10:05d}", partition=p % 10,
-                          interval_start=end - timedelta(seconds=ENGINE_INTERVAL_S), interval_end=end, records=6,
-                          bytes=6_000, latency_min_ms=3, latency_max_ms=2_000, latency_sum_ms=3_071, latency_count=6,
-                          latency_histogram=histogram, lag=12)
-                for p in range(TASK_PARTITIONS)
+            topics = [f"topic-{(task * TASK_PARTITIONS + p) // TOPIC_PARTITIONS:05d}"
+                      for p in range(0, TASK_PARTITIONS, TOPIC_PARTITIONS)]  # fmt: skip
+            samples = [
+                MetricRow(task_id=task, topic=topic, interval_start=end - timedelta(seconds=ENGINE_INTERVAL_S),
+                          interval_end=end, records=6 * TOPIC_PARTITIONS, bytes=6_000 * TOPIC_PARTITIONS,
+                          latency_min_ms=3, latency_max_ms=2_000, latency_sum_ms=3_071 * TOPIC_PARTITIONS,
+                          latency_count=6 * TOPIC_PARTITIONS, latency_histogram=histogram, lag=12 * TOPIC_PARTITIONS)
+                for topic in topics
             ]  # fmt: skip
-            store.record_metrics(f"c{task // 10:02d}", rows)
+            lags = {(topic, p): 12 for topic in topics for p in range(TOPIC_PARTITIONS)}
+            store.record_metrics(f"c{task // 10:02d}", MetricInterval(samples, lags, end))
     written = time.monotonic() - started
     rows, size = _table_bytes(engine)
     per_row = size / rows
-    print(f"wrote {rows:,} rows ({partitions:,} partitions x {len(ends)} intervals) in {written:.1f}s "
-          f"({rows / written:,.0f} rows/s); table + indexes {size / 1e6:.0f} MB = {per_row:.0f} bytes/row")  # fmt: skip
-    day_rows = partitions * 86_400 // ENGINE_INTERVAL_S
-    kept_rows = int(partitions * retention_hours * 3600 / ENGINE_INTERVAL_S)
+    topics = partitions // TOPIC_PARTITIONS
+    print(f"wrote {rows:,} rows ({topics:,} topics of {partitions:,} partitions x {len(ends)} intervals) in "
+          f"{written:.1f}s ({rows / written:,.0f} rows/s); table + indexes {size / 1e6:.0f} MB = "
+          f"{per_row:.0f} bytes/row")  # fmt: skip
+    day_rows = topics * 86_400 // ENGINE_INTERVAL_S
+    kept_rows = int(topics * retention_hours * 3600 / ENGINE_INTERVAL_S)
     print(
-        f"per day at {partitions:,} partitions, one sample per {ENGINE_INTERVAL_S}s: {day_rows:,} rows, "
+        f"per day at {topics:,} topics, one sample per {ENGINE_INTERVAL_S}s: {day_rows:,} rows, "
         f"{day_rows * per_row / 1e9:.1f} GB without retention"
     )
     print(

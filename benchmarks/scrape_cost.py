@@ -3,8 +3,9 @@ reads now, against the sums over every stored sample it computed before (commit 
 
     python benchmarks/scrape_cost.py [--partitions 1000] [--every-s 60] [--hours 6,12,24] [--rounds 5]
 
-Fills `metric_samples` with `--partitions` partitions (10 topics) of one connector, one sample per partition every
-`--every-s` seconds, growing to each of `--hours` in turn, with the totals and lags the tasks keep beside them (as
+Fills `metric_samples` for one connector of `--partitions` partitions in 10 topics, one sample per topic every
+`--every-s` seconds (as tasks write them: per topic, since migration 0006), growing to each of `--hours` in turn,
+with the totals and the partitions' lags the tasks keep beside them (as
 `Store.record_metrics` writes them, computed in one statement per step so that the fill takes seconds). At each
 size it times, alternating over `--rounds`, the whole scrape (`StoreCollector.collect`) and the previous
 exporter's queries over the samples, and prints medians. Uses `MIRUS_DATABASE_URL` when set, else a private
@@ -31,15 +32,15 @@ from replicator.store import Store
 CONNECTOR = "scrape-bench"
 TOPICS = 10
 
-# The exporter's queries before the running totals: every counter summed over every stored sample.
+# The exporter's queries before the running totals: every counter summed over every stored sample (the newest lag
+# now per topic, samples having no partition since migration 0006).
 PREVIOUS_SCRAPE = (
     "SELECT connector, topic, sum(records), sum(bytes), sum(latency_sum_ms), sum(latency_count)"
     " FROM metric_samples WHERE connector IN (SELECT name FROM connectors) GROUP BY connector, topic",
     "SELECT connector, topic, h.key, sum(h.value::bigint) FROM metric_samples, jsonb_each_text(latency_histogram)"
     " AS h WHERE connector IN (SELECT name FROM connectors) GROUP BY connector, topic, h.key",
-    "SELECT DISTINCT ON (connector, topic, partition) connector, topic, partition, lag FROM metric_samples"
-    " WHERE lag IS NOT NULL AND connector IN (SELECT name FROM connectors) ORDER BY connector, topic, partition,"
-    " id DESC",
+    "SELECT DISTINCT ON (connector, topic) connector, topic, lag FROM metric_samples"
+    " WHERE lag IS NOT NULL AND connector IN (SELECT name FROM connectors) ORDER BY connector, topic, id DESC",
 )
 
 HISTOGRAM = (
@@ -54,15 +55,13 @@ def fill(engine: Engine, partitions: int, every_s: int, from_s: int, to_s: int) 
     with engine.begin() as conn:
         conn.execute(
             text(
-                "INSERT INTO metric_samples (connector, task_id, topic, partition, interval_start, interval_end,"
-                " records, bytes, latency_min_ms, latency_max_ms, latency_sum_ms, latency_count, latency_histogram,"
-                " lag)"
-                " SELECT :c, p / 100, 'topic-' || (p / :per), p % :per, now() - make_interval(secs => s + 10),"
-                " now() - make_interval(secs => s), 6, 600, 3, 2000, 3000, 6, CAST(:h AS jsonb), 0"
-                " FROM generate_series(0, :n - 1) AS p, generate_series(:lo, :hi, :step) AS s"
+                "INSERT INTO metric_samples (connector, task_id, topic, interval_start, interval_end, records, bytes,"
+                " latency_min_ms, latency_max_ms, latency_sum_ms, latency_count, latency_histogram, lag)"
+                " SELECT :c, 0, 'topic-' || g, now() - make_interval(secs => s + 10), now() - make_interval(secs => s),"
+                " 6 * :per, 600 * :per, 3, 2000, 3000 * :per, 6 * :per, CAST(:h AS jsonb), 0"
+                " FROM generate_series(0, 9) AS g, generate_series(:lo, :hi, :step) AS s"
             ),
-            {"c": CONNECTOR, "per": per_topic, "h": HISTOGRAM, "n": partitions, "lo": to_s, "hi": from_s - 1,
-             "step": every_s},
+            {"c": CONNECTOR, "per": per_topic, "h": HISTOGRAM, "lo": to_s, "hi": from_s - 1, "step": every_s},
         )  # fmt: skip
         conn.execute(
             text(
@@ -114,7 +113,7 @@ def run(engine: Engine, partitions: int, every_s: int, hours: list[float], round
     store.put_connector(CONNECTOR, {"name": CONNECTOR, "topics.whitelist": topics,
                                     "consumer.bootstrap.servers": "127.0.0.1:1",
                                     "destination.consumer.bootstrap.servers": "127.0.0.1:2"}, 1)  # fmt: skip
-    print(f"{partitions:,} partitions in {TOPICS} topics, a sample per partition every {every_s} s")
+    print(f"{partitions:,} partitions in {TOPICS} topics, a sample per topic every {every_s} s")
     print(f"{'hours kept':>10} {'samples':>12} {'scrape now (ms)':>16} {'previous queries (ms)':>22}")
     filled_s = 0
     for h in hours:

@@ -2,7 +2,7 @@
 
 Layout under the lake directory (`MIRUS_LAKE_DIR`):
 
-    metric_samples/hour=2026-11-22T06/part-*.parquet      by the hour of `interval_end`
+    metric_samples/hour=2026-11-22T06/part-*.parquet      per task and source topic, by the hour of `interval_end`
     metadata_snapshots/hour=2026-11-22T06/part-0.parquet  one row per snapshot and topic, by the hour of `taken_at`
     <table>/hour=.../_export.json                         rows written and when
     state/{connectors,connector_routes,assignments,partition_status}.parquet   current state, replaced each export
@@ -48,6 +48,8 @@ BUCKET_COLUMNS: tuple[str, ...] = (*(f"le_{b}" for b in LATENCY_BUCKETS_MS), "le
 SCHEMAS: dict[str, pa.Schema] = {
     "metric_samples": pa.schema([
         ("id", pa.int64()), ("connector", pa.string()), ("task_id", pa.int32()), ("topic", pa.string()),
+        # Samples are per topic: null. Hours exported before (migration 0006) hold a row per partition, whose lags
+        # the throughput report must sum per partition; one schema reads both.
         ("partition", pa.int32()),
         ("destination_topic", pa.string()), ("interval_start", TIMESTAMP), ("interval_end", TIMESTAMP),
         ("records", pa.int64()), ("bytes", pa.int64()), ("latency_min_ms", pa.int64()),
@@ -213,8 +215,8 @@ def _metric_batches(
 ) -> Iterator[pa.Table]:
     """The hour's samples (those with an id above `after`, if given) as Arrow tables, built column by column."""
     query = text(
-        "SELECT id, connector, task_id, topic, partition, interval_start, interval_end, records, bytes,"
-        " latency_min_ms, latency_max_ms, latency_sum_ms, latency_count, lag, " + _histogram_columns() +
+        "SELECT id, connector, task_id, topic, NULL::integer AS partition, interval_start, interval_end, records,"
+        " bytes, latency_min_ms, latency_max_ms, latency_sum_ms, latency_count, lag, " + _histogram_columns() +
         " FROM metric_samples WHERE interval_end >= :start AND interval_end < :end AND id > :after ORDER BY id"
     )  # fmt: skip
     destination: dict[tuple[str, str], str | None] = {}

@@ -1,7 +1,8 @@
 """Replication metrics of every task of every connector: what exporters read.
 
-Tasks write one sample per partition and interval from whichever process runs them, and in the same transaction
-add it to the connector's running totals (`metric_totals`) and overwrite the partition's lag (`partition_lags`).
+Tasks write one sample per source topic and interval from whichever process runs them, and in the same transaction
+add it to the connector's running totals (`metric_totals`) and overwrite the changed partitions' lags
+(`partition_lags`).
 Totals and lags cost a scrape one row per series, however many samples are kept, and pruning old samples never
 lowers a total. Only connectors that still exist are reported.
 """

@@ -1,4 +1,8 @@
-"""Replication metrics, accumulated per source partition in memory and written to Postgres per interval.
+"""Replication metrics, accumulated per source topic in memory and written to Postgres per interval.
+
+Samples are per topic, not per partition, so that metric storage grows with topics: a task holding 10,000
+partitions of ten topics writes ten sample rows an interval. Lag stays per partition, as the latest value
+(`MetricInterval.lags`, overwritten in `partition_lags`).
 
 Latency is the destination's acknowledgement time minus the source record's timestamp (as Mirus and MirrorMaker
 2 define it). The histogram's upper bounds include Mirus's buckets (5m, 10m, 30m, 60m, 12h; its "0m" bucket is
@@ -11,7 +15,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from datetime import UTC, datetime
 
-from replicator.store import MetricRow
+from replicator.assignment import SourcePartition
+from replicator.store import MetricInterval, MetricRow
 
 LATENCY_BUCKETS_MS: tuple[int, ...] = (
     10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000,
@@ -21,8 +26,8 @@ MIRUS_BUCKETS_MS: tuple[int, ...] = (300_000, 600_000, 1_800_000, 3_600_000, 43_
 BUCKET_LABELS: tuple[str, ...] = (*(str(b) for b in LATENCY_BUCKETS_MS), "+Inf")
 
 
-class PartitionCounters:
-    """What one source partition replicated since the last drain."""
+class TopicCounters:
+    """What one source topic replicated since the last drain."""
 
     __slots__ = ("buckets", "bytes", "latency_count", "latency_max", "latency_min", "latency_sum", "records")
 
@@ -63,17 +68,6 @@ class PartitionCounters:
                 return
         buckets[-1] += n - counted
 
-    def merge(self, other: PartitionCounters) -> None:
-        """Add what `other` counted."""
-        self.records += other.records
-        self.bytes += other.bytes
-        if other.latency_min is None or other.latency_max is None:
-            return
-        self._widen(other.latency_min, other.latency_max)
-        self.latency_sum += other.latency_sum
-        self.latency_count += other.latency_count
-        self.buckets = [a + b for a, b in zip(self.buckets, other.buckets, strict=True)]
-
     def _widen(self, low: int, high: int) -> None:
         self.latency_min = low if self.latency_min is None else min(self.latency_min, low)
         self.latency_max = high if self.latency_max is None else max(self.latency_max, high)
@@ -88,44 +82,50 @@ class PartitionCounters:
 
 
 class TaskMetrics:
-    """Per-partition counters of one task, turned into `MetricRow`s every interval."""
+    """Per-topic counters and per-partition lags of one task, turned into a `MetricInterval` every interval."""
 
     def __init__(self, task_id: int, interval_s: float = 10.0) -> None:
         self.task_id = task_id
         self.interval_s = interval_s
         self.interval_start = datetime.now(UTC)
-        self.counters: dict[tuple[str, int], PartitionCounters] = {}
-        self.reported_lags: dict[tuple[str, int], int | None] = {}  # each partition's lag as last written
+        self.counters: dict[str, TopicCounters] = {}
+        self.reported_lags: dict[SourcePartition, int | None] = {}  # each partition's lag as last written
 
-    def counters_for(self, partition: tuple[str, int]) -> PartitionCounters:
-        counters = self.counters.get(partition)
+    def counters_for(self, topic: str) -> TopicCounters:
+        counters = self.counters.get(topic)
         if counters is None:
-            counters = self.counters[partition] = PartitionCounters()
+            counters = self.counters[topic] = TopicCounters()
         return counters
 
     def due(self) -> bool:
         return (datetime.now(UTC) - self.interval_start).total_seconds() >= self.interval_s
 
-    def drain(self, lags: dict[tuple[str, int], int | None]) -> list[MetricRow]:
-        """Rows for every partition that moved records or whose known lag changed; counters start again at zero.
+    def drain(self, lags: dict[SourcePartition, int | None]) -> MetricInterval:
+        """A sample for every topic that moved records or had a partition's known lag change, and the partitions
+        whose lag changed; counters start again at zero.
 
-        A partition that neither moved nor changed its lag writes nothing: an idle task holding thousands of
-        partitions costs Postgres nothing but its heartbeat (its last lag stays in `partition_lags`)."""
+        A sample's lag is the sum of the known lags of this task's partitions of its topic (None when none is
+        known). What neither moved nor changed its lag writes nothing: an idle task holding thousands of partitions
+        costs Postgres nothing but its heartbeat (its last lags stay in `partition_lags`)."""
         end = datetime.now(UTC)
-        rows = []
-        changed = {p for p, lag in lags.items() if lag is not None and self.reported_lags.get(p) != lag}
-        for partition in sorted(set(self.counters) | changed):
-            c = self.counters.get(partition) or PartitionCounters()
-            rows.append(
+        changed = {p: lag for p, lag in lags.items() if lag is not None and self.reported_lags.get(p) != lag}
+        topics = set(self.counters) | {topic for topic, _ in changed}
+        topic_lags: dict[str, int | None] = dict.fromkeys(topics)
+        for (topic, _), lag in lags.items():
+            if lag is not None and topic in topic_lags:
+                topic_lags[topic] = (topic_lags[topic] or 0) + lag
+        samples = []
+        for topic in sorted(topics):
+            c = self.counters.get(topic) or TopicCounters()
+            samples.append(
                 MetricRow(
-                    task_id=self.task_id, topic=partition[0], partition=partition[1],
-                    interval_start=self.interval_start, interval_end=end, records=c.records, bytes=c.bytes,
-                    latency_min_ms=c.latency_min, latency_max_ms=c.latency_max, latency_sum_ms=c.latency_sum,
-                    latency_count=c.latency_count, latency_histogram=c.cumulative_histogram(),
-                    lag=lags.get(partition),
+                    task_id=self.task_id, topic=topic, interval_start=self.interval_start, interval_end=end,
+                    records=c.records, bytes=c.bytes, latency_min_ms=c.latency_min, latency_max_ms=c.latency_max,
+                    latency_sum_ms=c.latency_sum, latency_count=c.latency_count,
+                    latency_histogram=c.cumulative_histogram(), lag=topic_lags[topic],
                 )
             )  # fmt: skip
         self.counters = {}
         self.interval_start = end
         self.reported_lags = dict(lags)
-        return rows
+        return MetricInterval(samples, changed, end)

@@ -76,7 +76,7 @@ def latency_chart(rows: Sequence[Mapping[str, object]]) -> bytes:
 
 
 def series_chart(title: str, series: Mapping[str, Sequence[tuple[datetime, float]]], unit: str, empty: str) -> bytes:
-    """One line per named series (e.g. lag per partition, records/s per connector)."""
+    """One line per named series (e.g. lag per topic, records/s per connector)."""
     fig, ax = plt.subplots(figsize=_SIZE)
     ax.set_title(title)
     if not series:

@@ -5,7 +5,7 @@
 - `latency_over_time`: the estate's p50/p95/p99 per time step (for the chart).
 - `missing_partitions_report`: every selected source partition that has no destination partition now, why, and
   since when.
-- `throughput_lag_report`: per connector, source partition and time step: records/s, bytes/s and lag.
+- `throughput_lag_report`: per connector, source topic and time step: records/s, bytes/s and lag.
 
 Percentiles come from the cumulative latency histogram, as Prometheus's `histogram_quantile` does: find the
 bucket holding the rank and interpolate linearly inside it, with the bucket narrowed to the observed min and max.
@@ -257,17 +257,19 @@ def missing_partitions_report(spark: SparkSession, lake: Path) -> DataFrame:
 
 
 def throughput_lag_report(spark: SparkSession, lake: Path, start: datetime, end: datetime, step_s: int) -> DataFrame:
-    """Per connector, source partition and time step: records, bytes, their rates, and the lag.
+    """Per connector, source topic and time step: records, bytes, their rates, and the lag.
 
-    Rates divide by the step's length (the last, unfinished step by the time elapsed in it). `lag` is the last
-    value reported in the step, null when the broker's high watermark was unusable.
+    Rates divide by the step's length (the last, unfinished step by the time elapsed in it). `lag` is the topic's:
+    the last value each task reported in the step, summed over the tasks (and, in hours exported when samples were
+    per partition, over the partitions); `max_lag` sums their highest. Null when no broker gave a usable high
+    watermark. Each partition's latest lag is in Postgres (`partition_lags`), not in the lake.
     """
     samples = read_hourly(spark, lake, "metric_samples", start, end).where(
         (F.col("interval_end") >= F.lit(start)) & (F.col("interval_end") < F.lit(end))
     )
-    per_step = (
+    per_writer = (
         samples.withColumn("time", _step(step_s))
-        .groupBy("connector", "topic", "partition", "time")
+        .groupBy("connector", "topic", "task_id", "partition", "time")
         .agg(
             F.sum("records").alias("records"),
             F.sum("bytes").alias("bytes"),
@@ -275,43 +277,46 @@ def throughput_lag_report(spark: SparkSession, lake: Path, start: datetime, end:
             F.max("lag").alias("max_lag"),
         )
     )
+    per_step = per_writer.groupBy("connector", "topic", "time").agg(
+        *(F.sum(c).alias(c) for c in ("records", "bytes", "lag", "max_lag"))
+    )
     seconds = F.least(F.lit(float(step_s)), F.unix_seconds(F.lit(end)) - F.unix_seconds("time"))
     return per_step.select(
-        "connector", "topic", "partition", "time", "records", "bytes",
+        "connector", "topic", "time", "records", "bytes",
         (F.col("records") / seconds).alias("records_per_s"),
         (F.col("bytes") / seconds).alias("bytes_per_s"),
         "lag", "max_lag",
-    ).orderBy("connector", "topic", "partition", "time")  # fmt: skip
+    ).orderBy("connector", "topic", "time")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class ThroughputSummary:
     """What the throughput report shows at a glance, computed from its table."""
 
-    partitions: list[dict[str, Any]]  # per partition: latest lag and rate, max lag; most lagging first
+    topics: list[dict[str, Any]]  # per source topic: latest lag and rate, max lag; most lagging first
     records_per_s_last_hour: float
     rate_series: dict[str, list[tuple[datetime, float]]]  # connector -> (step, records/s)
-    lag_series: dict[str, list[tuple[datetime, float]]]  # "connector topic[partition]" -> (step, lag)
+    lag_series: dict[str, list[tuple[datetime, float]]]  # "connector topic" -> (step, lag)
 
 
 def throughput_summary(report: DataFrame, end: datetime, lagging: int = 8) -> ThroughputSummary:
-    """Per-partition latest values, the last hour's rate, records/s per connector and the `lagging` worst lags."""
-    partitions = [
+    """Per-topic latest values, the last hour's rate, records/s per connector and the `lagging` worst lags."""
+    topics = [
         r.asDict()
-        for r in report.groupBy("connector", "topic", "partition")
+        for r in report.groupBy("connector", "topic")
         .agg(F.max_by("lag", "time").alias("lag"), F.max("max_lag").alias("max_lag"),
              F.max_by("records_per_s", "time").alias("records_per_s"), F.max("time").alias("time"))
-        .orderBy(F.col("max_lag").desc_nulls_last(), "connector", "topic", "partition")
+        .orderBy(F.col("max_lag").desc_nulls_last(), "connector", "topic")
         .collect()
     ]  # fmt: skip
     last_hour = report.where(F.col("time") >= F.lit(end - timedelta(hours=1))).agg(F.sum("records")).first()[0]
     rates: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
     for r in report.groupBy("connector", "time").agg(F.sum("records_per_s").alias("rate")).orderBy("time").collect():
         rates[r.connector].append((r.time, float(r.rate)))
-    worst = [(p["connector"], p["topic"], p["partition"]) for p in partitions[:lagging] if p["max_lag"] is not None]
+    worst = [(t["connector"], t["topic"]) for t in topics[:lagging] if t["max_lag"] is not None]
     lags: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
     if worst:
-        keys = [(F.col("connector") == c) & (F.col("topic") == t) & (F.col("partition") == p) for c, t, p in worst]
+        keys = [(F.col("connector") == c) & (F.col("topic") == t) for c, t in worst]
         for r in report.where(reduce(operator.or_, keys) & F.col("lag").isNotNull()).orderBy("time").collect():
-            lags[f"{r.connector} {r.topic}[{r.partition}]"].append((r.time, float(r.lag)))
-    return ThroughputSummary(partitions, float(last_hour or 0) / 3600, dict(rates), dict(lags))
+            lags[f"{r.connector} {r.topic}"].append((r.time, float(r.lag)))
+    return ThroughputSummary(topics, float(last_hour or 0) / 3600, dict(rates), dict(lags))

@@ -7,7 +7,7 @@
   (exactly-once: and where its copies end at the destination).
 - `partition_status`: a partition paused or dropped by the engine, and why.
 - `metadata_snapshots`: what the monitor saw on a cluster.
-- `metric_samples`: per task, partition and interval: records, bytes, latency summary and histogram, lag.
+- `metric_samples`: per task, source topic and interval: records, bytes, latency summary and histogram, lag.
 - `metric_totals`: per connector and source topic, the running totals of those samples (never lowered).
 - `partition_lags`: per connector and source partition, its latest lag (overwritten).
 - `flows`: per connector, its clusters' ids and its periodic duties (topic configs, group offsets, heartbeats).
@@ -152,8 +152,7 @@ class MetricSample(Base):
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     connector: Mapped[str] = mapped_column(Text, nullable=False)
     task_id: Mapped[int] = mapped_column(Integer, nullable=False)
-    topic: Mapped[str] = mapped_column(Text, nullable=False)
-    partition: Mapped[int] = mapped_column(Integer, nullable=False)
+    topic: Mapped[str] = mapped_column(Text, nullable=False, doc="The source topic (a row sums its partitions).")
     interval_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     interval_end: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     records: Mapped[int] = mapped_column(BigInteger, nullable=False)
@@ -165,7 +164,9 @@ class MetricSample(Base):
     latency_histogram: Mapped[dict[str, int]] = mapped_column(
         JSONB, nullable=False, doc="Upper bound in ms ('+Inf' last) -> count of records at or below it."
     )
-    lag: Mapped[int | None] = mapped_column(BigInteger, doc="Source records not yet replicated, when known.")
+    lag: Mapped[int | None] = mapped_column(
+        BigInteger, doc="Source records not yet replicated, summed over the task's partitions whose lag is known."
+    )
 
 
 class MetricTotal(Base):

@@ -207,9 +207,10 @@ class ConnectorStatus:
 
 @dataclass(frozen=True)
 class MetricRow:
+    """One task's sample of one source topic over one interval."""
+
     task_id: int
     topic: str
-    partition: int
     interval_start: datetime
     interval_end: datetime
     records: int
@@ -219,7 +220,16 @@ class MetricRow:
     latency_sum_ms: int
     latency_count: int
     latency_histogram: dict[str, int]
-    lag: int | None
+    lag: int | None  # the sum of the known lags of the task's partitions of the topic
+
+
+@dataclass(frozen=True)
+class MetricInterval:
+    """What a task writes per interval: a sample per topic, and the partitions whose lag changed."""
+
+    samples: Sequence[MetricRow]
+    lags: Mapping[SourcePartition, int | None]
+    measured_at: datetime  # when `lags` were measured: a later measurement already stored wins
 
 
 # Every changed partition of a commit in one statement: per topic, an array with the new offsets at their partitions
@@ -280,12 +290,51 @@ def _array_literal(values: Mapping[int, int]) -> str:
     return "{" + ",".join(row) + "}"
 
 
+# Every changed lag of an interval in one statement, however many partitions changed, in partition order (two tasks
+# never lock the same rows in opposite orders). A report of an older interval (an old owner's, late) loses.
+_UPSERT_LAGS = text("""
+INSERT INTO partition_lags AS l (connector, topic, partition, lag, measured_at)
+SELECT :connector, u.topic, u.partition, u.lag, :measured_at
+FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS integer[]), CAST(:lags AS bigint[]))
+  AS u(topic, partition, lag)
+ON CONFLICT (connector, topic, partition) DO UPDATE SET lag = excluded.lag, measured_at = excluded.measured_at
+WHERE excluded.measured_at >= l.measured_at
+""")
+
+
 # A running histogram plus a new one, bound by bound (a bound only one side has counts from that side).
 HISTOGRAM_SUM = literal_column(
     "(SELECT jsonb_object_agg(k, coalesce((metric_totals.latency_histogram->>k)::bigint, 0)"
     " + coalesce((excluded.latency_histogram->>k)::bigint, 0))"
     " FROM jsonb_object_keys(metric_totals.latency_histogram || excluded.latency_histogram) AS k)"
 )
+
+
+def _add_to_totals(connector: str, samples: Sequence[MetricRow]) -> Any:
+    """An upsert adding the samples to their topics' running totals."""
+    totals: dict[str, dict[str, Any]] = {}
+    for r in samples:
+        total = totals.get(r.topic)
+        if total is None:
+            total = totals[r.topic] = {"connector": connector, "topic": r.topic, "records": 0, "bytes": 0,
+                                       "latency_sum_ms": 0, "latency_count": 0, "latency_histogram": {}}  # fmt: skip
+        total["records"] += r.records
+        total["bytes"] += r.bytes
+        total["latency_sum_ms"] += r.latency_sum_ms
+        total["latency_count"] += r.latency_count
+        histogram = total["latency_histogram"]
+        for bound, count in r.latency_histogram.items():
+            histogram[bound] = histogram.get(bound, 0) + count
+    # Rows in a fixed order: two tasks of a connector adding to the same totals then never wait on each other in
+    # opposite orders (a deadlock).
+    add = insert(MetricTotal).values([totals[t] for t in sorted(totals)])
+    return add.on_conflict_do_update(
+        index_elements=[MetricTotal.connector, MetricTotal.topic],
+        set_={"records": MetricTotal.records + add.excluded.records, "bytes": MetricTotal.bytes + add.excluded.bytes,
+              "latency_sum_ms": MetricTotal.latency_sum_ms + add.excluded.latency_sum_ms,
+              "latency_count": MetricTotal.latency_count + add.excluded.latency_count,
+              "latency_histogram": HISTOGRAM_SUM, "updated_at": func.now()},
+    )  # fmt: skip
 
 
 class Store:
@@ -729,55 +778,28 @@ class Store:
 
     # -- observations -----------------------------------------------------------------------------------
 
-    def record_metrics(self, connector: str, rows: Sequence[MetricRow]) -> None:
-        """Store the samples, add them to the connector's running totals and overwrite each partition's lag, in one
-        transaction (so a total never counts a sample twice or misses one)."""
-        if not rows:
+    def record_metrics(self, connector: str, interval: MetricInterval) -> None:
+        """Store the samples, add them to the connector's running totals and overwrite the changed partitions' lags,
+        in one transaction (so a total never counts a sample twice or misses one): three statements, whatever the
+        number of partitions."""
+        if not interval.samples and not interval.lags:
             return
-        totals: dict[str, dict[str, Any]] = {}
-        for r in rows:
-            total = totals.get(r.topic)
-            if total is None:
-                total = totals[r.topic] = {"connector": connector, "topic": r.topic, "records": 0, "bytes": 0,
-                                           "latency_sum_ms": 0, "latency_count": 0,
-                                           "latency_histogram": {}}  # fmt: skip
-            total["records"] += r.records
-            total["bytes"] += r.bytes
-            total["latency_sum_ms"] += r.latency_sum_ms
-            total["latency_count"] += r.latency_count
-            histogram = total["latency_histogram"]
-            for bound, count in r.latency_histogram.items():
-                histogram[bound] = histogram.get(bound, 0) + count
-        # Rows in a fixed order: two tasks of a connector adding to the same totals then never wait on each other
-        # in opposite orders (a deadlock).
-        add = insert(MetricTotal).values([totals[t] for t in sorted(totals)])
-        newest: dict[SourcePartition, MetricRow] = {}
-        for r in rows:
-            if (r.topic, r.partition) not in newest or r.interval_end >= newest[(r.topic, r.partition)].interval_end:
-                newest[(r.topic, r.partition)] = r
-        lags = insert(PartitionLag)
-        lags = lags.on_conflict_do_update(
-            index_elements=[PartitionLag.connector, PartitionLag.topic, PartitionLag.partition],
-            set_={"lag": lags.excluded.lag, "measured_at": lags.excluded.measured_at},
-            where=lags.excluded.measured_at >= PartitionLag.measured_at,  # an old owner's late report loses
-        )
-        # One statement compiled once and cached, its rows sent in batches (executemany): a multi-row VALUES
-        # statement built per call costs Python ~0.5 ms a row to compile.
         with self.engine.begin() as conn:
-            conn.execute(insert(MetricSample), [{"connector": connector, **r.__dict__} for r in rows])
-            conn.execute(lags, [{"connector": connector, "topic": t, "partition": p, "lag": r.lag,
-                                 "measured_at": r.interval_end} for (t, p), r in sorted(newest.items())])  # fmt: skip
-            conn.execute(add.on_conflict_do_update(
-                index_elements=[MetricTotal.connector, MetricTotal.topic],
-                set_={"records": MetricTotal.records + add.excluded.records,
-                      "bytes": MetricTotal.bytes + add.excluded.bytes,
-                      "latency_sum_ms": MetricTotal.latency_sum_ms + add.excluded.latency_sum_ms,
-                      "latency_count": MetricTotal.latency_count + add.excluded.latency_count,
-                      "latency_histogram": HISTOGRAM_SUM, "updated_at": func.now()},
-            ))  # fmt: skip
+            if interval.samples:
+                # One statement compiled once and cached, its rows sent in batches (executemany): a multi-row
+                # VALUES statement built per call costs Python ~0.5 ms a row to compile.
+                conn.execute(insert(MetricSample), [{"connector": connector, **r.__dict__} for r in interval.samples])
+                conn.execute(_add_to_totals(connector, interval.samples))
+            if interval.lags:
+                changed = sorted(interval.lags.items())
+                conn.execute(_UPSERT_LAGS, {
+                    "connector": connector, "measured_at": interval.measured_at,
+                    "topics": [t for (t, _), _ in changed], "partitions": [p for (_, p), _ in changed],
+                    "lags": [lag for _, lag in changed],
+                })  # fmt: skip
 
     def partition_lags(self, connector: str) -> dict[SourcePartition, int | None]:
-        """Each source partition's lag in its newest metric sample (None where the broker gave no usable end)."""
+        """Each source partition's latest measured lag (None where the broker gave no usable end)."""
         query = select(PartitionLag.topic, PartitionLag.partition, PartitionLag.lag).where(
             PartitionLag.connector == connector
         )

@@ -48,9 +48,9 @@ from replicator import provenance
 from replicator.assignment import SourcePartition
 from replicator.clusters import TopicPartitions, cluster_id, topic_partitions
 from replicator.config import ConnectorConfig, load
-from replicator.metrics import PartitionCounters, TaskMetrics
+from replicator.metrics import TaskMetrics
 from replicator.source_reader import QUIET_AFTER_S, SourceReader
-from replicator.store import ConnectorHead, ConnectorState, FencedError, Lease, MetricRow, PartitionHealth, Store
+from replicator.store import ConnectorHead, ConnectorState, FencedError, Lease, MetricInterval, PartitionHealth, Store
 from replicator.transactions import (
     FENCED_CODES,
     CommitResult,
@@ -149,7 +149,7 @@ class PartitionState:
     """What the task knows about one owned source partition."""
 
     __slots__ = (
-        "acknowledged", "committed", "destination_durable", "destination_next", "destination_partition",
+        "committed", "destination_durable", "destination_next", "destination_partition",
         "destination_topic", "durable", "failed_at", "failures", "in_flight", "open_run",
         "ordered", "partition", "paused_reason", "pending", "position", "retry_at", "routed", "source_prefix",
         "topic", "tp",
@@ -176,10 +176,6 @@ class PartitionState:
         self.failures = 0
         self.paused_reason: str | None = None
         self.retry_at = 0.0
-        # Acknowledged since the last metrics fold: records, bytes and each record's latency (source CreateTime to
-        # acknowledgement). Per record, not sampled: a backlog mixes old and new records, and the latency report's
-        # buckets (Mirus's 5m … 12h) must count each one where it belongs.
-        self.acknowledged = PartitionCounters()
 
     def committable(self) -> int | None:
         """The first source offset not yet replicated: everything before it is acknowledged."""
@@ -469,9 +465,13 @@ class ReplicationTask:
         pending = state.pending
         while pending and pending[0].done:
             pending.popleft()
-        acknowledged = state.acknowledged
+        # Counted into the topic's counters at once: records, bytes and each record's latency (source CreateTime to
+        # acknowledgement). Per record, not sampled: a backlog mixes old and new records, and the latency report's
+        # buckets (Mirus's 5m … 12h) must count each one where it belongs. A run at a time: no pause to fold a busy
+        # second.
+        acknowledged = self.metrics.counters_for(state.topic)
         acknowledged.add(run.count, run.size)
-        acknowledged.add_latencies(self.now_ms, run.timestamps)  # a run at a time: no pause to fold a busy second
+        acknowledged.add_latencies(self.now_ms, run.timestamps)
         if msg is not None and state.ordered:
             state.destination_next = msg.offset() + 1
 
@@ -688,7 +688,6 @@ class ReplicationTask:
             self.transaction_due = self.transactions is not None
             if self.commit_in_flight is None:
                 self._commit_in_background()
-            self._fold_metrics()
             watchdog_s = self.config.commit_failure_restart_ms / 1000
             hanging = self.commit_in_flight is not None and now - self.commit_started > watchdog_s
             if (self.uncommitted or hanging) and now - self.last_commit_ok > watchdog_s:
@@ -1014,15 +1013,7 @@ class ReplicationTask:
 
     # -- metrics ----------------------------------------------------------------------------------------
 
-    def _fold_metrics(self) -> None:
-        """Move what each partition counted since the last fold into the interval's counters."""
-        for state in self.partitions.values():
-            if state.acknowledged.records:
-                self.metrics.counters_for(state.tp).merge(state.acknowledged)
-                state.acknowledged = PartitionCounters()
-
     def _record_metrics(self) -> None:
-        self._fold_metrics()
         lags: dict[SourcePartition, int | None] = {}
         for state in self.partitions.values():
             _low, high = self.reader.watermarks(state.tp)
@@ -1031,9 +1022,9 @@ class ReplicationTask:
             lags[state.tp] = max(high - done, 0) if high >= 0 and done is not None else None
         self.background.submit(self._store_metrics, self.metrics.drain(lags))
 
-    def _store_metrics(self, rows: list[MetricRow]) -> None:
+    def _store_metrics(self, interval: MetricInterval) -> None:
         try:
-            self.store.record_metrics(self.connector, rows)
+            self.store.record_metrics(self.connector, interval)
         except SQLAlchemyError as exc:
             log.warning("metrics of %s-%d not recorded: %s", self.connector, self.task_id, exc)
 

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from mirus_dagster.stack import StackEndpoints
 from replicator.assignment import SourcePartition
 from replicator.config import ConnectorConfig, validate_submission
 from replicator.database import make_engine, upgrade
+from replicator.metrics import TopicCounters
 from replicator.ownership import run_owned
 from replicator.source_reader import QUIET_AFTER_S
-from replicator.store import Store
+from replicator.store import MetricRow, Store
 from replicator.task import ReplicationTask, TaskExit
 
 
@@ -40,6 +43,28 @@ def private_database(stack: StackEndpoints, name: str) -> Engine:
     engine = make_engine(stack.database_url.rsplit("/", 1)[0] + f"/{name.replace('-', '_')}")
     upgrade(engine)
     return engine
+
+
+def metric_row(topic: str, end: datetime, records: int, histogram: dict[str, int] | None = None) -> MetricRow:
+    """A sample of `records` records of 10 bytes, each 50 ms late, with a lag of 7."""
+    counters = TopicCounters()
+    counters.add(records, records * 10)
+    counters.add_latencies(1_000, [950] * records)
+    return MetricRow(
+        task_id=0, topic=topic, interval_start=end - timedelta(seconds=10), interval_end=end, records=records,
+        bytes=records * 10, latency_min_ms=50, latency_max_ms=50, latency_sum_ms=50 * records, latency_count=records,
+        latency_histogram=histogram or counters.cumulative_histogram(), lag=7,
+    )  # fmt: skip
+
+
+def insert_partition_sample(conn: Connection, connector: str, partition: int, row: MetricRow) -> None:
+    """A sample as stored before migration 0006, one per partition."""
+    values = {**asdict(row), "connector": connector, "partition": partition,
+              "latency_histogram": json.dumps(row.latency_histogram)}  # fmt: skip
+    placeholders = ", ".join(
+        "CAST(:latency_histogram AS jsonb)" if k == "latency_histogram" else f":{k}" for k in values
+    )
+    conn.execute(text(f"INSERT INTO metric_samples ({', '.join(values)}) VALUES ({placeholders})"), values)
 
 
 def create_connector(

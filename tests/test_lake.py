@@ -7,32 +7,25 @@ import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 from alembic import command
-from sqlalchemy import Engine, insert, text
+from sqlalchemy import Engine, event, text
 
-from mirus_dagster.metrics_exporter import StoreCollector
+from mirus_dagster.metrics_exporter import RATE_WINDOW_S, StoreCollector
 from mirus_dagster.stack import StackEndpoints
+from replicator.assignment import SourcePartition
 from replicator.database import alembic_config, upgrade
 from replicator.lake import PART_FILE, PART_GLOB, export_hour, hour_dir, hour_floor, prune, state_path
 from replicator.metric_totals import topic_totals
-from replicator.metrics import TaskMetrics
-from replicator.schema import MetricSample
-from replicator.store import MetricRow, Store
+from replicator.store import MetricInterval, MetricRow, Store
 
-from .engine_helpers import connector_properties, private_database
+from .engine_helpers import connector_properties, insert_partition_sample, metric_row, private_database
 
 
-def _row(topic: str, partition: int, end: datetime, records: int, histogram: dict[str, int] | None = None) -> MetricRow:
-    counters = TaskMetrics(0).counters_for((topic, partition))
-    counters.add(records, records * 10)
-    counters.add_latencies(1_000, [950] * records)
-    return MetricRow(
-        task_id=0, topic=topic, partition=partition, interval_start=end - timedelta(seconds=10), interval_end=end,
-        records=records, bytes=records * 10, latency_min_ms=50, latency_max_ms=50, latency_sum_ms=50 * records,
-        latency_count=records, latency_histogram=histogram or counters.cumulative_histogram(), lag=7,
-    )  # fmt: skip
+def _interval(*samples: MetricRow, lags: dict[SourcePartition, int | None] | None = None) -> MetricInterval:
+    return MetricInterval(samples, lags or {}, max(r.interval_end for r in samples))
 
 
 def _count(engine: Engine, connector: str, table: str = "metric_samples") -> int:
@@ -58,11 +51,11 @@ def test_export_is_idempotent_and_prune_removes_only_sealed_hours_past_retention
     # A row written before the histogram had its finer buckets: only 100 ms, 1 s, ... and +Inf.
     coarse = {"100": 1, "1000": 3, "10000": 3, "60000": 3, "300000": 3, "600000": 3, "1800000": 3, "3600000": 3,
               "43200000": 3, "+Inf": 3}  # fmt: skip
-    store.record_metrics(unique, [
-        _row("orders", 0, old + timedelta(minutes=10), 4), _row("orders", 1, old + timedelta(minutes=20), 2),
-        _row("orders", 1, old + timedelta(minutes=30), 3, coarse),
-        _row("orders", 0, older + timedelta(minutes=5), 5), _row("orders", 0, recent, 1),
-    ])  # fmt: skip
+    store.record_metrics(unique, _interval(
+        metric_row("orders", old + timedelta(minutes=10), 4), metric_row("orders", old + timedelta(minutes=20), 2),
+        metric_row("orders", old + timedelta(minutes=30), 3, coarse),
+        metric_row("orders", older + timedelta(minutes=5), 5), metric_row("orders", recent, 1),
+    ))  # fmt: skip
     with db_engine.begin() as conn:
         for minutes in (5, 20):
             conn.execute(
@@ -114,9 +107,9 @@ def test_the_running_hour_is_exported_incrementally_then_in_full(
     store.put_connector(unique, connector_properties(stack, unique, **{"topics.whitelist": "orders"}), 1)
     hour = hour_floor(datetime.now(UTC))
     running, ended = hour + timedelta(minutes=30), hour + timedelta(hours=2)
-    store.record_metrics(unique, [_row("orders", 0, hour + timedelta(minutes=10), 1)])
+    store.record_metrics(unique, _interval(metric_row("orders", hour + timedelta(minutes=10), 1)))
     assert not export_hour(db_engine, tmp_path, hour, now=running).sealed
-    store.record_metrics(unique, [_row("orders", 0, hour + timedelta(minutes=11), 2)])
+    store.record_metrics(unique, _interval(metric_row("orders", hour + timedelta(minutes=11), 2)))
     export_hour(db_engine, tmp_path, hour, now=running)
     parts = sorted(hour_dir(tmp_path, "metric_samples", hour).glob(PART_GLOB))
     assert len(parts) == 2 and parts[0].name == PART_FILE  # the second run wrote only the new sample
@@ -143,8 +136,9 @@ def test_counters_never_go_down_when_samples_are_pruned_and_lags_keep_the_newest
     store.put_connector(unique, connector_properties(stack, unique, **{"topics.whitelist": "orders"}), 1)
     now = datetime.now(UTC)
     old = hour_floor(now - timedelta(hours=6))
-    store.record_metrics(unique, [_row("orders", 0, old + timedelta(minutes=10), 4),
-                                  _row("orders", 1, old + timedelta(minutes=20), 2)])  # fmt: skip
+    store.record_metrics(unique, _interval(metric_row("orders", old + timedelta(minutes=10), 4),
+                                           metric_row("orders", old + timedelta(minutes=20), 2),
+                                           lags={("orders", 0): 7, ("orders", 1): 7}))  # fmt: skip
     before = _counters(store, unique)
     assert before[("mirus_replicated_records_total", (("connector", unique), ("topic", "orders")))] == 6
 
@@ -153,12 +147,14 @@ def test_counters_never_go_down_when_samples_are_pruned_and_lags_keep_the_newest
     assert _count(db_engine, unique) == 0
     assert _counters(store, unique) == before  # the samples are gone; what they counted is not
 
-    store.record_metrics(unique, [replace(_row("orders", 0, now, 3), lag=2)])
+    store.record_metrics(unique, _interval(replace(metric_row("orders", now, 3), lag=9), lags={("orders", 0): 2}))
     after = _counters(store, unique)
     assert after[("mirus_replicated_records_total", (("connector", unique), ("topic", "orders")))] == 9
     assert after.keys() == before.keys() and all(after[k] >= before[k] for k in before), (before, after)
-    # Lag is the newest sample's, per partition; a late report of an older interval does not overwrite it.
-    store.record_metrics(unique, [replace(_row("orders", 0, now - timedelta(minutes=5), 1), lag=40)])
+    # Lag is the newest measured, per partition; a late report of an older interval does not overwrite it.
+    store.record_metrics(
+        unique, _interval(metric_row("orders", now - timedelta(minutes=5), 1), lags={("orders", 0): 40})
+    )
     assert store.partition_lags(unique) == {("orders", 0): 2, ("orders", 1): 7}
     store.delete_connector(unique)
     assert _counters(store, unique) == {} and store.partition_lags(unique) == {}
@@ -170,11 +166,12 @@ def test_the_upgrade_that_adds_running_totals_starts_them_from_the_stored_sample
     engine = private_database(stack, unique)
     command.downgrade(alembic_config(engine), "0003")
     now = datetime.now(UTC)
-    rows = [_row("orders", 0, now - timedelta(minutes=2), 4), _row("orders", 0, now - timedelta(minutes=1), 1),
-            replace(_row("orders", 1, now, 2), lag=None)]  # fmt: skip
+    rows = [(0, metric_row("orders", now - timedelta(minutes=2), 4)),
+            (0, metric_row("orders", now - timedelta(minutes=1), 1)),
+            (1, replace(metric_row("orders", now, 2), lag=None))]  # fmt: skip
     with engine.begin() as conn:
-        for row in rows:
-            conn.execute(insert(MetricSample).values(connector=unique, **row.__dict__))
+        for partition, row in rows:
+            insert_partition_sample(conn, unique, partition, row)
     upgrade(engine)
     store = Store(engine)
     store.put_connector(unique, connector_properties(stack, unique, **{"topics.whitelist": "orders"}), 1)
@@ -182,7 +179,72 @@ def test_the_upgrade_that_adds_running_totals_starts_them_from_the_stored_sample
     (totals,) = topic_totals(store)
     assert (totals.topic, totals.records, totals.bytes, totals.latency_count) == ("orders", 7, 70, 7)
     assert totals.histogram == {
-        bound: sum(r.latency_histogram[bound] for r in rows) for bound in rows[0].latency_histogram
+        bound: sum(r.latency_histogram[bound] for _, r in rows) for bound in rows[0][1].latency_histogram
     }
     assert store.partition_lags(unique) == {("orders", 0): 7, ("orders", 1): None}
+    engine.dispose()
+
+
+def _samples_read_by_a_scrape(store: Store) -> int:
+    """Rows of `metric_samples` that Postgres reads to answer one scrape: each statement of the scrape that names
+    the table, run again under EXPLAIN ANALYZE, its scans' rows returned and removed by filters summed."""
+    statements: list[tuple[str, Any]] = []
+
+    def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool) -> None:
+        if "metric_samples" in statement:
+            statements.append((statement, parameters))
+
+    event.listen(store.engine, "before_cursor_execute", capture)
+    try:
+        assert list(StoreCollector(store).collect())
+    finally:
+        event.remove(store.engine, "before_cursor_execute", capture)
+    assert statements, "a scrape reads recent samples for its rates"
+
+    def read(node: dict[str, Any]) -> int:
+        own = 0
+        if node.get("Relation Name") == "metric_samples":
+            removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Index Recheck", 0)
+            own = (node["Actual Rows"] + removed) * node["Actual Loops"]
+        return own + sum(read(child) for child in node.get("Plans", []))
+
+    total = 0
+    with store.engine.connect() as conn:
+        for statement, parameters in statements:
+            (plan,) = conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters).scalar_one()
+            total += read(plan["Plan"])
+    return total
+
+
+def test_a_scrape_reads_no_sample_older_than_its_rate_window_however_many_are_kept(
+    stack: StackEndpoints, unique: str
+) -> None:
+    engine = private_database(stack, unique)
+    store = Store(engine)
+    store.put_connector(unique, connector_properties(stack, unique, **{"topics.whitelist": "topic-.*"}), 1)
+
+    def fill(newest: timedelta, oldest: timedelta) -> None:
+        """A sample of each of 10 topics every 10 s from `oldest` to `newest` ago, as one task writes them."""
+        with engine.begin() as conn:
+            conn.execute(
+                text("INSERT INTO metric_samples (connector, task_id, topic, interval_start, interval_end, records,"
+                     " bytes, latency_sum_ms, latency_count, latency_histogram, lag)"
+                     " SELECT :c, 0, 'topic-' || t, s - interval '10 s', s, 100, 10000, 5000, 100, '{\"+Inf\": 100}', 0"
+                     " FROM generate_series(0, 9) AS t,"
+                     " generate_series(now() - :oldest, now() - :newest, interval '10 s') AS s"),
+                {"c": unique, "oldest": oldest, "newest": newest},
+            )  # fmt: skip
+            conn.execute(text("ANALYZE metric_samples"))
+
+    recent = 10 * 3  # every topic at 2, 12 and 22 s ago, well inside the 60 s window
+    assert RATE_WINDOW_S >= 60
+    fill(timedelta(seconds=2), timedelta(seconds=22))
+    fill(timedelta(hours=1), timedelta(hours=24))  # a day of samples at 10 topics x one per 10 s
+    day = _samples_read_by_a_scrape(store)
+    fill(timedelta(hours=24, seconds=10), timedelta(hours=72))  # three times as many kept
+    three_days = _samples_read_by_a_scrape(store)
+    with engine.connect() as conn:
+        kept = conn.execute(text("SELECT count(*) FROM metric_samples")).scalar_one()
+    assert kept > 250_000
+    assert 0 < three_days <= day <= recent, (day, three_days)
     engine.dispose()

@@ -1,11 +1,12 @@
-"""The latency histogram of a task's metrics: folded in bulk, it counts every record where a per-record count would."""
+"""A task's metrics: the latency histogram, folded in bulk, counts every record where a per-record count would;
+an interval is drained as one sample per topic and the partitions whose lag changed."""
 
 from __future__ import annotations
 
 import random
 from bisect import bisect_left
 
-from replicator.metrics import BUCKET_LABELS, LATENCY_BUCKETS_MS, PartitionCounters
+from replicator.metrics import BUCKET_LABELS, LATENCY_BUCKETS_MS, TaskMetrics, TopicCounters
 
 
 def _one_by_one(acknowledgements: list[tuple[int, list[int]]]) -> dict[str, object]:
@@ -41,7 +42,7 @@ def test_runs_folded_in_bulk_count_every_record_in_its_bucket() -> None:
         if rng.random() < 0.3:
             rng.shuffle(timestamps)
         acknowledgements.append((acked, timestamps))
-    counters = PartitionCounters()
+    counters = TopicCounters()
     for acked, timestamps in acknowledgements:
         counters.add_latencies(acked, list(timestamps))
 
@@ -52,18 +53,24 @@ def test_runs_folded_in_bulk_count_every_record_in_its_bucket() -> None:
     assert counters.cumulative_histogram()["10"] > 0 and counters.buckets[-1] > 0  # both ends were exercised
 
 
-def test_counters_merged_say_what_one_counter_of_everything_says() -> None:
+def test_an_interval_is_one_sample_per_topic_and_the_partitions_whose_lag_changed() -> None:
+    metrics = TaskMetrics(3)
     now = 1_795_000_000_000
-    runs = [(now, [now - 3, now - 30]), (now + 7, [now - 700, now + 9]), (now, [now - 20_000_000])]
-    whole, parts = PartitionCounters(), [PartitionCounters() for _ in runs]
-    for part, (acked, timestamps) in zip(parts, runs, strict=True):
-        whole.add(len(timestamps), 10 * len(timestamps))
-        whole.add_latencies(acked, timestamps)
-        part.add(len(timestamps), 10 * len(timestamps))
-        part.add_latencies(acked, timestamps)
-    merged = PartitionCounters()
-    for part in [PartitionCounters(), *parts]:  # an empty one (a partition with no records) changes nothing
-        merged.merge(part)
-    fields = ("records", "bytes", "latency_min", "latency_max", "latency_sum", "latency_count", "buckets")
-    assert [getattr(merged, f) for f in fields] == [getattr(whole, f) for f in fields]
-    assert (merged.latency_min, merged.latency_max, merged.records) == (0, 20_000_000, 5)
+    for _partition in range(100):  # every partition's acknowledgements land in its topic's counters
+        metrics.counters_for("orders").add(2, 20)
+        metrics.counters_for("orders").add_latencies(now, [now - 40, now - 4_000])
+    first = metrics.drain({("orders", p): p for p in range(100)} | {("idle", 0): 5, ("idle", 1): None})
+    orders, idle = sorted(first.samples, key=lambda s: s.topic, reverse=True)
+    assert (orders.task_id, orders.topic, orders.records, orders.bytes) == (3, "orders", 200, 2_000)
+    assert orders.latency_count == orders.latency_histogram["+Inf"] == 200
+    assert (orders.latency_histogram["50"], orders.latency_histogram["5000"]) == (100, 200)
+    assert (orders.latency_min_ms, orders.latency_max_ms, orders.lag) == (40, 4_000, sum(range(100)))
+    assert (idle.records, idle.latency_count, idle.latency_min_ms, idle.lag) == (0, 0, None, 5)
+    assert len(first.lags) == 101 and ("idle", 1) not in first.lags  # an unknown lag is not written
+
+    second = metrics.drain({("orders", p): p for p in range(100)} | {("orders", 7): 70, ("idle", 0): 5})
+    (moved,) = second.samples  # nothing replicated; one partition's lag changed, so its topic has a sample
+    assert (moved.topic, moved.records, moved.lag, dict(second.lags)) == ("orders", 0, sum(range(100)) + 63,
+                                                                          {("orders", 7): 70})  # fmt: skip
+    assert moved.interval_start == first.measured_at == orders.interval_end
+    assert not metrics.drain({("orders", p): p for p in range(100)} | {("orders", 7): 70}).samples

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
@@ -29,12 +29,12 @@ from mirus_dagster.reporting import Reporting, spark_config, spark_master_from_e
 from mirus_dagster.resources import PlatformDatabase
 from mirus_dagster.stack import StackEndpoints
 from replicator.config import validate_submission
-from replicator.lake import PART_FILE, SCHEMAS, hour_dir, state_path
+from replicator.lake import BUCKET_COLUMNS, PART_FILE, SCHEMAS, export_hour, hour_dir, state_path
 from replicator.monitor import KafkaMonitor
-from replicator.reports import missing_partitions_report
-from replicator.store import Store
+from replicator.reports import latency_report, missing_partitions_report, throughput_lag_report
+from replicator.store import MetricInterval, Store
 
-from .engine_helpers import TaskThread, connector_properties
+from .engine_helpers import TaskThread, connector_properties, metric_row
 from .kafka_helpers import create_topics, produce, wait_for
 
 MINUTE = 60_000
@@ -224,27 +224,68 @@ def test_missing_partitions_report_names_reason_and_since(estate: Estate) -> Non
     )
 
 
-def test_throughput_and_lag_per_partition(estate: Estate, db_engine: Engine) -> None:
+def test_throughput_and_lag_per_topic(estate: Estate, db_engine: Engine) -> None:
     rows = _rows(report_path(estate.lake, "throughput_lag"), estate.connector)
-    totals: dict[tuple[str, int], list[int]] = {}
+    totals: dict[str, list[int]] = {}
     for r in rows:
-        total = totals.setdefault((r["topic"], r["partition"]), [0, 0])
+        total = totals.setdefault(r["topic"], [0, 0])
         total[0] += r["records"]
         total[1] += r["bytes"]
         assert r["records_per_s"] >= r["records"] / 300 and r["bytes_per_s"] >= r["bytes"] / 300
         assert r["records_per_s"] * r["bytes"] == pytest.approx(r["bytes_per_s"] * r["records"])
-    assert {tp: t[0] for tp, t in totals.items() if t[0]} == estate.records
-    assert {tp: t[1] for tp, t in totals.items() if t[1]} == estate.bytes
-    # Lag: the last value the task reported in each step, straight from Postgres.
+    by_topic: dict[str, list[int]] = {}
+    for (topic, _), records in estate.records.items():
+        by_topic.setdefault(topic, [0, 0])[0] += records
+    for (topic, _), nbytes in estate.bytes.items():
+        by_topic[topic][1] += nbytes
+    assert {t: total for t, total in totals.items() if total[0]} == by_topic
+    # Lag: the last value the task reported in each step (its partitions' lags summed), straight from Postgres.
     with db_engine.connect() as conn:
         samples = conn.execute(
-            text("SELECT topic, partition, interval_end, lag FROM metric_samples WHERE connector = :c"),
-            {"c": estate.connector},
+            text("SELECT topic, interval_end, lag FROM metric_samples WHERE connector = :c"), {"c": estate.connector}
         ).all()
     for r in rows:
-        step = [s for s in samples if s.topic == r["topic"] and s.partition == r["partition"]
-                and r["time"] <= s.interval_end < r["time"] + timedelta(minutes=5)]  # fmt: skip
+        within = r["time"], r["time"] + timedelta(minutes=5)
+        step = [s for s in samples if s.topic == r["topic"] and within[0] <= s.interval_end < within[1]]
         assert r["lag"] == max(step, key=lambda s: s.interval_end).lag
+    assert Store(db_engine).partition_lags(estate.connector) == {(estate.topic_a, 0): 0, (estate.topic_a, 1): 0,
+                                                                 (estate.topic_c, 0): 0}  # fmt: skip
+
+
+def test_reports_read_hours_exported_per_partition_beside_hours_per_topic(
+    spark: SparkSession, stack: StackEndpoints, db_engine: Engine, tmp_path: Path, unique: str
+) -> None:
+    """Hours exported before samples were per topic hold a row per partition: the reports read both together, and
+    an old hour's lag is its partitions' lags summed."""
+    old, new = datetime(2026, 11, 22, 6, tzinfo=UTC), datetime(2026, 11, 22, 7, tzinfo=UTC)
+    base = {"connector": unique, "task_id": 0, "topic": "t", "destination_topic": "t.m", "latency_min_ms": 50,
+            "latency_max_ms": 50, "latency_sum_ms": 0, "interval_start": old,
+            "interval_end": old + timedelta(minutes=1), **dict.fromkeys(BUCKET_COLUMNS[:2], 0)}  # fmt: skip
+    per_partition = [{**base, "id": 1, "partition": 0, "records": 3, "bytes": 30, "lag": 5, "latency_count": 3,
+                      **dict.fromkeys(BUCKET_COLUMNS[2:], 3)},
+                     {**base, "id": 2, "partition": 1, "records": 4, "bytes": 40, "lag": 7, "latency_count": 4,
+                      **dict.fromkeys(BUCKET_COLUMNS[2:], 4)}]  # fmt: skip
+    directory = hour_dir(tmp_path, "metric_samples", old)
+    directory.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(per_partition, schema=SCHEMAS["metric_samples"]), directory / PART_FILE)
+    store = Store(db_engine)
+    props = connector_properties(stack, unique, **{"topics.whitelist": "t", "destination.topic.name.suffix": ".m"})
+    store.put_connector(unique, props, 1)
+    sample = replace(metric_row("t", new + timedelta(minutes=1), 5), lag=2)
+    store.record_metrics(unique, MetricInterval([sample], {("t", 0): 1, ("t", 1): 1}, sample.interval_end))
+    export_hour(db_engine, tmp_path, new, now=new + timedelta(hours=2))
+    (exported,) = [r for r in pq.read_table(hour_dir(tmp_path, "metric_samples", new) / PART_FILE).to_pylist()
+                   if r["connector"] == unique]  # fmt: skip
+    assert exported["partition"] is None and exported["records"] == 5
+
+    report = throughput_lag_report(spark, tmp_path, old, new + timedelta(hours=1), 3600)
+    steps = [(r.time.replace(tzinfo=UTC), r.records, r.bytes, r.lag) for r in report.where(
+        f"connector = '{unique}'").collect()]  # fmt: skip
+    assert steps == [(old, 7, 70, 12), (new, 5, 50, 2)]
+    (latency,) = (
+        latency_report(spark, tmp_path, old, new + timedelta(hours=1)).where(f"connector = '{unique}'").collect()
+    )
+    assert (latency.destination_topic, latency["count"], latency.le_5m) == ("t.m", 12, 12)
 
 
 def test_report_materializations_carry_tables_and_charts(estate: Estate) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from alembic import command
@@ -12,7 +13,7 @@ from mirus_dagster.stack import StackEndpoints
 from replicator.database import alembic_config, upgrade
 from replicator.store import ConnectorState, FencedError, PartitionHealth, Store, UnknownConnectorError
 
-from .engine_helpers import private_database
+from .engine_helpers import insert_partition_sample, metric_row, private_database
 
 
 def test_each_put_is_a_new_version_and_delete_keeps_offsets(store: Store, unique: str) -> None:
@@ -189,4 +190,41 @@ def test_the_upgrade_to_offsets_per_topic_keeps_every_stored_offset(stack: Stack
     with engine.connect() as conn:
         back = conn.execute(text('SELECT topic, partition, "offset", destination_offset FROM offsets ORDER BY 1, 2'))
         assert sorted(back) == sorted([*rows, ("t", 1, 20, None)])
+    engine.dispose()
+
+
+def test_the_upgrade_to_samples_per_topic_sums_each_intervals_partitions(stack: StackEndpoints, unique: str) -> None:
+    engine = private_database(stack, unique)
+    command.downgrade(alembic_config(engine), "0005")  # samples a row per partition, as stored before
+    end = datetime(2026, 11, 25, 10, 0, 10, tzinfo=UTC)
+    later = end + timedelta(seconds=10)
+    fast, slow = metric_row("orders", end, 4), replace(metric_row("orders", end, 2), latency_min_ms=9,
+                                                       latency_max_ms=900, lag=None)  # fmt: skip
+    slow = replace(slow, latency_histogram={**slow.latency_histogram, "10": 1, "25": 1})  # one record at 9 ms
+    per_partition = [(0, fast), (1, slow), (2, fast),  # one interval of task 0: summed into one row
+                     (0, metric_row("orders", later, 1)),  # the next interval: a row of its own
+                     (0, metric_row("other", end, 3)), (3, replace(fast, task_id=1))]  # fmt: skip
+    with engine.begin() as conn:
+        for partition, row in per_partition:
+            insert_partition_sample(conn, unique, partition, row)
+        first_id = conn.execute(text("SELECT min(id) FROM metric_samples")).scalar_one()
+    upgrade(engine)
+    store = Store(engine)
+    samples = {(s["task_id"], s["topic"], s["interval_end"]): s for s in store.metric_samples(unique)}
+    assert set(samples) == {(0, "orders", end), (0, "orders", later), (0, "other", end), (1, "orders", end)}
+    summed = samples[(0, "orders", end)]
+    assert summed["id"] == first_id and "partition" not in summed
+    assert (summed["records"], summed["bytes"], summed["latency_count"], summed["latency_sum_ms"]) == (
+        10, 100, 10, 50 * 4 + 50 * 2 + 50 * 4)  # fmt: skip
+    assert (summed["latency_min_ms"], summed["latency_max_ms"], summed["lag"]) == (9, 900, 14)
+    assert summed["latency_histogram"] == {
+        bound: 2 * fast.latency_histogram[bound] + slow.latency_histogram[bound] for bound in fast.latency_histogram
+    }
+    assert summed["latency_histogram"]["+Inf"] == summed["latency_count"]
+    assert [samples[k]["records"] for k in [(0, "orders", later), (0, "other", end), (1, "orders", end)]] == [1, 3, 4]
+
+    command.downgrade(alembic_config(engine), "0005")  # and back: a row per topic, of partition -1
+    with engine.connect() as conn:
+        back = conn.execute(text("SELECT partition, sum(records) FROM metric_samples GROUP BY partition")).all()
+    assert back == [(-1, 18)]
     engine.dispose()

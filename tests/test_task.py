@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from mirus_dagster.metrics_exporter import StoreCollector
 from mirus_dagster.stack import StackEndpoints
 from replicator import provenance
+from replicator.metrics import BUCKET_LABELS
 from replicator.store import Store
 from replicator.task import CommitWatchdogError, TaskExit
 
@@ -77,14 +79,23 @@ def test_records_arrive_intact_with_partitions_headers_timestamps_and_provenance
     assert _committed(store, unique) == ends
     assert store.lease_of(unique, 0).state == "STOPPED"
 
+    # One sample per topic and interval, however many partitions moved in it; each partition's lag apart.
     samples = store.metric_samples(unique)
-    assert sum(s["records"] for s in samples) == 800
-    assert {(s["topic"], s["partition"]) for s in samples if s["records"]} == {(topic, p) for p in range(partitions)}
+    assert {s["topic"] for s in samples} == {topic} and "partition" not in samples[0]
+    assert len({s["interval_end"] for s in samples}) == len(samples)
+    sizes = [(len(r["key"]) if r["key"] else 0) + (len(r["value"]) if r["value"] else 0) for r in sent]
+    assert (sum(s["records"] for s in samples), sum(s["bytes"] for s in samples)) == (800, sum(sizes))
     for s in samples:
         if s["records"]:
             assert s["latency_count"] == s["records"] == s["latency_histogram"]["+Inf"]
+            cumulative = [s["latency_histogram"][bound] for bound in BUCKET_LABELS]
+            assert cumulative == sorted(cumulative)
             # Source timestamps are from 2023: the latency is large and lands in Mirus's top (12h+) bucket.
             assert s["latency_min_ms"] > 12 * 3600 * 1000 and s["latency_histogram"]["43200000"] == 0
+    assert store.partition_lags(unique) == {(topic, p): 0 for p in range(partitions)}
+    lags = next(f for f in StoreCollector(store).collect() if f.name == "mirus_partition_lag_records")
+    mine = {s.labels["partition"]: s.value for s in lags.samples if s.labels["connector"] == unique}
+    assert mine == {str(p): 0 for p in range(partitions)}
 
 
 def test_provenance_headers_can_be_turned_off_and_cycles_are_never_written_back(
