@@ -315,10 +315,13 @@ def properties_markdown() -> str:
         "The source consumer's fetches are answered within 3 ms by default (`fetch.wait.max.ms=3` with "
         "`fetch.min.bytes=1000000`): a record waits at most that long at any rate, and steady traffic costs at most "
         "~330 fetches a second per source broker and task instead of one per append. Partitions without a record "
-        "for 5 s move to a second consumer that fetches as MirrorMaker's does (`fetch.wait.max.ms=500` with "
-        "`fetch.min.bytes=1`: answered at the first byte, two fetches a second when idle) and move back at their "
-        "next record, so an idle task costs its source broker about what MirrorMaker 1.0's consumer does "
-        '(benchmarks/README.md, "Estate"). `consumer.*` settings apply to both; the quiet one keeps its two.',
+        "for 5 s move to consumers that fetch as MirrorMaker's does (`fetch.wait.max.ms=500` with "
+        "`fetch.min.bytes=1`: answered at the first byte, two fetches a second when idle), after a further minute "
+        "to consumers waiting up to 5 s (one fetch every 5 s when idle, still answered at the first byte), and move "
+        "back at their next record, so an idle task costs its source broker less than MirrorMaker 1.0's consumer "
+        "does. Each consumer holds at most 2,000 partitions (librdkafka's cost per consumer grows faster than its "
+        'partitions; benchmarks/README.md, "Estate"). `consumer.*` settings apply to all; the quiet ones keep '
+        "their two.",
         "",
         "| prefix | client | description |",
         "|---|---|---|",

@@ -1,23 +1,30 @@
-"""A task's source consumer, in two tiers: partitions that flow are fetched eagerly, quiet ones cheaply.
+"""A task's source consumers: partitions that flow are fetched eagerly, quiet ones cheaply, long-silent ones rarely.
 
 librdkafka fixes a consumer's fetch wait when it is created, and every fetch request names every partition the
 consumer holds (neither librdkafka nor Apache Kafka before 1.1 has incremental fetch sessions). One setting cannot
-serve both kinds of partition:
+serve every partition, so partitions live in three tiers:
 - flowing (the connector's consumer settings; by default `fetch.wait.max.ms` 3 with `fetch.min.bytes` 1 MB): the
   broker answers within 3 ms, so a record waits at most that long, at up to ~330 fetches a second per broker;
 - quiet (no record for `quiet_after_s`): `fetch.wait.max.ms` 500 with `fetch.min.bytes` 1, as MirrorMaker's Java
   consumer fetches: the broker holds the fetch until the first byte arrives, so a new record is answered at once,
-  and an idle partition costs two fetches a second per broker instead of 330.
-A quiet partition that yields a record keeps being read by the quiet consumer (which answers at the first byte) and
-moves back to the flowing tier at the next `settle`; one whose records stop moves to the quiet tier at its next
-offset. A partition is in exactly one tier; moving it is an unassign from
-one consumer and an assign at an explicit offset on the other (librdkafka drops what the first had prefetched).
+  and an idle partition costs two fetches a second per broker instead of 330;
+- dormant (quiet for `dormant_after_s` more): the same, waiting up to 5 s: one fetch every 5 s when idle, still
+  answered at the first byte. It is a tier of its own because a partition added to a consumer joins its *next*
+  fetch: one that went quiet a moment ago waits at most 500 ms for the fetch in flight, not 5 s.
+A quiet or dormant partition that yields a record keeps being read where it is (answered at the first byte) and
+moves back to the flowing tier at the next `settle`. A partition is in exactly one consumer; moving it is an
+unassign from one and an assign at an explicit offset on the other (librdkafka drops what the first had prefetched).
+
+Each tier spreads its partitions over consumers of at most `SHARD_PARTITIONS`: a librdkafka consumer's broker
+thread visits every partition it holds at each wake-up, so its cost grows faster than its partitions (measured on
+Apache Kafka, idle at 500 ms: one consumer of 10,000 partitions 50-90 % of a core; four of 2,500, 12 %).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
@@ -25,66 +32,142 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from replicator.assignment import SourcePartition
 
 QUIET_AFTER_S = 5.0  # a flowing partition without a record for this long moves to the quiet tier
+DORMANT_AFTER_S = 60.0  # a quiet partition without a record for this long moves to the dormant tier
 QUIET_SETTINGS = {"fetch.wait.max.ms": 500, "fetch.min.bytes": 1}
-# While both tiers hold partitions, a wait for records alternates between them in slices this long.
+DORMANT_SETTINGS = {"fetch.wait.max.ms": 5000, "fetch.min.bytes": 1}
+SHARD_PARTITIONS = 2_000
+# While several consumers hold partitions, a wait for records waits on the first in slices this long and polls the
+# others between slices.
 SLICE_S = 0.01
 
 
-class SourceReader:
-    """The consumer operations the task uses, each applied to the tier that holds the partition."""
+@dataclass(frozen=True)
+class TierLimits:
+    """When partitions change tier, and how many one consumer holds."""
 
-    def __init__(self, settings: dict[str, Any], quiet_after_s: float = QUIET_AFTER_S) -> None:
-        self.flowing = Consumer(settings)
-        self.quiet = Consumer({**settings, **QUIET_SETTINGS})
-        self.quiet_after_s = quiet_after_s
-        self.tier: dict[SourcePartition, Consumer] = {}
-        self.quiet_count = 0
+    quiet_after_s: float = QUIET_AFTER_S
+    dormant_after_s: float = DORMANT_AFTER_S
+    shard_partitions: int = SHARD_PARTITIONS
+
+
+DEFAULT_LIMITS = TierLimits()
+
+
+class Shard:
+    """One consumer of a tier and how many partitions it holds."""
+
+    __slots__ = ("consumer", "held", "tier")
+
+    def __init__(self, tier: Tier) -> None:
+        self.tier = tier
+        self.consumer = Consumer(tier.settings)
+        self.held = 0
+
+
+class Tier:
+    """Consumers of one fetch setting, created as partitions arrive, each holding at most `shard_partitions`."""
+
+    def __init__(self, name: str, settings: dict[str, Any], shard_partitions: int) -> None:
+        self.name = name
+        self.settings = settings
+        self.shard_partitions = shard_partitions
+        self.shards: list[Shard] = []
+
+    def place(self, count: int) -> Iterator[tuple[Shard, int]]:
+        """Where `count` new partitions go: the room left in existing consumers first, then new ones."""
+        for shard in self.shards:
+            if count <= 0:
+                return
+            if (room := self.shard_partitions - shard.held) > 0:
+                yield shard, min(room, count)
+                count -= room
+        while count > 0:
+            shard = Shard(self)
+            self.shards.append(shard)
+            yield shard, min(self.shard_partitions, count)
+            count -= self.shard_partitions
+
+
+class SourceReader:
+    """The consumer operations the task uses, each applied to the consumer that holds the partition."""
+
+    def __init__(self, settings: dict[str, Any], limits: TierLimits = DEFAULT_LIMITS) -> None:
+        self.flowing = Tier("flowing", settings, limits.shard_partitions)
+        self.quiet = Tier("quiet", {**settings, **QUIET_SETTINGS}, limits.shard_partitions)
+        self.dormant = Tier("dormant", {**settings, **DORMANT_SETTINGS}, limits.shard_partitions)
+        self.tiers = (self.flowing, self.quiet, self.dormant)
+        self.flowing.shards.append(Shard(self.flowing))  # fails now, not at the first assignment, on bad settings
+        self.quiet_after_s, self.dormant_after_s = limits.quiet_after_s, limits.dormant_after_s
+        self.shard: dict[SourcePartition, Shard] = {}
         self.paused: set[SourcePartition] = set()
-        self.waking: set[SourcePartition] = set()  # quiet partitions that yielded records since the last `settle`
-        # Per flowing partition: its position when last checked, and since when it has not moved.
+        self.waking: set[SourcePartition] = set()  # quiet or dormant partitions that yielded records since `settle`
+        # Per flowing partition: its position when last checked, and since when it has not moved; per quiet one,
+        # since when it is there.
         self.still_since: dict[SourcePartition, tuple[int | None, float]] = {}
+
+    def held_in(self, tier: Tier) -> int:
+        return sum(shard.held for shard in tier.shards)
 
     # -- fetch --------------------------------------------------------------------------------------------
 
     def consume(self, count: int, timeout: float) -> list[Message]:
-        """Records from both tiers (flowing first); waits up to `timeout` for the first one."""
-        flowing, quiet = self.flowing, self.quiet
-        if not self.quiet_count:
-            return flowing.consume(count, timeout)
-        if self.quiet_count == len(self.tier):
-            msgs, woken = [], quiet.consume(count, timeout)
-        else:
-            msgs, woken = flowing.consume(count, 0), quiet.consume(count, 0)
-            deadline = time.monotonic() + timeout
-            while not msgs and not woken and (left := deadline - time.monotonic()) > 0:
-                msgs = flowing.consume(count, min(left, SLICE_S))
-                woken = [] if msgs else quiet.consume(count, 0)
-        if woken:
-            for msg in woken:  # they flow again at the next `settle`: one move for all, not one per batch
+        """Records from every consumer holding partitions (flowing first); waits up to `timeout` for the first."""
+        active = [shard for tier in self.tiers for shard in tier.shards if shard.held]
+        if len(active) <= 1:
+            if not active:
+                time.sleep(timeout)
+                return []
+            return self._read(active[0], count, timeout)
+        first, others = active[0], active[1:]
+        msgs = self._read(first, count, 0)
+        for shard in others:
+            msgs.extend(self._read(shard, count, 0))
+        deadline = time.monotonic() + timeout
+        while not msgs and (left := deadline - time.monotonic()) > 0:
+            msgs = self._read(first, count, min(left, SLICE_S))
+            for shard in others:
+                msgs.extend(self._read(shard, count, 0))
+        return msgs
+
+    def _read(self, shard: Shard, count: int, timeout: float) -> list[Message]:
+        msgs = shard.consumer.consume(count, timeout)
+        if msgs and shard.tier is not self.flowing:
+            for msg in msgs:  # they flow again at the next `settle`: one move for all, not one per batch
                 self.waking.add((msg.topic(), msg.partition()))
-            msgs.extend(woken)
         return msgs
 
     def settle(self, positions: Callable[[SourcePartition], int | None]) -> None:
-        """Move quiet partitions that yielded records back to the flowing tier, and flowing partitions whose position
-        has not changed for `quiet_after_s` to the quiet tier, each at the task's next offset to read (`positions`;
-        None if unknown). Called about once a second: librdkafka's assignment changes cost in proportion to every
-        partition assigned, so partitions move in one batch each way, never one by one."""
+        """Move quiet and dormant partitions that yielded records back to the flowing tier, flowing partitions whose
+        position has not changed for `quiet_after_s` to the quiet tier, and quiet ones silent for `dormant_after_s`
+        to the dormant tier, each at the task's next offset to read (`positions`; None if unknown). Called about once
+        a second: librdkafka's assignment changes cost in proportion to every partition assigned, so partitions move
+        in one batch each way, never one by one."""
         now = time.monotonic()
         waking = {
             tp: position
             for tp in self.waking
-            if self.tier.get(tp) is self.quiet and tp not in self.paused and (position := positions(tp)) is not None
+            if (shard := self.shard.get(tp)) is not None
+            and shard.tier is not self.flowing
+            and tp not in self.paused
+            and (position := positions(tp)) is not None
         }
         self.waking = set()
         if waking:
-            self._move(list(waking), self.quiet, self.flowing, waking)
+            self._move(waking, self.flowing, now)
         resting: dict[SourcePartition, int] = {}
-        for tp, consumer in self.tier.items():
-            if consumer is not self.flowing or tp in self.paused:
+        sleeping: dict[SourcePartition, int] = {}
+        for tp, shard in self.shard.items():
+            if shard.tier is self.dormant or tp in self.paused:
                 continue
             position = positions(tp)
             seen, since = self.still_since.get(tp, (None, now))
+            if shard.tier is self.quiet:
+                # Placed at `seen`; a partition never read has no position of the task's own.
+                if position is not None and position != seen:
+                    self.still_since[tp] = (position, now)
+                elif now - since >= self.dormant_after_s and seen is not None:
+                    sleeping[tp] = seen
+                continue
             if position != seen or tp not in self.still_since:
                 self.still_since[tp] = (position, now)
                 continue
@@ -92,73 +175,85 @@ class SourceReader:
                 continue
             if position is None:
                 # Nothing read yet: only an empty log has a position that is safe to name (its end).
-                low, high = self.flowing.get_watermark_offsets(TopicPartition(*tp), cached=True)
+                low, high = shard.consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
                 if high < 0 or low != high:
                     continue
                 position = high
             resting[tp] = position
         if resting:
-            self._move(list(resting), self.flowing, self.quiet, resting)
+            self._move(resting, self.quiet, now)
+        if sleeping:
+            self._move(sleeping, self.dormant, now)
 
-    def _move(
-        self, partitions: list[SourcePartition], source: Consumer, target: Consumer, offsets: dict[SourcePartition, int]
-    ) -> None:
-        source.incremental_unassign([TopicPartition(*tp) for tp in partitions])
-        target.incremental_assign([TopicPartition(t, p, offsets[(t, p)]) for t, p in partitions])
+    def _move(self, offsets: dict[SourcePartition, int], target: Tier, now: float) -> None:
+        partitions = list(offsets)
+        for shard, mine in self._by_shard(partitions):
+            shard.consumer.incremental_unassign(mine)
+            shard.held -= len(mine)
+        self._place(target, [TopicPartition(t, p, offsets[(t, p)]) for t, p in partitions])
         for tp in partitions:
-            self.tier[tp] = target
-            self.still_since.pop(tp, None)
-        self.quiet_count += len(partitions) if target is self.quiet else -len(partitions)
+            self.still_since[tp] = (offsets[tp], now)
+
+    def _place(self, tier: Tier, partitions: list[TopicPartition]) -> None:
+        start = 0
+        for shard, count in tier.place(len(partitions)):
+            mine = partitions[start : start + count]
+            start += count
+            shard.consumer.incremental_assign(mine)
+            shard.held += count
+            for tp in mine:
+                self.shard[(tp.topic, tp.partition)] = shard
 
     # -- assignment, pause, seek ----------------------------------------------------------------------------
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         """Start reading `partitions` at their offsets, in the flowing tier."""
-        self.flowing.incremental_assign(partitions)
-        for tp in partitions:
-            self.tier[(tp.topic, tp.partition)] = self.flowing
+        self._place(self.flowing, partitions)
 
     def unassign(self, partitions: Iterable[SourcePartition]) -> None:
-        for consumer in (self.flowing, self.quiet):
-            mine = [tp for tp in partitions if self.tier.get(tp) is consumer]
-            if mine:
-                consumer.incremental_unassign([TopicPartition(*tp) for tp in mine])
+        partitions = list(partitions)
+        for shard, mine in self._by_shard(partitions):
+            shard.consumer.incremental_unassign(mine)
+            shard.held -= len(mine)
         for tp in partitions:
-            if self.tier.pop(tp, None) is self.quiet:
-                self.quiet_count -= 1
+            self.shard.pop(tp, None)
             self.still_since.pop(tp, None)
             self.paused.discard(tp)
 
     def pause(self, partitions: Iterable[SourcePartition]) -> None:
-        for consumer, mine in self._by_tier(partitions):
-            consumer.pause(mine)
+        partitions = list(partitions)
+        for shard, mine in self._by_shard(partitions):
+            shard.consumer.pause(mine)
         self.paused.update(partitions)
 
     def resume(self, partitions: Iterable[SourcePartition]) -> None:
-        for consumer, mine in self._by_tier(partitions):
-            consumer.resume(mine)
+        partitions = list(partitions)
+        for shard, mine in self._by_shard(partitions):
+            shard.consumer.resume(mine)
         self.paused.difference_update(partitions)
 
     def seek(self, tp: SourcePartition, offset: int) -> None:
-        self.tier[tp].seek(TopicPartition(tp[0], tp[1], offset))
+        self.shard[tp].consumer.seek(TopicPartition(tp[0], tp[1], offset))
 
     def watermarks(self, tp: SourcePartition) -> tuple[int, int]:
-        """The partition's low and high watermarks as its tier last heard them (no request)."""
-        return self.tier[tp].get_watermark_offsets(TopicPartition(*tp), cached=True)
+        """The partition's low and high watermarks as its consumer last heard them (no request)."""
+        return self.shard[tp].consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
 
     def list_topics(self, topic: str, timeout: float) -> None:
-        """Read `topic`'s metadata now in both tiers (a partition may move to either)."""
-        for consumer in (self.flowing, self.quiet):
-            consumer.list_topics(topic, timeout=timeout)
+        """Read `topic`'s metadata now in every consumer (a partition may move to any)."""
+        for tier in self.tiers:
+            for shard in tier.shards:
+                shard.consumer.list_topics(topic, timeout=timeout)
 
     def close(self) -> None:
-        self.flowing.close()
-        self.quiet.close()
+        for tier in self.tiers:
+            for shard in tier.shards:
+                shard.consumer.close()
 
-    def _by_tier(self, partitions: Iterable[SourcePartition]) -> list[tuple[Consumer, list[TopicPartition]]]:
-        grouped: dict[int, tuple[Consumer, list[TopicPartition]]] = {}
+    def _by_shard(self, partitions: Iterable[SourcePartition]) -> list[tuple[Shard, list[TopicPartition]]]:
+        grouped: dict[int, tuple[Shard, list[TopicPartition]]] = {}
         for tp in partitions:
-            consumer = self.tier.get(tp)
-            if consumer is not None:
-                grouped.setdefault(id(consumer), (consumer, []))[1].append(TopicPartition(*tp))
+            shard = self.shard.get(tp)
+            if shard is not None:
+                grouped.setdefault(id(shard), (shard, []))[1].append(TopicPartition(*tp))
         return list(grouped.values())

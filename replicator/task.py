@@ -49,7 +49,7 @@ from replicator.assignment import SourcePartition
 from replicator.clusters import TopicPartitions, cluster_id, topic_partitions
 from replicator.config import ConnectorConfig, load
 from replicator.metrics import TaskMetrics
-from replicator.source_reader import QUIET_AFTER_S, SourceReader
+from replicator.source_reader import DEFAULT_LIMITS, SourceReader, TierLimits
 from replicator.store import ConnectorHead, ConnectorState, FencedError, Lease, MetricInterval, PartitionHealth, Store
 from replicator.transactions import (
     FENCED_CODES,
@@ -200,7 +200,7 @@ class ReplicationTask:
         owner: str,
         *,
         metrics_interval_s: float = 10.0,
-        quiet_after_s: float = QUIET_AFTER_S,
+        reader_limits: TierLimits = DEFAULT_LIMITS,
         on_event: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
@@ -208,7 +208,7 @@ class ReplicationTask:
         self.task_id = task_id
         self.owner = owner
         self.metrics = TaskMetrics(task_id, metrics_interval_s)
-        self.quiet_after_s = quiet_after_s
+        self.reader_limits = reader_limits
         self.on_event = on_event or (lambda message: log.info("%s-%d: %s", connector, task_id, message))
         # Set by `run` (lease) and `_rebuild` (config and clients) before anything uses them.
         self.lease: Lease
@@ -765,7 +765,7 @@ class ReplicationTask:
         self.config = config
         self.ordered_acks = config.ordered_acks
         self.version, self.restart_marker = record.version, restart_marker
-        self.reader = SourceReader(config.consumer_settings(), self.quiet_after_s)
+        self.reader = SourceReader(config.consumer_settings(), self.reader_limits)
         self.known_topics = set()
         self.producer = Producer(self._producer_settings(config))
         if self.owning:

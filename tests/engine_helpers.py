@@ -17,7 +17,7 @@ from replicator.config import ConnectorConfig, validate_submission
 from replicator.database import make_engine, upgrade
 from replicator.metrics import TopicCounters
 from replicator.ownership import run_owned
-from replicator.source_reader import QUIET_AFTER_S
+from replicator.source_reader import DEFAULT_LIMITS, TierLimits
 from replicator.store import MetricRow, Store
 from replicator.task import ReplicationTask, TaskExit
 
@@ -91,9 +91,9 @@ class TaskThread:
     @classmethod
     def start(
         cls, store: Store, connector: str, task_id: int = 0, owner: str = "test", *, owned: bool = False,
-        quiet_after_s: float = QUIET_AFTER_S,
+        reader_limits: TierLimits = DEFAULT_LIMITS,
     ) -> TaskThread:  # fmt: skip
-        task = ReplicationTask(store, connector, task_id, owner, metrics_interval_s=1.0, quiet_after_s=quiet_after_s)
+        task = ReplicationTask(store, connector, task_id, owner, metrics_interval_s=1.0, reader_limits=reader_limits)
         runner = cls(task=task, owned=owned)
         runner.task.on_event = runner.events.append
         runner.thread = threading.Thread(target=runner._run, daemon=True, name=f"{connector}-{task_id}")

@@ -16,6 +16,7 @@ from mirus_dagster.metrics_exporter import StoreCollector
 from mirus_dagster.stack import StackEndpoints
 from replicator import provenance
 from replicator.metrics import BUCKET_LABELS
+from replicator.source_reader import TierLimits
 from replicator.store import Store
 from replicator.task import CommitWatchdogError, TaskExit
 
@@ -159,26 +160,35 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
                      {0: [(unique, p) for p in range(3)]})  # fmt: skip
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": p, "value": b"a%d" % p} for p in (0, 1)])
-    runner = TaskThread.start(store, unique, quiet_after_s=0.5)
+    # Consumers of at most two partitions: every tier spreads the three over two.
+    limits = TierLimits(quiet_after_s=0.5, dormant_after_s=1.0, shard_partitions=2)
+    runner = TaskThread.start(store, unique, reader_limits=limits)
     wait_for(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
     reader = runner.task.reader
+    assert [s.held for s in reader.flowing.shards] == [2, 1]
     consume_all(stack.destination_bootstrap_servers, unique, 3, expected=2)
     # Partitions 0 and 1 were read and stopped; partition 2 never had a record (its empty log's end is its place).
-    wait_for(lambda: reader.quiet_count == 3, timeout=30, what="every partition in the quiet tier")
-    # Records on quiet partitions flow, and their partitions go back to eager fetching from the next offset.
+    # Each goes quiet, then dormant (a fetch every 5 s when idle).
+    wait_for(lambda: reader.held_in(reader.dormant) == 3, timeout=30, what="every partition in the dormant tier")
+    assert [s.held for s in reader.dormant.shards] == [2, 1]
+    # Records on dormant partitions flow at once, and their partitions go back to eager fetching from the next offset.
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"b%d" % i} for i in range(50)])
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 2, "value": b"c%d" % i} for i in range(5)])
     consume_all(stack.destination_bootstrap_servers, unique, 3, expected=57)
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"d%d" % i} for i in range(50)])
     copied = consume_all(stack.destination_bootstrap_servers, unique, 3, expected=107)
-    wait_for(lambda: reader.quiet_count == 3, timeout=30, what="every partition quiet again")
+    wait_for(lambda: reader.held_in(reader.quiet) + reader.held_in(reader.dormant) == 3, timeout=30,
+             what="every partition quiet again")  # fmt: skip
+    # A quiet partition's record flows too (before it turns dormant).
+    produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 1, "value": b"e"}])
+    copied = consume_all(stack.destination_bootstrap_servers, unique, 3, expected=108)
     runner.finish()
     by_partition = _by_partition(copied)
     later = [*(b"b%d" % i for i in range(50)), *(b"d%d" % i for i in range(50))]
     assert [r.value for r in by_partition[0]] == [b"a0", *later]
-    assert [r.value for r in by_partition[1]] == [b"a1"]
+    assert [r.value for r in by_partition[1]] == [b"a1", b"e"]
     assert [r.value for r in by_partition[2]] == [b"c%d" % i for i in range(5)]
-    assert _committed(store, unique) == {(unique, 0): 101, (unique, 1): 1, (unique, 2): 5}
+    assert _committed(store, unique) == {(unique, 0): 101, (unique, 1): 2, (unique, 2): 5}
 
 
 def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, unique: str, tmp_path: Path) -> None:
