@@ -105,12 +105,12 @@ def postgres_costs(store: Store, pid: int | None) -> None:
         print(f"  commit with {partitions:>4} changed partitions: {figures}")
     now = datetime.now(UTC)
     histogram = {label: 0 for label in BUCKET_LABELS}
-    samples = [MetricRow(0, f"{tag}-{t}", now, now, 1000, 100_000, 1, 50, 5000, 1000, histogram, 0) for t in range(10)]
-    for partitions in (10, 1000, 10_000):
-        lags = {(f"{tag}-{p % 10}", p // 10): 1 for p in range(partitions)}
+    samples = [MetricRow(0, f"{tag}-{t}", now, now, 1000, 100_000, 1, 50, 5000, 1000, histogram, 0) for t in range(20)]
+    for partitions in (20, 1000, 10_000):
+        lags = {(f"{tag}-{p % 20}", p // 20): 1 for p in range(partitions)}
         figures = timed(lambda i, n=lags: store.record_metrics(tag, MetricInterval(samples, {tp: i for tp in n}, now)),
                         10, pid)  # fmt: skip
-        print(f"  metric interval of 10 topics, {partitions:>5} changed partition lags: {figures}")
+        print(f"  metric interval of 20 topics, {partitions:>5} changed partition lags: {figures}")
     store.delete_connector(tag)
 
 

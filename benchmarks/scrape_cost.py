@@ -77,9 +77,9 @@ def fill(engine: Engine, partitions: int, every_s: int, from_s: int, to_s: int) 
         )  # fmt: skip
         conn.execute(
             text(
-                "INSERT INTO partition_lags (connector, topic, partition, lag, measured_at)"
-                " SELECT :c, 'topic-' || (p / :per), p % :per, 0, now() FROM generate_series(0, :n - 1) AS p"
-                " ON CONFLICT DO NOTHING"
+                "INSERT INTO partition_lags (connector, topic, lags, measured_at)"
+                " SELECT :c, 'topic-' || g, array_fill(0::bigint, ARRAY[:per]), array_fill(now(), ARRAY[:per])"
+                " FROM generate_series(0, :n / :per - 1) AS g ON CONFLICT DO NOTHING"
             ),
             {"c": CONNECTOR, "per": per_topic, "n": partitions},
         )

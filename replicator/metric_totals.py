@@ -2,9 +2,9 @@
 
 Tasks write one sample per source topic and interval from whichever process runs them, and in the same transaction
 add it to the connector's running totals (`metric_totals`) and overwrite the changed partitions' lags
-(`partition_lags`).
-Totals and lags cost a scrape one row per series, however many samples are kept, and pruning old samples never
-lowers a total. Only connectors that still exist are reported.
+(`partition_lags`, a row per topic with an element per partition).
+Totals cost a scrape one row per series and lags one row per topic, however many samples are kept, and pruning old
+samples never lowers a total. Only connectors that still exist are reported.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def partition_lags(store: Store) -> list[PartitionLag]:
     """The latest known lag of every partition (brokers with unusable high watermarks report none)."""
     with store.engine.connect() as conn:
         rows = conn.execute(text(
-            "SELECT connector, topic, partition, lag FROM partition_lags"
-            f" WHERE lag IS NOT NULL AND {_EXISTING} ORDER BY connector, topic, partition"
+            "SELECT l.connector, l.topic, u.n - 1, u.lag"
+            " FROM partition_lags l, unnest(l.lags) WITH ORDINALITY AS u(lag, n)"
+            f" WHERE u.lag IS NOT NULL AND {_EXISTING} ORDER BY l.connector, l.topic, u.n"
         )).all()  # fmt: skip
     return [PartitionLag(c, t, p, int(lag)) for c, t, p, lag in rows]

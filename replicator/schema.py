@@ -9,7 +9,7 @@
 - `metadata_snapshots`: what the monitor saw on a cluster.
 - `metric_samples`: per task, source topic and interval: records, bytes, latency summary and histogram, lag.
 - `metric_totals`: per connector and source topic, the running totals of those samples (never lowered).
-- `partition_lags`: per connector and source partition, its latest lag (overwritten).
+- `partition_lags`: per connector and source topic, each partition's latest lag (an array element each, overwritten).
 - `flows`: per connector, its clusters' ids and its periodic duties (topic configs, group offsets, heartbeats).
 - `checkpoints`: a source consumer group's committed offset and its exact destination translation.
 """
@@ -189,15 +189,24 @@ class MetricTotal(Base):
 
 
 class PartitionLag(Base):
-    """Each source partition's lag as of its newest sample, overwritten (a gauge, not a time series)."""
+    """Each source partition's lag as of its newest sample, overwritten (a gauge, not a time series): one row per
+    source topic, an array element per partition, so that an interval's changed lags cost a row write per topic."""
 
     __tablename__ = "partition_lags"
 
     connector: Mapped[str] = mapped_column(Text, primary_key=True)
     topic: Mapped[str] = mapped_column(Text, primary_key=True)
-    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
-    lag: Mapped[int | None] = mapped_column(BigInteger, doc="None: the source broker gave no usable end offset.")
-    measured_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    lags: Mapped[list[int | None]] = mapped_column(
+        ARRAY(BigInteger), nullable=False,
+        doc="Element p + 1 is partition p's lag; NULL where none is known (never measured, or the broker gave no "
+        "usable end offset).",
+    )  # fmt: skip
+    measured_at: Mapped[list[datetime | None]] = mapped_column(
+        ARRAY(DateTime(timezone=True)), nullable=False,
+        doc="Element p + 1: when partition p's lag was measured (NULL: never). Per partition, because two tasks "
+        "share a topic and each must lose only to a newer measurement of the same partition.",
+    )  # fmt: skip
+    updated_at: Mapped[datetime] = _now()
 
 
 class Flow(Base):

@@ -228,7 +228,7 @@ class MetricInterval:
     """What a task writes per interval: a sample per topic, and the partitions whose lag changed."""
 
     samples: Sequence[MetricRow]
-    lags: Mapping[SourcePartition, int | None]
+    lags: Mapping[SourcePartition, int]  # only known lags: an unknown one leaves the stored value as it is
     measured_at: datetime  # when `lags` were measured: a later measurement already stored wins
 
 
@@ -268,37 +268,51 @@ def _among(partitions: Iterable[SourcePartition]) -> Any:
 def _topic_arrays(
     offsets: Mapping[SourcePartition, int], destinations: Mapping[SourcePartition, int]
 ) -> dict[str, Any]:
-    """`_MERGE_OFFSETS`'s parameters: array literals (Postgres parses `{1,NULL,3}` far faster than a bound list)."""
-    by_topic: dict[str, dict[int, int]] = {}
-    for (topic, partition), offset in offsets.items():
-        by_topic.setdefault(topic, {})[partition] = offset
-    topics = sorted(by_topic)
-    positions, ends = [], []
-    for topic in topics:
-        changed = by_topic[topic]
-        positions.append(_array_literal(changed))
+    """`_MERGE_OFFSETS`'s parameters."""
+    by_topic = _by_topic(offsets)
+    ends = []
+    for topic, changed in by_topic.items():
         own = {p: destinations[(topic, p)] for p in changed if (topic, p) in destinations}
         ends.append(_array_literal(own) if own else None)
-    return {"topics": topics, "positions": positions, "destinations": ends}
+    return {"topics": list(by_topic), "positions": [_array_literal(c) for c in by_topic.values()], "destinations": ends}
+
+
+def _by_topic(values: Mapping[SourcePartition, int]) -> dict[str, dict[int, int]]:
+    """Partition -> value, per topic, in topic order: the order rows are written and locked in, so two tasks sharing
+    topics never wait on each other in opposite orders (a deadlock)."""
+    by_topic: dict[str, dict[int, int]] = {}
+    for (topic, partition), value in values.items():
+        by_topic.setdefault(topic, {})[partition] = value
+    return {topic: by_topic[topic] for topic in sorted(by_topic)}
 
 
 def _array_literal(values: Mapping[int, int]) -> str:
-    """`{NULL,7,NULL,9}` for {1: 7, 3: 9}."""
+    """`{NULL,7,NULL,9}` for {1: 7, 3: 9}: array parameters go as literals, which Postgres parses far faster than a
+    bound list."""
     row = ["NULL"] * (max(values) + 1)
     for index, value in values.items():
         row[index] = str(value)
     return "{" + ",".join(row) + "}"
 
 
-# Every changed lag of an interval in one statement, however many partitions changed, in partition order (two tasks
-# never lock the same rows in opposite orders). A report of an older interval (an old owner's, late) loses.
-_UPSERT_LAGS = text("""
-INSERT INTO partition_lags AS l (connector, topic, partition, lag, measured_at)
-SELECT :connector, u.topic, u.partition, u.lag, :measured_at
-FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS integer[]), CAST(:lags AS bigint[]))
-  AS u(topic, partition, lag)
-ON CONFLICT (connector, topic, partition) DO UPDATE SET lag = excluded.lag, measured_at = excluded.measured_at
-WHERE excluded.measured_at >= l.measured_at
+# Every changed lag of an interval in one statement, a row per topic as `_MERGE_OFFSETS` writes offsets: a
+# partition's element is overwritten only by a measurement at least as recent as the stored one, so a report of an
+# older interval (an old owner's, late) loses, and two tasks sharing a topic keep each other's partitions. Freshness
+# is per partition because tasks' intervals interleave: a per-topic guard would drop a task's lags whenever another
+# task sharing the topic had just written a later interval.
+_MERGE_LAGS = text("""
+INSERT INTO partition_lags AS l (connector, topic, lags, measured_at, updated_at)
+SELECT :connector, u.topic, u.lags,
+       (SELECT array_agg(CASE WHEN x IS NOT NULL THEN CAST(:measured_at AS timestamptz) END ORDER BY i)
+        FROM unnest(u.lags) WITH ORDINALITY AS v(x, i)),
+       now()
+FROM (SELECT t.topic, CAST(t.lags AS bigint[]) AS lags
+      FROM unnest(CAST(:topics AS text[]), CAST(:lags AS text[])) AS t(topic, lags)) AS u
+ON CONFLICT (connector, topic) DO UPDATE SET (lags, measured_at, updated_at) = (
+  SELECT array_agg(CASE WHEN newer THEN n ELSE s END ORDER BY i),
+         array_agg(CASE WHEN newer THEN CAST(:measured_at AS timestamptz) ELSE t END ORDER BY i), now()
+  FROM (SELECT s, n, t, i, n IS NOT NULL AND (t IS NULL OR t <= CAST(:measured_at AS timestamptz)) AS newer
+        FROM unnest(l.lags, excluded.lags, l.measured_at) WITH ORDINALITY AS m(s, n, t, i)) AS m)
 """)
 
 
@@ -781,7 +795,7 @@ class Store:
     def record_metrics(self, connector: str, interval: MetricInterval) -> None:
         """Store the samples, add them to the connector's running totals and overwrite the changed partitions' lags,
         in one transaction (so a total never counts a sample twice or misses one): three statements, whatever the
-        number of partitions."""
+        number of partitions, each writing a row per topic."""
         if not interval.samples and not interval.lags:
             return
         with self.engine.begin() as conn:
@@ -791,20 +805,26 @@ class Store:
                 conn.execute(insert(MetricSample), [{"connector": connector, **r.__dict__} for r in interval.samples])
                 conn.execute(_add_to_totals(connector, interval.samples))
             if interval.lags:
-                changed = sorted(interval.lags.items())
-                conn.execute(_UPSERT_LAGS, {
-                    "connector": connector, "measured_at": interval.measured_at,
-                    "topics": [t for (t, _), _ in changed], "partitions": [p for (_, p), _ in changed],
-                    "lags": [lag for _, lag in changed],
+                by_topic = _by_topic(interval.lags)
+                conn.execute(_MERGE_LAGS, {
+                    "connector": connector, "measured_at": interval.measured_at, "topics": list(by_topic),
+                    "lags": [_array_literal(lags) for lags in by_topic.values()],
                 })  # fmt: skip
 
     def partition_lags(self, connector: str) -> dict[SourcePartition, int | None]:
-        """Each source partition's latest measured lag (None where the broker gave no usable end)."""
-        query = select(PartitionLag.topic, PartitionLag.partition, PartitionLag.lag).where(
-            PartitionLag.connector == connector
-        )
+        """Each measured source partition's latest lag (None where the broker gave no usable end)."""
         with self.engine.connect() as conn:
-            return {(r.topic, r.partition): r.lag for r in conn.execute(query)}
+            rows = conn.execute(
+                select(PartitionLag.topic, PartitionLag.lags, PartitionLag.measured_at).where(
+                    PartitionLag.connector == connector
+                )
+            )
+            return {
+                (topic, partition): lag
+                for topic, lags, measured in rows
+                for partition, (lag, at) in enumerate(zip(lags, measured, strict=True))
+                if at is not None
+            }
 
     def metric_samples(self, connector: str) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:

@@ -24,7 +24,7 @@ from replicator.store import MetricInterval, MetricRow, Store
 from .engine_helpers import connector_properties, insert_partition_sample, metric_row, private_database
 
 
-def _interval(*samples: MetricRow, lags: dict[SourcePartition, int | None] | None = None) -> MetricInterval:
+def _interval(*samples: MetricRow, lags: dict[SourcePartition, int] | None = None) -> MetricInterval:
     return MetricInterval(samples, lags or {}, max(r.interval_end for r in samples))
 
 

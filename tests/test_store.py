@@ -4,14 +4,25 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import event, text
+from sqlalchemy import Engine, column, event, text
+from sqlalchemy import table as sql_table
 
 from mirus_dagster.stack import StackEndpoints
+from replicator.assignment import SourcePartition
 from replicator.database import alembic_config, upgrade
-from replicator.store import ConnectorState, FencedError, PartitionHealth, Store, UnknownConnectorError
+from replicator.metric_totals import partition_lags
+from replicator.store import (
+    ConnectorState,
+    FencedError,
+    MetricInterval,
+    PartitionHealth,
+    Store,
+    UnknownConnectorError,
+)
 
 from .engine_helpers import insert_partition_sample, metric_row, private_database
 
@@ -152,6 +163,46 @@ def test_tasks_sharing_a_topic_commit_their_own_partitions_without_undoing_each_
     assert store.load_offsets(unique, [("t", 0), ("t", 1), ("t", 2)]) == {("t", 0): 12, ("t", 1): 21, ("t", 2): 32}
 
 
+def test_tasks_sharing_a_topic_record_their_own_lags_as_one_row_per_topic(store: Store, unique: str) -> None:
+    store.put_connector(unique, {"name": unique}, 2)
+    start = datetime(2026, 11, 25, 10, tzinfo=UTC)
+    written: list[int] = []
+
+    def rows_written(_conn: object, cursor: Any, statement: str, *_args: object) -> None:
+        if statement.lstrip().startswith("INSERT INTO partition_lags"):
+            written.append(cursor.rowcount)
+
+    def record(at: datetime, lags: dict[SourcePartition, int]) -> None:
+        store.record_metrics(unique, MetricInterval([], lags, at))
+
+    event.listen(store.engine, "after_cursor_execute", rows_written)
+    try:
+        # One task's interval of 10,000 changed lags over 20 topics: one statement writing a row per topic.
+        record(start, {(f"t{p % 20:02d}", p // 20): p for p in range(10_000)})
+        assert written == [20]
+        # Two tasks holding different partitions of "t00": each writes only its own partitions' elements, whichever
+        # interval ends first; the topic's array grows with a partition beyond its end.
+        record(start + timedelta(seconds=2), {("t00", 0): 7, ("t00", 1): 8})
+        record(start + timedelta(seconds=1), {("t00", 2): 9, ("t00", 600): 6})
+        # A late report of an older interval (an old owner's) loses where a newer measurement is stored.
+        record(start + timedelta(seconds=1), {("t00", 1): 99, ("t00", 3): 10})
+    finally:
+        event.remove(store.engine, "after_cursor_execute", rows_written)
+    assert written == [20, 1, 1, 1]
+
+    lags = store.partition_lags(unique)
+    assert len(lags) == 10_001
+    assert [lags[("t00", p)] for p in (0, 1, 2, 3, 4, 600)] == [7, 8, 9, 10, 80, 6]
+    assert lags[("t19", 499)] == 9_999 and ("t00", 500) not in lags  # never measured: no value, not a lag of 0
+    exported = {(r.topic, r.partition): r.lag for r in partition_lags(store) if r.connector == unique}
+    assert exported == lags
+    with store.engine.connect() as conn:
+        stored = conn.execute(text("SELECT count(*) FROM partition_lags WHERE connector = :c"), {"c": unique})
+        assert stored.scalar_one() == 20
+    store.delete_connector(unique)
+    assert store.partition_lags(unique) == {}
+
+
 def test_an_operator_sets_and_forgets_single_offsets_of_a_stopped_connector(store: Store, unique: str) -> None:
     store.put_connector(unique, {"name": unique}, 1)
     lease = store.claim_task(unique, 0, "me")
@@ -168,17 +219,21 @@ def test_an_operator_sets_and_forgets_single_offsets_of_a_stopped_connector(stor
     assert store.load_offsets(unique) == {}
 
 
-def test_the_upgrade_to_offsets_per_topic_keeps_every_stored_offset(stack: StackEndpoints, unique: str) -> None:
-    engine = private_database(stack, unique)
-    command.downgrade(alembic_config(engine), "0004")  # offsets a row per partition, as stored before
-    rows = [("t", 0, 10, None), ("t", 3, 40, 400), ("u", 1, 5, None), ("heartbeats", 0, 2, None)]
+def _stored_at(stack: StackEndpoints, name: str, revision: str, table: str, rows: list[dict[str, Any]]) -> Engine:
+    """A private database downgraded to `revision`, with `rows` stored in `table` as that revision stores them."""
+    engine = private_database(stack, name)
+    command.downgrade(alembic_config(engine), revision)
     with engine.begin() as conn:
-        for topic, partition, offset, destination in rows:
-            conn.execute(
-                text('INSERT INTO offsets (connector, topic, partition, "offset", epoch, destination_offset) '
-                     "VALUES (:c, :t, :p, :o, 3, :d)"),
-                {"c": unique, "t": topic, "p": partition, "o": offset, "d": destination},
-            )  # fmt: skip
+        conn.execute(sql_table(table, *(column(c) for c in rows[0])).insert(), rows)
+    return engine
+
+
+def test_the_upgrade_to_offsets_per_topic_keeps_every_stored_offset(stack: StackEndpoints, unique: str) -> None:
+    rows = [("t", 0, 10, None), ("t", 3, 40, 400), ("u", 1, 5, None), ("heartbeats", 0, 2, None)]
+    engine = _stored_at(stack, unique, "0004", "offsets", [  # offsets a row per partition, as stored before
+        {"connector": unique, "topic": t, "partition": p, "offset": o, "epoch": 3, "destination_offset": d}
+        for t, p, o, d in rows
+    ])  # fmt: skip
     upgrade(engine)
     store = Store(engine)
     assert store.load_offsets(unique) == {("t", 0): 10, ("t", 3): 40, ("u", 1): 5, ("heartbeats", 0): 2}
@@ -190,6 +245,32 @@ def test_the_upgrade_to_offsets_per_topic_keeps_every_stored_offset(stack: Stack
     with engine.connect() as conn:
         back = conn.execute(text('SELECT topic, partition, "offset", destination_offset FROM offsets ORDER BY 1, 2'))
         assert sorted(back) == sorted([*rows, ("t", 1, 20, None)])
+    engine.dispose()
+
+
+def test_the_upgrade_to_lags_per_topic_keeps_every_stored_lag(stack: StackEndpoints, unique: str) -> None:
+    at = datetime(2026, 11, 25, 10, tzinfo=UTC)
+    later = at + timedelta(seconds=10)
+    rows = [("t", 0, 5, at), ("t", 3, None, at), ("t", 4, 12, later), ("u", 1, 0, later)]
+    engine = _stored_at(stack, unique, "0006", "partition_lags", [  # lags a row per partition, as stored before
+        {"connector": unique, "topic": t, "partition": p, "lag": lag, "measured_at": m} for t, p, lag, m in rows
+    ])  # fmt: skip
+    upgrade(engine)
+    store = Store(engine)
+    assert store.partition_lags(unique) == {("t", 0): 5, ("t", 3): None, ("t", 4): 12, ("u", 1): 0}
+    # Each partition keeps when it was measured: an interval between the two stored ones overwrites only the older.
+    between = at + timedelta(seconds=5)
+    store.record_metrics(unique, MetricInterval([], {("t", 0): 6, ("t", 4): 13, ("t", 1): 1}, between))
+    assert store.partition_lags(unique) == {("t", 0): 6, ("t", 1): 1, ("t", 3): None, ("t", 4): 12, ("u", 1): 0}
+    store.put_connector(unique, {"name": unique}, 1)
+    assert {(r.topic, r.partition): r.lag for r in partition_lags(store)} == {
+        ("t", 0): 6, ("t", 1): 1, ("t", 4): 12, ("u", 1): 0}  # fmt: skip
+    command.downgrade(alembic_config(engine), "0006")  # and back: a row per measured partition again
+    with engine.connect() as conn:
+        back = conn.execute(text("SELECT topic, partition, lag, measured_at FROM partition_lags"))
+        assert sorted(back, key=lambda r: (r[0], r[1])) == [
+            ("t", 0, 6, between), ("t", 1, 1, between), ("t", 3, None, at), ("t", 4, 12, later),
+            ("u", 1, 0, later)]  # fmt: skip
     engine.dispose()
 
 
