@@ -10,8 +10,9 @@ on a Postgres database of its own, migrated by its own code), one connector with
 partition, run as `mirus task run`:
 - start: seconds from the process start until every partition is copied and committed up to its end (records
   left by earlier runs included: the line says how many); resident memory;
-- idle (10 s after that, over 20 s): the task's CPU and memory, the source broker's CPU, and what the task costs
-  Postgres (transactions and rows written per second in its database, all Postgres processes' CPU);
+- idle (10 s after that, over 20 s, partitions in the quiet tier; and again once every partition is in the dormant
+  tier, 75 s after): the task's CPU and memory, the source broker's CPU, and what the task costs Postgres
+  (transactions and rows written per second in its database, all Postgres processes' CPU);
 - flowing: `--rate` records/s of 100 bytes spread evenly over every partition (one load process): the same figures;
 - latency: `--latency-rate` records/s spread the same way, CreateTime to arrival at a destination reader (p50, p99);
 - then the same connector on the 4-partition topic, at the same rates (CPU and latency);
@@ -43,6 +44,7 @@ from sqlalchemy import Engine, create_engine, text
 
 # isort: split
 from replicator.config import validate_submission
+from replicator.source_reader import DORMANT_AFTER_S, QUIET_AFTER_S
 from replicator.store import Store
 
 NARROW = 4
@@ -306,8 +308,11 @@ def one_round(admin: Engine, code: str | None, label: str, wide: list[str], narr
               f"{figures['start_s']:.1f} s, "
               f"{task.memory_info().rss / 2**20:.0f} MiB", flush=True)  # fmt: skip
         time.sleep(10)
+        quiet = measure(task, engine)
+        print(f"  {label:<9} idle, quiet:        {quiet}", flush=True)
+        time.sleep(max(QUIET_AFTER_S + DORMANT_AFTER_S + 10 - 10 - WINDOW_S, 0))
         idle = measure(task, engine)
-        print(f"  {label:<9} idle:               {idle}", flush=True)
+        print(f"  {label:<9} idle, dormant:      {idle}", flush=True)
         loader = start_load(wide, partitions, args.rate, WARMUP_S + WINDOW_S + 2)
         time.sleep(WARMUP_S)
         flowing = measure(task, engine)
@@ -316,7 +321,8 @@ def one_round(admin: Engine, code: str | None, label: str, wide: list[str], narr
         p50, p99 = latency(wide, partitions, args.latency_rate)
         print(f"  {label:<9} latency at {args.latency_rate:,}/s over {total:,}: p50 {p50:.0f} ms, p99 {p99:.0f} ms",
               flush=True)  # fmt: skip
-    figures.update(idle_cpu=idle.task_cpu, idle_mib=idle.task_mib, idle_broker=idle.broker_cpu,
+    figures.update(quiet_cpu=quiet.task_cpu, quiet_broker=quiet.broker_cpu,
+                   idle_cpu=idle.task_cpu, idle_mib=idle.task_mib, idle_broker=idle.broker_cpu,
                    idle_tx=idle.transactions_s, idle_rows=idle.rows_s, flow_cpu=flowing.task_cpu,
                    flow_tx=flowing.transactions_s, flow_rows=flowing.rows_s, flow_pg=flowing.postgres_cpu,
                    p99=p99)  # fmt: skip
@@ -415,7 +421,8 @@ def main() -> None:
             continue
         m = {key: median(r[key] for r in runs) for key in runs[0]}
         print(f"  {label:<9} all committed {m['start_s']:.1f} s | idle {m['idle_cpu']:.1%} CPU "
-              f"{m['idle_mib']:.0f} MiB, broker {m['idle_broker']:.1%}, {m['idle_tx']:.1f} tx/s "
+              f"{m['idle_mib']:.0f} MiB, broker {m['idle_broker']:.1%} (quiet: {m['quiet_cpu']:.1%}, broker "
+              f"{m['quiet_broker']:.1%}), {m['idle_tx']:.1f} tx/s "
               f"{m['idle_rows']:.0f} rows/s | "
               f"{args.rate:,}/s: {m['flow_cpu']:.1%} CPU ({m['flow_cpu'] / max(m['few_cpu'], 1e-9):.2f} x {NARROW} "
               f"partitions), {m['flow_tx']:.1f} tx/s {m['flow_rows']:,.0f} rows/s, Postgres {m['flow_pg']:.1%} | "
