@@ -15,6 +15,8 @@ partition, run as `mirus task run`:
   (transactions and rows written per second in its database, all Postgres processes' CPU);
 - flowing: `--rate` records/s of 100 bytes spread evenly over every partition (one load process): the same figures;
 - latency: `--latency-rate` records/s spread the same way, CreateTime to arrival at a destination reader (p50, p99);
+- takeover: a second `mirus task run` stands by; the owner is killed (SIGKILL) and one record produced: seconds
+  until it is at the destination;
 - then the same connector on the 4-partition topic, at the same rates (CPU and latency);
 - commit: one `Store.commit` of every partition changed, in a process of that code: wall time and Postgres CPU.
 `--mirrormaker` also measures the source broker idle beside Apache MirrorMaker 1.0 holding the same partitions
@@ -214,11 +216,15 @@ def latency(topics: list[str], partitions: int, rate: int, seconds: float = 15.0
     return kept[len(kept) // 2], kept[min(int(0.99 * len(kept)), len(kept) - 1)]
 
 
+def task_log(connector: str, role: str) -> Path:
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"estate-{connector}-{role}-{os.getpid()}.log"
+
+
 @contextmanager
-def task_process(code: str | None, url: str, connector: str) -> Iterator[psutil.Process]:
+def task_process(code: str | None, url: str, connector: str, role: str = "owner") -> Iterator[psutil.Process]:
     """`mirus task run` of the code under test (this checkout's own when `code` is None), its log in a file."""
     env = {**os.environ, "MIRUS_DATABASE_URL": url, "PYTHONPATH": code or str(kit.ROOT)}
-    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"estate-{connector}-{os.getpid()}.log"
+    log = task_log(connector, role)
     with log.open("w") as out:
         # Run from the code's own directory: `python -c` puts the working directory ahead of PYTHONPATH.
         proc = subprocess.Popen([*kit.MIRUS, "task", "run", connector, "0"], env=env, stdout=out, stderr=out,
@@ -229,9 +235,36 @@ def task_process(code: str | None, url: str, connector: str) -> Iterator[psutil.
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(120)
-        if proc.returncode not in (0, -signal.SIGINT):
+        if proc.returncode not in (0, -signal.SIGINT, -signal.SIGKILL):
             last = [line for line in log.read_text().splitlines() if line.strip()][-3:]
             print(f"    (the task exited with {proc.returncode}: {' | '.join(last)[:600]})", flush=True)
+
+
+def takeover(code: str | None, url: str, topic: str, partition: int, owner: psutil.Process) -> float:
+    """Seconds from a kill -9 of the owner until a record produced right after it is at the destination, with a
+    warm standby (a second `mirus task run`) standing by."""
+    reader = Consumer({"bootstrap.servers": DESTINATION, "group.id": "estate-takeover", "enable.auto.commit": False,
+                       "fetch.wait.max.ms": 10})  # fmt: skip
+    reader.assign([TopicPartition(topic, partition, OFFSET_END)])
+    reader.consume(1, 3.0)  # the END offset is resolved before the record is produced
+    with task_process(code, url, "wide", role="standby"):
+        log = task_log("wide", "standby")
+        deadline = time.monotonic() + 120
+        while "standing by" not in log.read_text():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the standby never stood by")
+            time.sleep(0.1)
+        owner.kill()
+        killed = time.monotonic()
+        producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 0})
+        producer.produce(topic, b"after the kill", None, partition)
+        producer.flush(30)
+        while not [m for m in reader.consume(10, 0.05) if m.error() is None]:
+            if time.monotonic() - killed > 120:
+                raise RuntimeError("nothing replicated within 120 s of the kill")
+        took = time.monotonic() - killed
+    reader.close()
+    return took
 
 
 def committed(engine: Engine, connector: str) -> tuple[int, int]:
@@ -320,6 +353,9 @@ def one_round(admin: Engine, code: str | None, label: str, wide: list[str], narr
         print(f"  {label:<9} {args.rate:,}/s over {total:,}: {flowing}", flush=True)
         p50, p99 = latency(wide, partitions, args.latency_rate)
         print(f"  {label:<9} latency at {args.latency_rate:,}/s over {total:,}: p50 {p50:.0f} ms, p99 {p99:.0f} ms",
+              flush=True)  # fmt: skip
+        figures["takeover_s"] = takeover(code, url, wide[-1], partitions - 1, task)
+        print(f"  {label:<9} kill -9 of the owner -> a record replicated by the standby: {figures['takeover_s']:.1f} s",
               flush=True)  # fmt: skip
     figures.update(quiet_cpu=quiet.task_cpu, quiet_broker=quiet.broker_cpu,
                    idle_cpu=idle.task_cpu, idle_mib=idle.task_mib, idle_broker=idle.broker_cpu,
@@ -427,7 +463,8 @@ def main() -> None:
               f"{args.rate:,}/s: {m['flow_cpu']:.1%} CPU ({m['flow_cpu'] / max(m['few_cpu'], 1e-9):.2f} x {NARROW} "
               f"partitions), {m['flow_tx']:.1f} tx/s {m['flow_rows']:,.0f} rows/s, Postgres {m['flow_pg']:.1%} | "
               f"p99 at {args.latency_rate:,}/s {m['p99']:.0f} ms ({m['p99_few']:.0f} on {NARROW}) | "
-              f"commit {m['commit_ms']:.0f} ms, Postgres {m['commit_pg_ms']:.0f} ms")  # fmt: skip
+              f"commit {m['commit_ms']:.0f} ms, Postgres {m['commit_pg_ms']:.0f} ms | "
+              f"kill -9 -> replicating {m['takeover_s']:.1f} s")  # fmt: skip
 
 
 if __name__ == "__main__":
