@@ -1,8 +1,9 @@
 """The monitor: cluster metadata in, an assignment generation out (Mirus's KafkaMonitor, without restarts).
 
 `plan_partitions` is the pure decision (selection, cycle rule, naming, destination checking); `KafkaMonitor`
-reads both clusters' metadata, records snapshots, creates and grows destination topics and syncs their configs
-(`replicator.topic_sync`), and writes a new assignment generation only when partition membership changed.
+reads both clusters' metadata, records snapshots, creates and grows destination topics (asked in one poll, collected in
+a later one when it is given the watcher's `TopicRequests`) and syncs their configs (`replicator.topic_sync`), and
+writes a new assignment generation only when partition membership changed.
 Partitions held back (destination missing, not creatable or not growable) are recorded PAUSED with the reason.
 Running tasks pick the new generation up live; nothing is restarted.
 """
@@ -23,7 +24,13 @@ from replicator.config import ConnectorConfig, load
 from replicator.heartbeats import HEARTBEATS_TOPIC
 from replicator.offset_translation import TranslationError, sync_groups
 from replicator.store import FlowRow, Store
-from replicator.topic_sync import broker_reason, destination_topics, ensure_destination_topics, sync_topic_configs
+from replicator.topic_sync import (
+    TopicRequests,
+    broker_reason,
+    destination_topics,
+    ensure_destination_topics,
+    sync_topic_configs,
+)
 
 __all__ = ["KafkaMonitor", "MetadataUnavailableError", "MonitorResult", "PartitionPlan", "plan_partitions"]
 
@@ -107,12 +114,16 @@ class KafkaMonitor:
         store: Store,
         read_view: Callable[[AdminClient, str], ClusterView] = read_cluster,
         admin_for: Callable[[dict[str, str]], AdminClient] = AdminClient,
+        topic_requests: TopicRequests | None = None,
     ) -> None:
         """`read_view`: how a cluster is read (the metadata watcher passes the reading it shares among connectors);
-        `admin_for`: the admin client for a cluster's settings (the watcher's live as long as it does)."""
+        `admin_for`: the admin client for a cluster's settings (the watcher's live as long as it does);
+        `topic_requests`: destination topic creations and growths in flight (the watcher's outlive a poll, so a
+        poll never waits for them); without, each poll waits for those it asks for."""
         self.store = store
         self.read_view = read_view
         self.admin_for = admin_for
+        self.topic_requests = topic_requests or TopicRequests(wait=True)
 
     def _read(self, connector: str, admin: AdminClient, role: str) -> ClusterView:
         try:
@@ -142,7 +153,9 @@ class KafkaMonitor:
         pairs = destination_topics(config, source, selected)
         destination_counts, blocked = destination.partition_counts(), {}
         if config.topic_creation:
-            outcome = ensure_destination_topics(config, admins.source, admins.destination, source, destination, pairs)
+            outcome = ensure_destination_topics(
+                config, admins.source, admins.destination, source, destination, pairs, self.topic_requests, connector
+            )
             destination_counts, blocked = outcome.destination, outcome.blocked
         plan = plan_partitions(config, source.partition_counts(), destination_counts)
         self.store.hold_partitions(connector, held_reasons(config, plan.missing_destination, blocked), plan.replicate)

@@ -7,6 +7,11 @@
   assigns the new partitions, so every record stays in its own partition. When the destination cannot be grown
   (no permission, or a broker without CreatePartitions), the new partitions are held back with the broker's
   reason and the rest of the connector continues.
+- Creating and growing are asked in one poll and collected in a later one (`TopicRequests`, kept by the metadata
+  watcher across its rounds; at most one request in flight per destination topic): the controller's time, tens of
+  seconds for thousands of partitions on Kafka 1.0, never holds up a round and other connectors' discovery. Until
+  the outcome arrives, the topic's partitions are held back with "creating destination topic ..." or "adding
+  partitions to ..." and the time it was asked (after a failure, with that failure while the retry is in flight).
 - Topic configs are copied again every `sync.topic.configs.interval.seconds` (`sync.topic.configs.enabled`).
 
 Which configs are copied follows MM2's DefaultConfigPropertyFilter: those the source reports as set on the topic
@@ -18,9 +23,14 @@ overrides, so the destination's own excluded overrides are sent along to keep th
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Collection, Iterable, Mapping
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import UTC, datetime
+from functools import cached_property
+from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
@@ -101,6 +111,47 @@ class TopicSyncOutcome:
     destination: dict[str, int] = field(default_factory=dict)  # destination partition counts after the changes
 
 
+@dataclass
+class _Request:
+    """A creation or growth of one destination topic, asked of its cluster's controller."""
+
+    kind: Literal["create", "grow"]
+    partitions: int  # the count asked for
+    requested_at: datetime
+    future: Future[None] | None  # None: settled with `failure`, asked again at the connector's next poll
+    connectors: set[str]  # whose polls wait for its outcome
+    failure: str | None = None  # the last attempt's failure, shown while the next is in flight
+
+
+class TopicRequests:
+    """Destination topic creations and growths in flight, one per destination cluster and topic at most.
+
+    A poll asks and a later poll collects the outcome, so the controller's time (tens of seconds for thousands of
+    partitions on Kafka 1.0) is never spent inside a poll: kept by whatever outlives the polls (the metadata watcher,
+    for as long as it runs). `wait`: each poll waits for what it asked, for a monitor used on its own (one poll
+    then shows the outcome)."""
+
+    def __init__(self, *, wait: bool = False) -> None:
+        self.wait = wait
+        self.requests: dict[tuple[str, str], _Request] = {}  # (destination cluster, topic) -> its request
+        self.settled = threading.Event()  # set when a request's outcome arrives; cleared by whoever collects
+
+    def ready(self, connector: str | None = None) -> bool:
+        """An outcome `connector` (any connector, if None) waits for has arrived: its next poll should collect it."""
+        return any(
+            r.future is not None and r.future.done() and (connector is None or connector in r.connectors)
+            for r in self.requests.values()
+        )
+
+    def keep(self, connectors: Collection[str]) -> None:
+        """Forget settled requests of topics none of `connectors` replicates any more."""
+        self.requests = {key: r for key, r in self.requests.items() if r.connectors & set(connectors) or _in_flight(r)}
+
+
+def _in_flight(request: _Request) -> bool:
+    return request.future is not None and not request.future.done()
+
+
 def destination_topics(config: ConnectorConfig, source: ClusterView, selected: Iterable[str]) -> dict[str, str]:
     """Destination topic -> the source topic it follows (the first by name if several map to one)."""
     pairs: dict[str, str] = {}
@@ -116,9 +167,14 @@ def ensure_destination_topics(
     source: ClusterView,
     destination: ClusterView,
     pairs: Mapping[str, str],
+    requests: TopicRequests,
+    connector: str,
 ) -> TopicSyncOutcome:
-    """Create missing destination topics and grow smaller ones; never shrink or touch anything else."""
-    return _TopicCreation(config, source_admin, destination_admin, source, destination).ensure(pairs)
+    """Ask for missing destination topics and for the partitions smaller ones lack (never shrink or touch anything
+    else), and report what `requests` settled: created or grown topics, failures, and those still in flight."""
+    return _TopicCreation(config, source_admin, destination_admin, source, destination, requests, connector).ensure(
+        pairs
+    )
 
 
 @dataclass
@@ -128,6 +184,8 @@ class _TopicCreation:
     destination_admin: AdminClient
     source: ClusterView
     destination: ClusterView
+    requests: TopicRequests
+    connector: str
 
     def ensure(self, pairs: Mapping[str, str]) -> TopicSyncOutcome:
         outcome = TopicSyncOutcome(destination=self.destination.partition_counts())
@@ -138,11 +196,53 @@ class _TopicCreation:
             for dest, src in pairs.items()
             if dest in have and have[dest].partitions < want[src].partitions
         }
-        if missing:
-            self._create(missing, outcome)
-        if smaller:
-            self._grow(smaller, outcome)
+        self._forget({*missing, *smaller})
+        if asked := {dest: src for dest, src in missing.items() if not self._asked(dest)}:
+            self._create(asked, outcome)
+        if asked_more := {dest: count for dest, count in smaller.items() if not self._asked(dest)}:
+            self._grow(asked_more)
+        if self.requests.wait:
+            asked_now = [self.requests.requests.get(self._key(dest)) for dest in [*missing, *smaller]]
+            # Bounded although librdkafka ends each request at its request timeout: a poll must never hang.
+            futures_wait([r.future for r in asked_now if r and r.future], timeout=2 * ADMIN_TIMEOUT_S)
+        for dest in sorted({*missing, *smaller}):
+            self._settle(dest, outcome)
         return outcome
+
+    @cached_property
+    def cluster(self) -> str:
+        return self.destination.cluster_id or self.config.admin_settings("destination")["bootstrap.servers"]
+
+    def _key(self, dest: str) -> tuple[str, str]:
+        return self.cluster, dest
+
+    def _partitions(self, dest: str) -> int:
+        return self.destination.topics[dest].partitions if dest in self.destination.topics else 0
+
+    def _asked(self, dest: str) -> bool:
+        """A request for `dest` is in flight, or settled and not yet collected by this connector."""
+        request = self.requests.requests.get(self._key(dest))
+        if request is None or request.future is None:
+            return False
+        request.connectors.add(self.connector)
+        return True
+
+    def _forget(self, needed: Collection[str]) -> None:
+        """This connector no longer waits for topics that need no change (any outcome is in the metadata now) or
+        that it no longer replicates; a request nobody waits for and not in flight is dropped."""
+        for key, request in list(self.requests.requests.items()):
+            if key[0] == self.cluster and key[1] not in needed and not _in_flight(request):
+                request.connectors.discard(self.connector)
+                if not request.connectors:
+                    del self.requests.requests[key]
+
+    def _ask(self, dest: str, kind: Literal["create", "grow"], partitions: int, future: Future[None]) -> None:
+        key = self._key(dest)
+        earlier = self.requests.requests.get(key)
+        self.requests.requests[key] = _Request(
+            kind, partitions, datetime.now(UTC), future, {self.connector}, earlier.failure if earlier else None
+        )
+        future.add_done_callback(lambda _done: self.requests.settled.set())
 
     def _create(self, missing: Mapping[str, str], outcome: TopicSyncOutcome) -> None:
         configs = topic_overrides(self.source_admin, missing.values())
@@ -163,34 +263,54 @@ class _TopicCreation:
             return
         futures = self.destination_admin.create_topics(new_topics, request_timeout=ADMIN_TIMEOUT_S)
         for new_topic in new_topics:
-            dest = new_topic.topic
-            try:
-                futures[dest].result()
-            except Exception as exc:
-                if _error_code(exc) != KafkaError.TOPIC_ALREADY_EXISTS:  # created meanwhile: the next poll sees it
-                    outcome.blocked[dest] = f"destination topic {dest!r} could not be created: {broker_reason(exc)}"
-                continue
-            outcome.created.append(dest)
-            outcome.destination[dest] = new_topic.num_partitions
-            log.info("created destination topic %s (%d partitions)", dest, new_topic.num_partitions)
+            self._ask(new_topic.topic, "create", new_topic.num_partitions, futures[new_topic.topic])
 
-    def _grow(self, wanted: Mapping[str, int], outcome: TopicSyncOutcome) -> None:
+    def _grow(self, wanted: Mapping[str, int]) -> None:
         futures = self.destination_admin.create_partitions(
             [NewPartitions(dest, count) for dest, count in sorted(wanted.items())], request_timeout=ADMIN_TIMEOUT_S
         )
         for dest, count in sorted(wanted.items()):
-            try:
-                futures[dest].result()
-            except Exception as exc:
-                have = self.destination.topics[dest].partitions
-                outcome.blocked[dest] = (
-                    f"destination topic {dest!r} has {have} partitions, the source {count}; adding partitions "
-                    f"failed: {broker_reason(exc)}"
-                )
-                continue
-            outcome.grown[dest] = count
-            outcome.destination[dest] = count
-            log.info("grew destination topic %s to %d partitions", dest, count)
+            self._ask(dest, "grow", count, futures[dest])
+
+    def _settle(self, dest: str, outcome: TopicSyncOutcome) -> None:
+        """What this poll shows of `dest`'s request: its outcome once it has one, else that it is in flight."""
+        key = self._key(dest)
+        request = self.requests.requests.get(key)
+        if request is None or request.future is None:
+            return  # not asked this poll: the source topic's configs could not be read (`blocked` says so)
+        if not request.future.done():
+            outcome.blocked[dest] = request.failure or self._in_flight_reason(dest, request)
+            return
+        exc = request.future.exception()
+        if exc is None:
+            del self.requests.requests[key]
+            outcome.destination[dest] = request.partitions
+            if request.kind == "create":
+                outcome.created.append(dest)
+                log.info("created destination topic %s (%d partitions)", dest, request.partitions)
+            else:
+                outcome.grown[dest] = request.partitions
+                log.info("grew destination topic %s to %d partitions", dest, request.partitions)
+            return
+        if request.kind == "create" and _error_code(exc) == KafkaError.TOPIC_ALREADY_EXISTS:
+            del self.requests.requests[key]  # created meanwhile: the next poll sees it
+            return
+        if request.kind == "create":
+            request.failure = f"destination topic {dest!r} could not be created: {broker_reason(exc)}"
+        else:
+            request.failure = (
+                f"destination topic {dest!r} has {self._partitions(dest)} partitions, the source "
+                f"{request.partitions}; adding partitions failed: {broker_reason(exc)}"
+            )
+        request.future = None
+        outcome.blocked[dest] = request.failure
+
+    def _in_flight_reason(self, dest: str, request: _Request) -> str:
+        # An absolute time: the reason is stored with the held partitions, and an age would be stale once written.
+        at = request.requested_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+        if request.kind == "create":
+            return f"creating destination topic {dest!r} with {request.partitions} partitions (requested at {at})"
+        return f"adding partitions to {dest!r}, {self._partitions(dest)} to {request.partitions} (requested at {at})"
 
 
 def sync_topic_configs(

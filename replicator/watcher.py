@@ -6,6 +6,9 @@ client settings) with one Metadata request on a client it keeps, and runs `Kafka
 readings — only for connectors whose config, assignment generation or clusters' metadata changed since their last
 successful poll and whose planned partitions changed with them; the monitor writes a new assignment generation,
 which running tasks pick up within a second.
+Destination topic creations and growths are asked in one round and collected in a later one (`TopicRequests`,
+kept here across rounds): a controller busy for tens of seconds never holds up the round. A connector is polled
+again as soon as an outcome it waits for arrives, and the next round starts early for it.
 A cluster that cannot be read puts its connectors on Mirus's backoff (1, 2 … 64 s); the others are unaffected.
 """
 
@@ -26,6 +29,7 @@ from replicator.clusters import ClusterView, MetadataUnavailableError, read_clus
 from replicator.config import ConnectorConfig, ConnectorConfigError, load
 from replicator.monitor import KafkaMonitor, MonitorResult, plan_partitions
 from replicator.store import ConnectorState, Store, UnknownConnectorError
+from replicator.topic_sync import TopicRequests
 
 log = logging.getLogger(__name__)
 
@@ -125,20 +129,27 @@ class MetadataWatcher:
         self.clients: dict[str, AdminClient] = {}
         self.watches: dict[str, ConnectorWatch] = {}
         self.configs: dict[tuple[str, int], ConnectorConfig] = {}
+        self.topic_requests = TopicRequests()
 
     def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
-        """Watch until `should_stop`; a round starts every `interval_s` (at once when the last one overran)."""
+        """Watch until `should_stop`; a round starts every `interval_s` (at once when the last one overran, or when
+        a destination topic's creation or growth settled: its partitions wait for the round that collects it)."""
         while not should_stop():
             started = time.monotonic()
             try:
                 self.watch_once()
             except SQLAlchemyError as exc:  # the database is away: discovery resumes when it is back
                 log.warning("metadata watcher: the platform database is unavailable, will retry: %s", exc)
-            while not should_stop() and (left := self.interval_s - (time.monotonic() - started)) > 0:
-                time.sleep(min(left, 0.2))  # short sleeps: a Dagster termination lands between bytecodes
+            while (
+                not should_stop()
+                and not self.topic_requests.settled.is_set()
+                and (left := self.interval_s - (time.monotonic() - started)) > 0
+            ):
+                self.topic_requests.settled.wait(min(left, 0.2))  # short waits: a termination lands between them
 
     def watch_once(self) -> WatchRound:
         started = time.monotonic()
+        self.topic_requests.settled.clear()  # outcomes that arrive from now on start the next round early
         readings = ClusterReadings(self.clients)
         done = WatchRound()
         records = [r for r in self.store.list_connectors() if r.state == ConnectorState.RUNNING]
@@ -154,7 +165,7 @@ class MetadataWatcher:
                     readings.fingerprint(config.admin_settings("source"), "source"),
                     readings.fingerprint(config.admin_settings("destination"), "destination"),
                 )
-                due = time.monotonic() >= watch.due_at
+                due = time.monotonic() >= watch.due_at or self.topic_requests.ready(record.name)
                 if seen == watch.seen and not due:
                     continue
                 # A cluster changed; only a change of what this connector would replicate is worth a poll before
@@ -164,7 +175,12 @@ class MetadataWatcher:
                     watch.seen = seen
                     continue
                 done.polled.append(record.name)
-                monitor = KafkaMonitor(self.store, read_view=self._shared(config, readings), admin_for=readings.client)
+                monitor = KafkaMonitor(
+                    self.store,
+                    read_view=self._shared(config, readings),
+                    admin_for=readings.client,
+                    topic_requests=self.topic_requests,
+                )
                 result = monitor.poll(record.name)
                 watch.due_at = time.monotonic() + config.monitor_poll_wait_ms / 1000
             except MetadataUnavailableError as exc:  # recorded with the failed snapshot: the connector shows it
@@ -192,6 +208,7 @@ class MetadataWatcher:
         names = {r.name for r in records}
         self.watches = {n: w for n, w in self.watches.items() if n in names}
         self.configs = {k: c for k, c in self.configs.items() if k[0] in names}
+        self.topic_requests.keep(names)
         for key in set(self.clients) - readings.used:
             del self.clients[key]  # no running connector reads that cluster any more
         done.requests = readings.requests

@@ -67,18 +67,23 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackEndpoints]:
 
 
 @pytest.fixture(scope="session")
-def apache_kafka(stack: StackEndpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackEndpoints]:
-    """Two Apache Kafka 1.0 clusters (source and destination) and the session's Postgres."""
+def kafka_kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKit]:
+    """The kit behind `apache_kafka`: its ZooKeeper and its two brokers, source then destination."""
     kit = KafkaKit(tmp_path_factory.mktemp("apache-kafka"), free_port())
     try:
         kit.start_zookeeper()
-        source = kit.broker("source", free_port(), None, free_port())
-        destination = kit.broker("destination", free_port(), None, free_port())
-        source.start()
-        destination.start()
-        yield StackEndpoints(source.bootstrap, destination.bootstrap, stack.database_url)
+        for name in ("source", "destination"):
+            kit.broker(name, free_port(), None, free_port()).start()
+        yield kit
     finally:
         kit.stop()
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(stack: StackEndpoints, kafka_kit: KafkaKit) -> StackEndpoints:
+    """Two Apache Kafka 1.0 clusters (source and destination) and the session's Postgres."""
+    source, destination = kafka_kit.brokers
+    return StackEndpoints(source.bootstrap, destination.bootstrap, stack.database_url)
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,16 @@
 """Destination topics follow their source: created with its partitions and configs, grown with it, configs kept
 in sync. What needs Apache Kafka's behaviour (topic configs reported as set, CreatePartitions, replication factors
 checked) runs on the `apache_kafka` clusters; a destination that cannot add partitions is an embedded broker
-started by its test; the rest runs on the session's clusters."""
+started by its test; the rest runs on the session's clusters. The metadata watcher's rounds never wait for a
+growth: shown with the kit's ZooKeeper frozen, which stalls Kafka 1.0's CreatePartitions as a busy controller does."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import defaultdict
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,13 +24,14 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from mirus_dagster.faults.brokers import tansu_broker
+from mirus_dagster.faults.brokers import KafkaKit, tansu_broker
 from mirus_dagster.stack import StackEndpoints, free_port
 from replicator import provenance
 from replicator.config import validate_submission
 from replicator.heartbeats import HEARTBEATS_TOPIC
 from replicator.monitor import KafkaMonitor
 from replicator.store import PartitionHealth, Store
+from replicator.watcher import MetadataWatcher
 
 from .engine_helpers import TaskThread, connector_properties
 from .kafka_helpers import consume_all, create_topics, produce, wait_for
@@ -179,6 +184,62 @@ def test_a_destination_with_fewer_partitions_than_its_source_is_grown(
         runner.finish()
     assert sorted(r.value for r in copied) == sorted(b"v%d" % i for i in range(40))
     assert all(provenance.parse(r.headers).source_partition == r.partition for r in copied)
+
+
+@contextmanager
+def controller_stalled(kit: KafkaKit) -> Iterator[None]:
+    """ZooKeeper stopped (SIGSTOP, by its pid) and then continued: meanwhile Kafka 1.0 brokers serve metadata from
+    their caches, but a CreatePartitions, which writes to ZooKeeper, waits, as behind a controller adding thousands
+    of partitions. Kept to a few seconds: the brokers' ZooKeeper sessions (6 s) must not expire."""
+    assert kit.zookeeper is not None
+    os.kill(kit.zookeeper.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(kit.zookeeper.pid, signal.SIGCONT)
+
+
+def _assigned(store: Store, connector: str) -> list[tuple[str, int]]:
+    return _selected([tp for partitions in store.read_assignment(connector).values() for tp in partitions])
+
+
+def test_a_pending_destination_growth_holds_up_no_other_connectors_discovery(
+    apache_kafka: StackEndpoints, kafka_kit: KafkaKit, stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    grown, other = f"{unique}-a", f"{unique}-b"
+    src, dst = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
+    create_topics(src, {grown: 2})
+    create_topics(dst, {grown: 2})
+    # No periodic duty of `grown`'s connector reads topic configs (ZooKeeper) while ZooKeeper is stopped.
+    quiet = {"emit.heartbeats.enabled": "false", "emit.checkpoints.enabled": "false",
+             "sync.topic.configs.enabled": "false", "monitor.poll.wait.ms": "600000"}  # fmt: skip
+    _put(store, connector_properties(apache_kafka, grown, **{"topics.whitelist": grown, **quiet}))
+    _put(store, connector_properties(stack, other, **{"topics.regex": f"{other}-.*", "monitor.poll.wait.ms": "600000"}))
+    watcher = MetadataWatcher(store)
+    wait_for(lambda: watcher.watch_once() and _assigned(store, grown) == [(grown, 0), (grown, 1)],
+             what="the topic assigned")  # fmt: skip
+    assert _grow(src, grown, 4) is None
+    wait_for(lambda: _partitions(src, grown) == 4, what="source grown to 4")
+    create_topics(stack.destination_bootstrap_servers, {f"{other}-new": 1})
+    create_topics(stack.source_bootstrap_servers, {f"{other}-new": 1})
+
+    with controller_stalled(kafka_kit):
+        stalled_round = watcher.watch_once()
+        # Polled in name order: the other connector's discovery came after the growth was asked, in the same round,
+        # and the round returned with the growth in flight.
+        assert [name for name in stalled_round.polled if name in (grown, other)] == [grown, other]
+        assert other in [r.connector for r in stalled_round.changed]
+        assert _assigned(store, other) == [(f"{other}-new", 0)]
+        held = _held(store, grown)
+        assert set(held) == {(grown, 2), (grown, 3)}
+        assert all(
+            reason.startswith(f"adding partitions to {grown!r}, 2 to 4 (requested at ") for reason in held.values()
+        )
+        assert _assigned(store, grown) == [(grown, 0), (grown, 1)]
+
+    wait_for(lambda: watcher.watch_once() and _assigned(store, grown) == [(grown, p) for p in range(4)],
+             what="the grown partitions assigned")  # fmt: skip
+    assert _partitions(dst, grown) == 4
 
 
 @pytest.fixture
