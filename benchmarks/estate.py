@@ -13,8 +13,12 @@ partition, run as `mirus task run`:
 - idle (10 s after that, over 20 s, partitions in the quiet tier; and again once every partition is in the dormant
   tier, 75 s after): the task's CPU and memory, the source broker's CPU, and what the task costs Postgres
   (transactions and rows written per second in its database, all Postgres processes' CPU);
-- flowing: `--rate` records/s of 100 bytes spread evenly over every partition (one load process): the same figures;
-- latency: `--latency-rate` records/s spread the same way, CreateTime to arrival at a destination reader (p50, p99);
+- flowing: `--rate` records/s of 100 bytes spread evenly over every partition (one load process): the same figures,
+  and the rate the load process achieved (it falls short of `--rate` over thousands of partitions);
+- latency: `--latency-rate` records/s spread the same way, from the source broker's append to arrival at a
+  destination reader (p50, p99): the source topics keep LogAppendTime, which the task copies, so the load
+  generator's own queueing is not counted (one librdkafka producer sends a produce request per partition, and
+  spreading thousands of records a second over thousands of partitions leaves it seconds behind by itself);
 - takeover: a second `mirus task run` stands by; the owner is killed (SIGKILL) and one record produced: seconds
   until it is at the destination;
 - then the same connector on the 4-partition topic, at the same rates (CPU and latency);
@@ -34,6 +38,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from statistics import median
 
@@ -41,7 +46,7 @@ import apache_kafka as kit  # puts the project on the path
 import psutil
 from apache_kafka import DESTINATION, SOURCE
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from sqlalchemy import Engine, create_engine, text
 
 # isort: split
@@ -137,18 +142,31 @@ def measure(task: psutil.Process | None, engine: Engine, seconds: float = WINDOW
                   max(delta[3] - 2 / seconds, 0), delta[4])  # fmt: skip
 
 
+# Source records carry the broker's append time, which the task copies: latency is measured from there.
+APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
+
+
 def create_topics(names: list[str], partitions: int) -> None:
     for bootstrap in (SOURCE, DESTINATION):
         admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 300_000})
+        config = APPEND_TIME if bootstrap == SOURCE else {}
         for name in names:  # one request each: Kafka 1.0 creates thousands of partitions slowly
             try:
-                admin.create_topics([NewTopic(name, partitions, 1)], request_timeout=600)[name].result(600)
+                topic = NewTopic(name, partitions, 1, config=config)
+                admin.create_topics([topic], request_timeout=600)[name].result(600)
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
         while not all(len(getattr(admin.list_topics(n, timeout=60).topics.get(n), "partitions", {})) == partitions
                       for n in names):  # fmt: skip
             time.sleep(1)
+
+
+def stamp_appends(names: list[str]) -> None:
+    """Topics of an earlier run (`--prefix`) may predate LogAppendTime: set it (their only topic setting)."""
+    admin = AdminClient({"bootstrap.servers": SOURCE})
+    for future in admin.alter_configs([ConfigResource("topic", n, set_config=APPEND_TIME) for n in names]).values():
+        future.result(60)
 
 
 def fill(names: list[str], partitions: int) -> None:
@@ -165,10 +183,19 @@ def fill(names: list[str], partitions: int) -> None:
 
 
 def load(topics: str, partitions: int, rate: int, seconds: float) -> None:
-    """Write `rate` records/s of 100 bytes for `seconds`, one partition after another over every partition."""
+    """Write `rate` records/s of 100 bytes for `seconds`, one partition after another over every partition; print
+    the rate written (acknowledged records over the time until the last acknowledgement)."""
     targets = [(t, p) for p in range(partitions) for t in topics.split(",")]
     producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 5, "queue.buffering.max.messages": 1_000_000})
-    value, produce = b"v" * 100, producer.produce
+    acked, last = [0], [0.0]
+
+    def count(err: KafkaError | None, _msg: object) -> None:
+        if err is None:
+            acked[0] += 1
+            last[0] = time.perf_counter()
+
+    value = b"v" * 100
+    produce = partial(producer.produce, on_delivery=count)
     sent, start, total = 0, time.perf_counter(), int(rate * seconds)
     while sent < total:
         due = min(int((time.perf_counter() - start) * rate), total)
@@ -183,11 +210,18 @@ def load(topics: str, partitions: int, rate: int, seconds: float) -> None:
         producer.poll(0)
         time.sleep(0.001)
     producer.flush(30)
+    print(f"{acked[0] / max(last[0] - start, seconds):.0f}", flush=True)
 
 
 def start_load(topics: list[str], partitions: int, rate: int, seconds: float) -> subprocess.Popen[bytes]:
     argv = [sys.executable, __file__, "load", ",".join(topics), str(partitions), str(rate), str(seconds)]
-    return kit.start_process(argv, dict(os.environ))
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def written(loader: subprocess.Popen[bytes]) -> float:
+    """The records/s a load process wrote, once it has ended."""
+    out, _ = loader.communicate(timeout=60)
+    return float(out.split()[-1]) if out.split() else 0.0
 
 
 def latency(topics: list[str], partitions: int, rate: int, seconds: float = 15.0) -> tuple[float, float]:
@@ -206,7 +240,7 @@ def latency(topics: list[str], partitions: int, rate: int, seconds: float = 15.0
         created = [m.timestamp()[1] for m in msgs if m.error() is None]
         seen.append((now, created))
         count += len(created)
-    loader.wait(60)
+    written(loader)
     reader.close()
     pairs = [(c, now) for now, created in seen for c in created]
     if not pairs:
@@ -349,8 +383,8 @@ def one_round(admin: Engine, code: str | None, label: str, wide: list[str], narr
         loader = start_load(wide, partitions, args.rate, WARMUP_S + WINDOW_S + 2)
         time.sleep(WARMUP_S)
         flowing = measure(task, engine)
-        loader.wait(60)
-        print(f"  {label:<9} {args.rate:,}/s over {total:,}: {flowing}", flush=True)
+        print(f"  {label:<9} {args.rate:,}/s over {total:,}: {flowing} (load written at {written(loader):,.0f}/s)",
+              flush=True)  # fmt: skip
         p50, p99 = latency(wide, partitions, args.latency_rate)
         print(f"  {label:<9} latency at {args.latency_rate:,}/s over {total:,}: p50 {p50:.0f} ms, p99 {p99:.0f} ms",
               flush=True)  # fmt: skip
@@ -370,8 +404,8 @@ def one_round(admin: Engine, code: str | None, label: str, wide: list[str], narr
         loader = start_load([narrow], NARROW, args.rate, WARMUP_S + WINDOW_S + 2)
         time.sleep(WARMUP_S)
         few = measure(task, engine)
-        loader.wait(60)
-        print(f"  {label:<9} {args.rate:,}/s over {NARROW}: {few}", flush=True)
+        print(f"  {label:<9} {args.rate:,}/s over {NARROW}: {few} (load written at {written(loader):,.0f}/s)",
+              flush=True)  # fmt: skip
         p50_few, p99_few = latency([narrow], NARROW, args.latency_rate)
         print(f"  {label:<9} latency at {args.latency_rate:,}/s over {NARROW}: p50 {p50_few:.0f} ms, "
               f"p99 {p99_few:.0f} ms", flush=True)  # fmt: skip
@@ -436,6 +470,8 @@ def main() -> None:
         create_topics([narrow], NARROW)
         fill(wide, args.partitions)
         fill([narrow], NARROW)
+    else:
+        stamp_appends([*wide, narrow])
     print(f"  ready in {time.perf_counter() - started:.0f} s", flush=True)
     codes: list[tuple[str, str | None]] = [("this", None)] + ([("baseline", args.baseline)] if args.baseline else [])
     results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in codes}
