@@ -92,3 +92,8 @@ def _quotas(total: int, n: int, kept: list[list[SourcePartition]]) -> list[int]:
     base, extra = divmod(total, n)
     larger = set(sorted(range(n), key=lambda t: (-len(kept[t]), t))[:extra])
     return [base + 1 if t in larger else base for t in range(n)]
+
+
+def membership(tasks: Mapping[int, Sequence[SourcePartition]]) -> dict[int, list[SourcePartition]]:
+    """Which task owns which partitions, whatever their order (what makes two assignments the same generation)."""
+    return {t: sorted((str(tp[0]), int(tp[1])) for tp in parts) for t, parts in tasks.items() if parts}

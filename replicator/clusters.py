@@ -8,7 +8,8 @@ cannot loop whatever their naming policy and aliases.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -68,6 +69,11 @@ def topic_partitions(admin: AdminClient, topics: Iterable[str]) -> dict[str, Top
                 raise
             found[name] = TopicPartitions(frozenset(), err.str())
     return found
+
+
+def settings_key(settings: Mapping[str, str]) -> str:
+    """Client settings as a key: the clients kept per cluster (admin, heartbeat producer) are kept per settings."""
+    return json.dumps(sorted(settings.items()), default=str)
 
 
 class MetadataUnavailableError(RuntimeError):

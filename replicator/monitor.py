@@ -10,20 +10,20 @@ Running tasks pick the new generation up live; nothing is restarted.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from replicator import heartbeats
-from replicator.assignment import SourcePartition, assign_partitions
+from replicator.assignment import SourcePartition, assign_partitions, membership
 from replicator.clusters import ClusterView, MetadataUnavailableError, read_cluster
 from replicator.config import ConnectorConfig, load
-from replicator.heartbeats import HEARTBEATS_TOPIC
+from replicator.heartbeats import HEARTBEATS_TOPIC, HeartbeatProducers
 from replicator.offset_translation import TranslationError, sync_groups
-from replicator.store import FlowRow, Store
+from replicator.store import ConnectorRecord, FlowRow, Store
 from replicator.topic_sync import (
     TopicRequests,
     broker_reason,
@@ -32,7 +32,9 @@ from replicator.topic_sync import (
     sync_topic_configs,
 )
 
-__all__ = ["KafkaMonitor", "MetadataUnavailableError", "MonitorResult", "PartitionPlan", "plan_partitions"]
+__all__ = [
+    "KafkaMonitor", "MetadataUnavailableError", "MonitorResult", "PartitionPlan", "PollMemory", "plan_partitions",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,41 @@ def held_reasons(
     return out
 
 
+@dataclass
+class Written:
+    """What the monitor last wrote (or read) for one connector: a poll that finds the same writes nothing."""
+
+    identity: datetime  # the connector's updated_at: a new version, a state change or a recreated connector
+    snapshots: dict[str, tuple[dict[str, int], str | None]] = field(default_factory=dict)  # role -> last recorded
+    flow: FlowRow | None = None
+    assignment: tuple[int, dict[int, list[SourcePartition]]] | None = None  # generation and its tasks
+    held: dict[SourcePartition, str] | None = None
+
+
+class PollMemory:
+    """Per connector, what its polls last wrote, kept by whatever outlives the polls (the metadata watcher).
+
+    Snapshots, the flow and held partitions are written by the monitor alone, so what it wrote is what the database
+    holds; an assignment is trusted only for the generation the connector row names. An unchanged periodic poll
+    then reads and writes nothing but its duties' own results."""
+
+    def __init__(self) -> None:
+        self.connectors: dict[str, Written] = {}
+
+    def of(self, record: ConnectorRecord) -> Written:
+        written = self.connectors.get(record.name)
+        if written is None or written.identity != record.updated_at:
+            written = self.connectors[record.name] = Written(record.updated_at)
+        return written
+
+    def forget(self, connector: str) -> None:
+        """Someone else wrote the connector's rows: its next poll reads them again."""
+        self.connectors.pop(connector, None)
+
+    def keep(self, connectors: Collection[str]) -> None:
+        self.connectors = {name: w for name, w in self.connectors.items() if name in connectors}
+
+
 class KafkaMonitor:
     def __init__(
         self,
@@ -115,35 +152,57 @@ class KafkaMonitor:
         read_view: Callable[[AdminClient, str], ClusterView] = read_cluster,
         admin_for: Callable[[dict[str, str]], AdminClient] = AdminClient,
         topic_requests: TopicRequests | None = None,
+        heartbeat_producers: HeartbeatProducers | None = None,
+        memory: PollMemory | None = None,
+        unowned_paused: Callable[[str], Collection[SourcePartition]] | None = None,
     ) -> None:
         """`read_view`: how a cluster is read (the metadata watcher passes the reading it shares among connectors);
         `admin_for`: the admin client for a cluster's settings (the watcher's live as long as it does);
         `topic_requests`: destination topic creations and growths in flight (the watcher's outlive a poll, so a
-        poll never waits for them); without, each poll waits for those it asks for."""
+        poll never waits for them); without, each poll waits for those it asks for. `heartbeat_producers`: the
+        same for heartbeats (the watcher's collect a heartbeat's acknowledgement on a later poll); without, each
+        poll waits for its heartbeat's. `memory`: what earlier polls wrote (the watcher's outlives a monitor).
+        `unowned_paused`: a connector's PAUSED partitions no task owns (the watcher reads them once a round for
+        every connector); without, every poll writes its held partitions and removes stale ones."""
         self.store = store
         self.read_view = read_view
         self.admin_for = admin_for
         self.topic_requests = topic_requests or TopicRequests(wait=True)
+        self.heartbeat_producers = heartbeat_producers or HeartbeatProducers(wait=True)
+        self.memory = memory or PollMemory()
+        self.unowned_paused = unowned_paused
 
-    def _read(self, connector: str, admin: AdminClient, role: str) -> ClusterView:
+    def _read(self, connector: str, admin: AdminClient, role: str, written: Written) -> ClusterView:
         try:
             view = self.read_view(admin, role)
         except MetadataUnavailableError as exc:
-            self.store.record_snapshot(connector, role, {}, str(exc))
+            self._record_snapshot(connector, role, {}, str(exc), written)
             raise
-        self.store.record_snapshot(connector, role, view.partition_counts(), None)
+        self._record_snapshot(connector, role, view.partition_counts(), None, written)
         return view
 
-    def poll(self, connector: str) -> MonitorResult:
-        """Read both clusters, apply the connector's rules, and store a new generation if membership changed."""
-        record = self.store.get_connector(connector)
-        config = load(record.properties)
+    def _record_snapshot(
+        self, connector: str, role: str, topics: dict[str, int], error: str | None, written: Written
+    ) -> None:
+        if written.snapshots.get(role) != (topics, error):
+            self.store.record_snapshot(connector, role, topics, error)
+            written.snapshots[role] = (topics, error)
+
+    def poll(
+        self, connector: str, record: ConnectorRecord | None = None, config: ConnectorConfig | None = None
+    ) -> MonitorResult:
+        """Read both clusters, apply the connector's rules, and store a new generation if membership changed.
+
+        `record` and `config`: the connector as the caller just read and loaded it (the watcher lists them all)."""
+        record = record or self.store.get_connector(connector)
+        config = config or load(record.properties)
+        written = self.memory.of(record)
         admins = Admins(
             self.admin_for(config.admin_settings("source")), self.admin_for(config.admin_settings("destination"))
         )
-        source = self._read(connector, admins.source, "source")
-        destination = self._read(connector, admins.destination, "destination")
-        flow = self.store.flow(connector)
+        source = self._read(connector, admins.source, "source", written)
+        destination = self._read(connector, admins.destination, "destination", written)
+        flow = written.flow or self.store.flow(connector)
         updates: dict[str, object] = {}
         seen = (source.cluster_id, destination.cluster_id)
         if (flow.source_cluster_id, flow.destination_cluster_id) != seen:
@@ -158,20 +217,39 @@ class KafkaMonitor:
             )
             destination_counts, blocked = outcome.destination, outcome.blocked
         plan = plan_partitions(config, source.partition_counts(), destination_counts)
-        self.store.hold_partitions(connector, held_reasons(config, plan.missing_destination, blocked), plan.replicate)
-        previous = self.store.read_assignment(connector)
-        tasks = assign_partitions(plan.replicate, config.tasks_max, previous)
-        generation = self.store.write_assignment(connector, tasks)
+        self._hold(connector, held_reasons(config, plan.missing_destination, blocked), plan.replicate, written)
+        known = written.assignment
+        if known is None or known[0] != record.assignment_generation:
+            known = self.store.current_assignment(connector)
+        tasks = assign_partitions(plan.replicate, config.tasks_max, known[1])
+        # Generation 0 has no rows: the first poll writes generation 1 even when it assigns nothing.
+        unchanged = known[0] > 0 and membership(tasks) == membership(known[1])
+        generation = None if unchanged else self.store.write_assignment(connector, tasks)
+        written.assignment = known if generation is None else (generation, tasks)
 
         # After the new generation is written: the tasks pick it up while heartbeats, checkpoints and syncs run.
         existing = {d: s for d, s in pairs.items() if d in destination_counts}
         self._periodic_duties(config, admins, source, destination, existing, flow, updates)
         if updates:
             self.store.update_flow(connector, **updates)
-        current = generation if generation is not None else record.assignment_generation
+        written.flow = replace(flow, **updates)
+        current = written.assignment[0]
         return MonitorResult(
             connector, current, generation is not None, tasks, plan, config.monitor_poll_wait_ms / 1000
         )
+
+    def _hold(
+        self, connector: str, held: dict[SourcePartition, str], assigned: list[SourcePartition], written: Written
+    ) -> None:
+        """Record the held-back partitions, unless they are those recorded last and no stale row is left (a task
+        releases a partition it had paused when the partition leaves its assignment; an assigned partition no task
+        has claimed yet keeps its row)."""
+        if self.unowned_paused is not None and held == written.held:
+            unowned = set(self.unowned_paused(connector)) - held.keys()
+            if not unowned or unowned <= set(assigned):
+                return
+        self.store.hold_partitions(connector, held, assigned)
+        written.held = held
 
     def _periodic_duties(
         self,
@@ -212,12 +290,24 @@ class KafkaMonitor:
             except (TranslationError, KafkaException) as exc:
                 failed = {"*": broker_reason(exc) if isinstance(exc, KafkaException) else str(exc)}
             updates.update(groups_synced_at=now, problems=problems("group", failed))
+        failed: str | None = None
         if config.emit_heartbeats and due("heartbeat_emitted_at", config.emit_heartbeats_interval_s):
             try:
-                offset, timestamp_ms = heartbeats.emit(config, admins.source, source, destination.cluster_id)
+                if self.heartbeat_producers.emit(config, admins.source, source, destination.cluster_id):
+                    updates.update(heartbeat_emitted_at=now)
             except (heartbeats.HeartbeatError, KafkaException) as exc:
-                reason = broker_reason(exc) if isinstance(exc, KafkaException) else str(exc)
-                updates.update(problems=problems("heartbeat", {"emit": reason}))
-            else:
-                emitted = heartbeats.remember(flow.heartbeats, offset, timestamp_ms)
-                updates.update(heartbeat_emitted_at=now, heartbeats=emitted, problems=problems("heartbeat", {}))
+                failed = broker_reason(exc) if isinstance(exc, KafkaException) else str(exc)
+        # Only an acknowledged heartbeat is remembered, with the offset its acknowledgement gave: liveness counts
+        # from it once the connector has committed past that offset.
+        delivered = self.heartbeat_producers.collect(config.name)
+        emitted = flow.heartbeats
+        for heartbeat in delivered:
+            if heartbeat.error is None:
+                emitted = heartbeats.remember(emitted, heartbeat.offset, heartbeat.timestamp_ms)
+        if emitted != flow.heartbeats:
+            updates.update(heartbeats=emitted)
+        if failed is None and delivered:
+            failed = delivered[-1].error
+        shown = problems("heartbeat", {"emit": failed} if failed else {})
+        if (failed is not None or delivered) and shown != (updates.get("problems") or flow.problems):
+            updates.update(problems=shown)

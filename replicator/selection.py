@@ -183,17 +183,24 @@ class TopicSelector(BaseModel):
 
     def matches(self, topic: str) -> bool:
         """Whether `topic` is replicated by this selector."""
-        if is_internal_topic(topic):
-            return False
-        if any(p.fullmatch(topic) for p in self._exclude):
-            return False
-        return (
-            topic in self.whitelist
-            or (self._regex is not None and self._regex.fullmatch(topic) is not None)
-            or any(p.search(topic) for p in self._regex_list)
-            or any(p.fullmatch(topic) for p in self._include)
-        )
+        return bool(self.select([topic]))
 
     def select(self, topics: Iterable[str]) -> list[str]:
         """The selected topics among `topics`, sorted and without duplicates (a stable order for assignment)."""
-        return sorted({t for t in topics if self.matches(t)})
+        # Private attributes read once: each read goes through pydantic's __getattr__, which cost the metadata
+        # watcher most of its round when a hundred connectors each matched every topic of a cluster.
+        whitelist, regex, regex_list, include, exclude = (
+            self.whitelist, self._regex, self._regex_list, self._include, self._exclude
+        )  # fmt: skip
+
+        def matches(topic: str) -> bool:
+            if is_internal_topic(topic) or any(p.fullmatch(topic) for p in exclude):
+                return False
+            return (
+                topic in whitelist
+                or (regex is not None and regex.fullmatch(topic) is not None)
+                or any(p.search(topic) for p in regex_list)
+                or any(p.fullmatch(topic) for p in include)
+            )
+
+        return sorted({t for t in topics if matches(t)})

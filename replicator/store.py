@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, insert
 from sqlalchemy.orm import Session
 
-from replicator.assignment import SourcePartition
+from replicator.assignment import SourcePartition, membership
 from replicator.schema import (
     Assignment,
     Checkpoint,
@@ -434,7 +434,7 @@ class Store:
 
     def write_assignment(self, connector: str, tasks: Mapping[int, Sequence[SourcePartition]]) -> int | None:
         """Record `tasks` as a new generation if membership differs from the current one; returns it, or None."""
-        wanted = {t: sorted((str(tp[0]), int(tp[1])) for tp in parts) for t, parts in tasks.items() if parts}
+        wanted = membership(tasks)
         with Session(self.engine) as s, s.begin():
             row = s.get(Connector, connector, with_for_update=True)
             if row is None:
@@ -454,12 +454,18 @@ class Store:
             return row.assignment_generation
 
     def read_assignment(self, connector: str, generation: int | None = None) -> dict[int, list[SourcePartition]]:
+        if generation is None:
+            return self.current_assignment(connector)[1]
         with Session(self.engine) as s:
-            if generation is None:
-                generation = s.scalar(select(Connector.assignment_generation).where(Connector.name == connector))
-                if generation is None:
-                    raise UnknownConnectorError(f"connector {connector!r} does not exist")
             return self._assignment(s, connector, generation)
+
+    def current_assignment(self, connector: str) -> tuple[int, dict[int, list[SourcePartition]]]:
+        """The connector's current generation and its assignment."""
+        with Session(self.engine) as s:
+            generation = s.scalar(select(Connector.assignment_generation).where(Connector.name == connector))
+            if generation is None:
+                raise UnknownConnectorError(f"connector {connector!r} does not exist")
+            return generation, self._assignment(s, connector, generation)
 
     @staticmethod
     def _assignment(s: Session, connector: str, generation: int) -> dict[int, list[SourcePartition]]:
@@ -757,6 +763,20 @@ class Store:
                         _among(stale),
                     )
                 )  # fmt: skip
+
+    def unowned_paused(self) -> dict[str, set[SourcePartition]]:
+        """Every connector's PAUSED partitions no task owns (those the monitor holds back, and stale ones it
+        removes), in one query: the watcher learns which connectors' polls have any to write."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(PartitionStatus.connector, PartitionStatus.topic, PartitionStatus.partition).where(
+                    PartitionStatus.task_id.is_(None), PartitionStatus.state == PartitionHealth.PAUSED
+                )
+            )
+            found: dict[str, set[SourcePartition]] = {}
+            for connector, topic, partition in rows:
+                found.setdefault(connector, set()).add((topic, partition))
+            return found
 
     def partition_statuses(self, connector: str) -> dict[SourcePartition, PartitionStatusRow]:
         with Session(self.engine) as s:

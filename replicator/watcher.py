@@ -14,6 +14,7 @@ A cluster that cannot be read puts its connectors on Mirus's backoff (1, 2 … 6
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -25,9 +26,10 @@ from dataclasses import dataclass, field
 from confluent_kafka.admin import AdminClient
 from sqlalchemy.exc import SQLAlchemyError
 
-from replicator.clusters import ClusterView, MetadataUnavailableError, read_cluster
+from replicator.clusters import ClusterView, MetadataUnavailableError, read_cluster, settings_key
 from replicator.config import ConnectorConfig, ConnectorConfigError, load
-from replicator.monitor import KafkaMonitor, MonitorResult, plan_partitions
+from replicator.heartbeats import HeartbeatProducers
+from replicator.monitor import KafkaMonitor, MonitorResult, PollMemory, plan_partitions
 from replicator.store import ConnectorState, Store, UnknownConnectorError
 from replicator.topic_sync import TopicRequests
 
@@ -36,10 +38,6 @@ log = logging.getLogger(__name__)
 WATCH_INTERVAL_S = 1.0
 WATCH_PROBLEM = "watch"  # the flow problem naming what keeps the watcher from polling a connector
 MAX_BACKOFF_S = 64.0  # Mirus: retriable monitor errors back off 1, 2, 4 … 64 s
-
-
-def _settings_key(settings: Mapping[str, str]) -> str:
-    return json.dumps(sorted(settings.items()), default=str)
 
 
 class ClusterReadings:
@@ -54,7 +52,7 @@ class ClusterReadings:
 
     def client(self, settings: Mapping[str, str]) -> AdminClient:
         """The cluster's long-lived admin client (one per cluster and settings, for reads and for the duties)."""
-        key = _settings_key(settings)
+        key = settings_key(settings)
         self.used.add(key)
         client = self.clients.get(key)
         if client is None:
@@ -63,7 +61,7 @@ class ClusterReadings:
 
     def read(self, settings: Mapping[str, str], cluster: str) -> ClusterView:
         """The cluster as `replicator.clusters.read_cluster` shows it, read once a round."""
-        key = _settings_key(settings)
+        key = settings_key(settings)
         if key not in self.views:
             client = self.client(settings)
             self.requests[str(settings.get("bootstrap.servers"))] += 1
@@ -78,7 +76,7 @@ class ClusterReadings:
 
     def fingerprint(self, settings: Mapping[str, str], cluster: str) -> str:
         """What the cluster showed this round, in a few bytes (computed once per cluster)."""
-        key = _settings_key(settings)
+        key = settings_key(settings)
         if key not in self.fingerprints:
             try:
                 topics = json.dumps(sorted(self.read(settings, cluster).partition_counts().items())).encode()
@@ -130,6 +128,8 @@ class MetadataWatcher:
         self.watches: dict[str, ConnectorWatch] = {}
         self.configs: dict[tuple[str, int], ConnectorConfig] = {}
         self.topic_requests = TopicRequests()
+        self.heartbeat_producers = HeartbeatProducers()
+        self.memory = PollMemory()
 
     def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Watch until `should_stop`; a round starts every `interval_s` (at once when the last one overran, or when
@@ -153,6 +153,7 @@ class MetadataWatcher:
         readings = ClusterReadings(self.clients)
         done = WatchRound()
         records = [r for r in self.store.list_connectors() if r.state == ConnectorState.RUNNING]
+        paused = functools.cache(self.store.unowned_paused)  # read once a round, by its first poll
         for record in records:
             watch = self.watches.setdefault(record.name, ConnectorWatch())
             if time.monotonic() < watch.retry_at:
@@ -180,8 +181,11 @@ class MetadataWatcher:
                     read_view=self._shared(config, readings),
                     admin_for=readings.client,
                     topic_requests=self.topic_requests,
+                    heartbeat_producers=self.heartbeat_producers,
+                    memory=self.memory,
+                    unowned_paused=lambda name: paused().get(name, set()),
                 )
-                result = monitor.poll(record.name)
+                result = monitor.poll(record.name, record, config)
                 watch.due_at = time.monotonic() + config.monitor_poll_wait_ms / 1000
             except MetadataUnavailableError as exc:  # recorded with the failed snapshot: the connector shows it
                 self._failed(record.name, watch, str(exc))
@@ -209,6 +213,8 @@ class MetadataWatcher:
         self.watches = {n: w for n, w in self.watches.items() if n in names}
         self.configs = {k: c for k, c in self.configs.items() if k[0] in names}
         self.topic_requests.keep(names)
+        self.heartbeat_producers.keep(names, readings.used)
+        self.memory.keep(names)
         for key in set(self.clients) - readings.used:
             del self.clients[key]  # no running connector reads that cluster any more
         done.requests = readings.requests
@@ -261,6 +267,7 @@ class MetadataWatcher:
                 return True
             problems.pop(WATCH_PROBLEM, None)
             self.store.update_flow(name, problems={**problems, **({WATCH_PROBLEM: error} if error else {})})
+            self.memory.forget(name)  # the flow its polls remember is no longer the stored one
         except SQLAlchemyError as exc:
             log.warning("%s: could not record the watcher's error %r: %s", name, error, exc)
             return False
