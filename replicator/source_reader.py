@@ -74,8 +74,7 @@ class Shard:
 class Tier:
     """Consumers of one fetch setting, created as partitions arrive, each holding at most `shard_partitions`."""
 
-    def __init__(self, name: str, settings: dict[str, Any], shard_partitions: int) -> None:
-        self.name = name
+    def __init__(self, settings: dict[str, Any], shard_partitions: int) -> None:
         self.settings = settings
         self.shard_partitions = shard_partitions
         self.shards: list[Shard] = []
@@ -99,9 +98,9 @@ class SourceReader:
     """The consumer operations the task uses, each applied to the consumer that holds the partition."""
 
     def __init__(self, settings: dict[str, Any], limits: TierLimits = DEFAULT_LIMITS) -> None:
-        self.flowing = Tier("flowing", settings, limits.shard_partitions)
-        self.quiet = Tier("quiet", {**settings, **QUIET_SETTINGS}, limits.shard_partitions)
-        self.dormant = Tier("dormant", {**settings, **DORMANT_SETTINGS}, limits.shard_partitions)
+        self.flowing = Tier(settings, limits.shard_partitions)
+        self.quiet = Tier({**settings, **QUIET_SETTINGS}, limits.shard_partitions)
+        self.dormant = Tier({**settings, **DORMANT_SETTINGS}, limits.shard_partitions)
         self.tiers = (self.flowing, self.quiet, self.dormant)
         self.flowing.shards.append(Shard(self.flowing))  # fails now, not at the first assignment, on bad settings
         self.quiet_after_s, self.dormant_after_s = limits.quiet_after_s, limits.dormant_after_s
