@@ -327,13 +327,15 @@ class ReplicationTask:
         except Exception as exc:  # the original outcome matters more than a failed final commit
             log.warning("final commit of %s-%d failed: %s", self.connector, self.task_id, exc)
         finally:
-            self.background.shutdown(wait=True)
-            if self.clients_open:
-                self.reader.close()
-            if not fenced:
-                state = "FAILED" if isinstance(error, Exception) else (outcome.value if outcome else "STOPPED")
-                self.store.finish_task(self.lease, state, f"{type(error).__name__}: {error}" if error else None)
-            self.on_event(f"stopped: {outcome.value if outcome else type(error).__name__}")
+            try:
+                self.background.shutdown(wait=True)
+                if self.clients_open:
+                    self.reader.close()
+                if not fenced:
+                    state = "FAILED" if isinstance(error, Exception) else (outcome.value if outcome else "STOPPED")
+                    self.store.finish_task(self.lease, state, f"{type(error).__name__}: {error}" if error else None)
+            finally:  # a second termination while closing must not cost the run its last event
+                self.on_event(f"stopped: {outcome.value if outcome else type(error).__name__}")
 
     # -- fetch, map, produce ----------------------------------------------------------------------------
 
