@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 from sqlalchemy import text
 
 from mirus_dagster.metrics_exporter import StoreCollector
@@ -165,7 +166,10 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     runner = TaskThread.start(store, unique, reader_limits=limits)
     wait_for(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
     reader = runner.task.reader
-    assert [s.held for s in reader.flowing.shards] == [2, 1]
+    # A task starts every partition in the quiet tier (answered at a record's first byte): a start or a takeover
+    # of thousands of partitions does not begin with thousands of eager fetches.
+    assert [s.held for s in reader.quiet.shards] == [2, 1]
+    assert reader.held_in(reader.flowing) == 0
     consume_all(stack.destination_bootstrap_servers, unique, 3, expected=2)
     # Partitions 0 and 1 were read and stopped; partition 2 never had a record (its empty log's end is its place).
     # Each goes quiet, then dormant (a fetch every 5 s when idle).
@@ -179,7 +183,7 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     copied = consume_all(stack.destination_bootstrap_servers, unique, 3, expected=107)
     wait_for(lambda: reader.held_in(reader.quiet) + reader.held_in(reader.dormant) == 3, timeout=30,
              what="every partition quiet again")  # fmt: skip
-    # A quiet partition's record flows too (before it turns dormant).
+    # A quiet partition's record flows too (before it turns dormant), read where it is: one record is no traffic.
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 1, "value": b"e"}])
     copied = consume_all(stack.destination_bootstrap_servers, unique, 3, expected=108)
     runner.finish()
@@ -189,6 +193,38 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     assert [r.value for r in by_partition[1]] == [b"a1", b"e"]
     assert [r.value for r in by_partition[2]] == [b"c%d" % i for i in range(5)]
     assert _committed(store, unique) == {(unique, 0): 101, (unique, 1): 2, (unique, 2): 5}
+
+
+def test_only_partitions_that_keep_flowing_move_to_eager_fetching(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    create_topics(stack.source_bootstrap_servers, {unique: 2})
+    create_topics(stack.destination_bootstrap_servers, {unique: 2})
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
+                     {0: [(unique, 0), (unique, 1)]})  # fmt: skip
+    runner = TaskThread.start(store, unique, reader_limits=TierLimits(quiet_after_s=3.0))
+    wait_for(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
+    reader = runner.task.reader
+    # One record is read where it is (quiet: answered at its first byte) ...
+    produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 1, "value": b"one"}])
+    consume_all(stack.destination_bootstrap_servers, unique, 2, expected=1)
+    # ... while a partition whose records keep coming (here every ~50 ms) moves to eager fetching.
+    trickle = iter(range(10_000))
+    producer = Producer({"bootstrap.servers": stack.source_bootstrap_servers, "enable.idempotence": True})
+
+    def flowing_after_one_more() -> bool:
+        producer.produce(unique, b"t%d" % next(trickle), partition=0)
+        producer.flush(10)
+        return reader.shard[(unique, 0)].tier is reader.flowing
+
+    wait_for(flowing_after_one_more, timeout=30, interval=0.05, what="the partition with steady traffic flowing")
+    assert reader.shard[(unique, 1)].tier is reader.quiet
+    sent = next(trickle)
+    copied = consume_all(stack.destination_bootstrap_servers, unique, 2, expected=1 + sent)
+    runner.finish()
+    by_partition = _by_partition(copied)
+    assert [r.value for r in by_partition[0]] == [b"t%d" % i for i in range(sent)]  # in order across the move
+    assert _committed(store, unique) == {(unique, 0): sent, (unique, 1): 1}
 
 
 def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, unique: str, tmp_path: Path) -> None:
