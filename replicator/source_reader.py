@@ -47,6 +47,9 @@ DORMANT_AFTER_S = 60.0  # a quiet partition without a record for this long moves
 QUIET_SETTINGS = {"fetch.wait.max.ms": 500, "fetch.min.bytes": 1}
 DORMANT_SETTINGS = {"fetch.wait.max.ms": 5000, "fetch.min.bytes": 1}
 SHARD_PARTITIONS = 2_000
+# What each consumer prefetches at most, unless the connector sets `consumer.queued.max.messages.kbytes`:
+# librdkafka's 64 MB is per consumer, and a task catching up over 10,000 partitions runs five or more of them.
+SHARD_QUEUE_KBYTES = 16_384
 # While several consumers hold partitions, a wait for records waits on the first in slices this long and polls the
 # others between slices; when none of them is flowing, in longer slices: the first record of a waking partition
 # may wait that much longer, and five idle dormant consumers cost 10 rounds a second instead of 100 (measured: the
@@ -74,7 +77,7 @@ class Shard:
 
     def __init__(self, tier: Tier) -> None:
         self.tier = tier
-        self.consumer = Consumer(tier.settings)
+        self.consumer = Consumer({"queued.max.messages.kbytes": SHARD_QUEUE_KBYTES, **tier.settings})
         self.held = 0
 
 

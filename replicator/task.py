@@ -229,6 +229,7 @@ class ReplicationTask:
         self.restart_marker: object = None
         self.fatal_producer_error: KafkaError | None = None
         self.ordered_acks = False  # the connector's `ordered_acks`, read once per configuration
+        self.intake_limit = 0  # records waiting in the producer above which no more are read (`_rebuild`)
         self.transactions: Transactions | None = None  # exactly-once mode only
         # Whether this instance holds the task: a warm standby's prepared producer must not `init_transactions`,
         # which would fence the live owner's producer (same transactional.id).
@@ -348,6 +349,11 @@ class ReplicationTask:
         # passed. Only an empty queue is waited on, and only until its first record (or an acknowledgement) is due.
         if self.transaction_due:  # exactly-once: no intake until the transaction's records are acknowledged
             msgs = []
+        elif len(producer) > self.intake_limit:
+            # The destination is behind (e.g. thousands of partitions catching up, each sent as a request of its
+            # own): read no more until a batch fits, so the backlog waits in Kafka, not in this process's memory.
+            msgs = []
+            self._serve(producer, ACK_SERVE_S)
         else:
             msgs = reader.consume(BATCH, 0)
             if not msgs:
@@ -774,6 +780,8 @@ class ReplicationTask:
         self.reader = SourceReader(config.consumer_settings(), self.reader_limits)
         self.known_topics = set()
         self.producer = Producer(self._producer_settings(config))
+        queue_limit = int(config.producer_settings(self.task_id)["queue.buffering.max.messages"])
+        self.intake_limit = max(queue_limit - BATCH, queue_limit // 2)
         if self.owning:
             self._start_transactions()
         self.clients_open = True
