@@ -76,9 +76,9 @@ def log_offsets(
 ) -> dict[tuple[str, int], int]:
     """Where each partition's log begins (or ends, `latest`), in one ListOffsets request per leader.
 
-    A consumer assigned a logical offset (`OFFSET_BEGINNING`, `OFFSET_END`) resolves it itself with a request per
-    partition: measured on Apache Kafka 1.0, 10,000 partitions took ~12 s that way, and under a second here.
-    Partitions whose answer failed are left out (the caller falls back to the logical offset)."""
+    A consumer assigned a logical offset (`OFFSET_BEGINNING`, `OFFSET_END`) resolves it itself, partition by
+    partition; asked together, 10,000 partitions' offsets took 0.6-0.8 s on Apache Kafka 1.0 here. Partitions whose
+    answer failed are left out (the caller falls back to the logical offset)."""
     spec = OffsetSpec.latest() if latest else OffsetSpec.earliest()
     request = {TopicPartition(topic, partition): spec for topic, partition in partitions}
     if not request:

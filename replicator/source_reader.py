@@ -281,10 +281,10 @@ class SourceReader:
         return self.shard[tp].consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
 
     def list_topics(self, topic: str, timeout: float) -> None:
-        """Read `topic`'s metadata now in every consumer (a partition may move to any)."""
-        for tier in self.tiers:
-            for shard in tier.shards:
-                shard.consumer.list_topics(topic, timeout=timeout)
+        """Read `topic`'s metadata now in every consumer holding partitions of it."""
+        holders = {id(shard): shard for tp, shard in self.shard.items() if tp[0] == topic}
+        for shard in holders.values():
+            shard.consumer.list_topics(topic, timeout=timeout)
 
     def close(self) -> None:
         for tier in self.tiers:

@@ -221,7 +221,6 @@ class ReplicationTask:
         self.clients_open = False
         self.source_cluster = self.destination_cluster = ""  # Kafka cluster ids, read by `_rebuild`
         self.partitions: dict[SourcePartition, PartitionState] = {}
-        self.known_topics: set[str] = set()  # source topics whose metadata the consumer has read
         self.paused: dict[SourcePartition, PartitionState] = {}  # the partitions whose `paused_reason` is set
         self.waiting: set[SourcePartition] = set()  # assigned to us, still owned by another live task
         self.generation = 0
@@ -297,15 +296,14 @@ class ReplicationTask:
         if head is None:
             return
         self._rebuild(head.version, head.restart_requested_at)
-        # Connected and holding the metadata of one of its topics (never the whole cluster's) before it is needed.
+        # The producer connected and holding the metadata of one of its topics (never the whole cluster's) before it
+        # is needed. The source consumers are made at the takeover, in the quiet tier (answered at the first byte).
         mine = self.store.read_assignment(self.connector).get(self.task_id)
         if mine:
-            topic = mine[0][0]
-            for client, name in ((self.reader, topic), (self.producer, self.config.namer.destination_topic(topic))):
-                try:
-                    client.list_topics(name, timeout=5)
-                except Exception as exc:  # only slower later: the task loop reports real trouble
-                    log.info("%s-%d: warming up a client failed: %s", self.connector, self.task_id, exc)
+            try:
+                self.producer.list_topics(self.config.namer.destination_topic(mine[0][0]), timeout=5)
+            except Exception as exc:  # only slower later: the task loop reports real trouble
+                log.info("%s-%d: warming up the producer failed: %s", self.connector, self.task_id, exc)
 
     def discard(self) -> None:
         """Close the clients of a task that was prepared but never ran."""
@@ -778,7 +776,6 @@ class ReplicationTask:
         self.ordered_acks = config.ordered_acks
         self.version, self.restart_marker = record.version, restart_marker
         self.reader = SourceReader(config.consumer_settings(), self.reader_limits)
-        self.known_topics = set()
         self.producer = Producer(self._producer_settings(config))
         queue_limit = int(config.producer_settings(self.task_id)["queue.buffering.max.messages"])
         self.intake_limit = max(queue_limit - BATCH, queue_limit // 2)
@@ -825,12 +822,6 @@ class ReplicationTask:
         if not partitions:
             return
         stored = self.store.load_offsets(self.connector, partitions)
-        for topic in sorted({tp[0] for tp in partitions if tp[0] not in self.known_topics}):
-            try:  # metadata of a new topic now, not at librdkafka's next scan (up to 1 s later)
-                self.reader.list_topics(topic, timeout=5)
-                self.known_topics.add(topic)
-            except Exception as exc:
-                log.info("%s-%d: source metadata of %s not read: %s", self.connector, self.task_id, topic, exc)
         if self.transactions is not None:
             self._resume_after_destination(partitions, stored)
         resets = self._reset_offsets([tp for tp in partitions if tp not in stored])
@@ -841,6 +832,11 @@ class ReplicationTask:
             self.partitions[tp] = state
             assign.append(TopicPartition(tp[0], tp[1], stored[tp] if tp in stored else resets[tp]))
         self.reader.assign(assign)
+        for topic in sorted({tp[0] for tp in partitions}):
+            try:  # the topic's metadata now, in the consumers just given it, not at librdkafka's next topic scan
+                self.reader.list_topics(topic, timeout=5)
+            except Exception as exc:
+                log.info("%s-%d: source metadata of %s not read: %s", self.connector, self.task_id, topic, exc)
         for topic in {self.partitions[tp].destination_topic for tp in partitions}:
             try:  # a destination topic grown a moment ago: the producer must know its new partitions
                 self.producer.list_topics(topic, timeout=5)
