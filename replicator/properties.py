@@ -317,11 +317,15 @@ def properties_markdown() -> str:
         "~330 fetches a second per source broker and task instead of one per append. Partitions without a record "
         "for 5 s move to consumers that fetch as MirrorMaker's does (`fetch.wait.max.ms=500` with "
         "`fetch.min.bytes=1`: answered at the first byte, two fetches a second when idle), after a further minute "
-        "to consumers waiting up to 5 s (one fetch every 5 s when idle, still answered at the first byte), and move "
-        "back at their next record, so an idle task costs its source broker less than MirrorMaker 1.0's consumer "
-        "does. Each consumer holds at most 2,000 partitions (librdkafka's cost per consumer grows faster than its "
-        'partitions; benchmarks/README.md, "Estate"). `consumer.*` settings apply to all; the quiet ones keep '
-        "their two.",
+        "to consumers waiting up to 5 s (one fetch every 5 s when idle, still answered at the first byte), so an "
+        "idle task costs its source broker less than MirrorMaker 1.0's consumer does. A task starts its partitions "
+        "in the quiet consumers; a partition moves to the eager ones once it has a backlog or its records come less "
+        "than 5 s apart. Each consumer holds at most 2,000 partitions (librdkafka's cost per consumer grows faster "
+        'than its partitions; benchmarks/README.md, "Holding thousands of partitions") and prefetches at most 16 MB '
+        "unless `consumer.queued.max.messages.kbytes` says otherwise. `consumer.*` settings apply to all; the quiet "
+        "ones keep their two. The producer queues at most 100,000 records by default "
+        "(`producer.queue.buffering.max.messages`); the task reads no more while a batch (10,000) would not fit, so "
+        "a destination slower than the source leaves the backlog in Kafka.",
         "",
         "| prefix | client | description |",
         "|---|---|---|",
