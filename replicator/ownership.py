@@ -224,6 +224,4 @@ def run_owned(task: ReplicationTask, should_stop: Callable[[], bool] = lambda: F
                 task.on_event("stopped: standing by, the task was never taken over")
         if lease is None:
             return None
-        if held.waited_s:
-            task.on_event(f"took over after standing by {held.waited_s:.1f}s")
-        return task.run(should_stop, lease)
+        return task.run(should_stop, lease, held.waited_s)

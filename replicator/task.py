@@ -254,10 +254,13 @@ class ReplicationTask:
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
-    def run(self, should_stop: Callable[[], bool] = lambda: False, lease: Lease | None = None) -> TaskExit:
+    def run(
+        self, should_stop: Callable[[], bool] = lambda: False, lease: Lease | None = None, stood_by_s: float = 0.0
+    ) -> TaskExit:
         """Replicate until stopped, removed, paused, deleted or fenced. Raises on failure (after cleaning up).
 
-        `lease`: a claim already taken (`replicator.ownership`); without it the task claims now, fencing any owner.
+        `lease`: a claim already taken (`replicator.ownership`), after standing by `stood_by_s`; without it the task
+        claims now, fencing any owner.
         """
         # A batch of up to 10,000 records outlives many young collections while it is forwarded: at Python's
         # default threshold (700) its objects are promoted and full collections (45-117 ms each, the whole heap)
@@ -265,10 +268,12 @@ class ReplicationTask:
         gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
         self.lease = lease or self.store.claim_task(self.connector, self.task_id, self.owner)
         self.owning = True
-        self.on_event(f"claimed with epoch {self.lease.epoch}")
         outcome: TaskExit | None = None
         error: BaseException | None = None
-        try:
+        try:  # from here on a termination (even while the first events are written) ends with a final commit
+            if stood_by_s:
+                self.on_event(f"took over after standing by {stood_by_s:.1f}s")
+            self.on_event(f"claimed with epoch {self.lease.epoch}")
             if self.clients_open:  # prepared while standing by: its transactions start now, fencing the last owner
                 self._start_transactions()
             outcome = self._refresh(self.store.connector_head(self.connector), force=True)
