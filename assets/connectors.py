@@ -29,9 +29,9 @@ from mirus_dagster.constants import (
     TAG_KIND,
     TAG_TASK,
 )
-from replicator.heartbeats import liveness_s
-from replicator.masking import mask_properties
-from replicator.store import ConnectorState, ConnectorStatus, PartitionHealth, Store
+from replicator.configuration.masking import mask_properties
+from replicator.discovery.heartbeats import liveness_s
+from replicator.state.store import ConnectorState, ConnectorStatus, PartitionHealth, Store
 
 REFRESH_S = 60.0
 MAX_CONNECTORS = 100  # rows in the table; the rest are counted

@@ -14,7 +14,7 @@ from mirus_dagster.constants import (
     FLOWS_ASSET,
     SOURCE_TOPICS_ASSET,
 )
-from replicator.monitor import MonitorResult
+from replicator.discovery.monitor import MonitorResult
 
 connector_partitions = dg.DynamicPartitionsDefinition(name=CONNECTOR_PARTITIONS)
 

@@ -15,7 +15,7 @@ from mirus_dagster.constants import (
 )
 from mirus_dagster.reporting import Reporting
 from mirus_dagster.resources import PlatformDatabase
-from replicator.lake import export_hour, hour_dir, prune, state_path
+from reports.lake import export_hour, hour_dir, prune, state_path
 
 # The current hour is a partition too (end_offset=1): the schedule refreshes it every run.
 hourly_partitions = dg.HourlyPartitionsDefinition(start_date=LAKE_PARTITIONS_START, end_offset=1)

@@ -21,8 +21,8 @@ from mirus_dagster.constants import (
     THROUGHPUT_REPORT_ASSET,
 )
 from mirus_dagster.reporting import Reporting
-from replicator import report_charts as charts
-from replicator.reports import (
+from reports import charts as charts
+from reports.replication import (
     latency_over_time,
     latency_report,
     missing_partitions_report,

@@ -11,8 +11,8 @@ from mirus_dagster.constants import (
     SOURCE_TOPICS_ASSET,
 )
 from mirus_dagster.resources import PlatformDatabase
-from replicator.config import ConnectorConfigError, load
-from replicator.store import Store
+from replicator.configuration.connector import ConnectorConfigError, load
+from replicator.state.store import Store
 
 SOURCE_TOPICS = dg.AssetKey(SOURCE_TOPICS_ASSET)
 DESTINATION_TOPICS = dg.AssetKey(DESTINATION_TOPICS_ASSET)

@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from mirus_dagster.settings import PlatformSettings  # noqa: E402
 from mirus_dagster.stack import LocalStack  # noqa: E402
-from replicator.config import validate_submission  # noqa: E402
-from replicator.database import make_engine, upgrade  # noqa: E402
-from replicator.store import Store  # noqa: E402
+from replicator.configuration.connector import validate_submission  # noqa: E402
+from replicator.state.database import make_engine, upgrade  # noqa: E402
+from replicator.state.store import Store  # noqa: E402
 
 # The kit's clusters, or others named as the suite names them (e.g. the second kit on 39192/49192).
 SOURCE = os.environ.get("MIRUS_SOURCE_BOOTSTRAP_SERVERS", "127.0.0.1:39092")

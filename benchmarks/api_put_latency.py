@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack
-from replicator.database import make_engine, upgrade
-from replicator.store import Store
+from replicator.state.database import make_engine, upgrade
+from replicator.state.store import Store
 
 TARGET_MS = 100.0
 WARM_UP = 10

@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackEndpoints
-from replicator.config import ConnectorConfig, validate_submission
-from replicator.database import make_engine, upgrade
-from replicator.metrics import BUCKET_LABELS
-from replicator.monitor import KafkaMonitor
-from replicator.store import ConnectorState, MetricInterval, MetricRow, Store
+from replicator.configuration.connector import ConnectorConfig, validate_submission
+from replicator.discovery.monitor import KafkaMonitor
+from replicator.engine.metrics import BUCKET_LABELS
+from replicator.state.database import make_engine, upgrade
+from replicator.state.store import ConnectorState, MetricInterval, MetricRow, Store
 
 
 def free_port() -> int:

@@ -6,7 +6,7 @@ Starts a private embedded stack on ports 29492/29493/25652 (or MIRUS_SOURCE_PORT
 MIRUS_POSTGRES_PORT; or uses MIRUS_SOURCE_BOOTSTRAP_SERVERS / MIRUS_DESTINATION_BOOTSTRAP_SERVERS /
 MIRUS_DATABASE_URL). Creates one topic per connector on both clusters (partitions / connectors partitions each),
 stores the connectors (`topics.regex` = their topic and its `-new*` siblings, default settings otherwise) and
-runs the metadata watcher (`replicator/watcher.py`, as the `metadata_watcher` run does) in this process, then:
+runs the metadata watcher (`replicator/discovery/watcher.py`, as the `metadata_watcher` run does) in this process, then:
 
 (a) new topic → first copy for connector 0, while the watcher keeps watching all connectors;
 (b) kill -9 of connector 0's owner process → first copy of a record produced after the kill, with a warm standby
@@ -46,11 +46,11 @@ from benchmarks.orchestration_latency import (
     standby_waiting,
 )
 from mirus_dagster.constants import ENV_DATABASE_URL
-from replicator import provenance
-from replicator.config import validate_submission
-from replicator.database import make_engine, upgrade
-from replicator.store import Store
-from replicator.watcher import MetadataWatcher, WatchRound
+from replicator.configuration.connector import validate_submission
+from replicator.discovery.watcher import MetadataWatcher, WatchRound
+from replicator.state.database import make_engine, upgrade
+from replicator.state.store import Store
+from replicator.topics import provenance
 
 PORTS = {"source_port": 29492, "destination_port": 29493, "postgres_port": 25652}
 

@@ -24,10 +24,10 @@ from apache_kafka import load, naive_copy
 
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack
-from replicator.config import validate_submission
-from replicator.database import make_engine, upgrade
-from replicator.store import Store
-from replicator.task import ReplicationTask
+from replicator.configuration.connector import validate_submission
+from replicator.engine.task import ReplicationTask
+from replicator.state.database import make_engine, upgrade
+from replicator.state.store import Store
 
 
 def cpu_seconds() -> float:

@@ -50,9 +50,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from sqlalchemy import Engine, create_engine, text
 
 # isort: split
-from replicator.config import validate_submission
-from replicator.source_reader import DORMANT_AFTER_S, QUIET_AFTER_S
-from replicator.store import Store
+from replicator.configuration.connector import validate_submission
+from replicator.engine.source_reader import DORMANT_AFTER_S, QUIET_AFTER_S
+from replicator.state.store import Store
 
 NARROW = 4
 WARMUP_S = 8.0  # flowing: measured after this long, once the task has caught up with the load
@@ -62,8 +62,8 @@ WINDOW_S = 20.0
 COMMIT_COST = """
 import statistics, sys, time, psutil
 from sqlalchemy import text
-from replicator.database import make_engine
-from replicator.store import Store
+from replicator.state.database import make_engine
+from replicator.state.store import Store
 url, connector, topics, partitions = sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4])
 store = Store(make_engine(url))
 store.put_connector(connector, {"name": connector}, 1)
@@ -347,7 +347,7 @@ def database_for(admin: Engine, code: str | None, name: str) -> tuple[str, Engin
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = admin.url.set(database=name).render_as_string(hide_password=False)
     env = {**os.environ, **({"PYTHONPATH": code} if code else {})}
-    migrate = "import sys; from replicator.database import migrated_engine; migrated_engine(sys.argv[1])"
+    migrate = "import sys; from replicator.state.database import migrated_engine; migrated_engine(sys.argv[1])"
     subprocess.run([sys.executable, "-c", migrate, url], env=env, check=True, cwd=code or kit.ROOT)
     return url, create_engine(url.replace("postgresql://", "postgresql+psycopg2://", 1))
 

@@ -36,8 +36,8 @@ from apache_kafka import DESTINATION, SOURCE
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 # isort: split
-from replicator.metrics import BUCKET_LABELS
-from replicator.store import Store
+from replicator.engine.metrics import BUCKET_LABELS
+from replicator.state.store import Store
 
 PARTITIONS = 4
 WARMUP_S = 2.0

@@ -26,8 +26,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 # isort: split
-from replicator.config import validate_submission
-from replicator.monitor import KafkaMonitor
+from replicator.configuration.connector import validate_submission
+from replicator.discovery.monitor import KafkaMonitor
 
 
 def create_wide_topics(prefix: str, topics: int, partitions: int) -> list[str]:

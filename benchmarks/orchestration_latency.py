@@ -48,9 +48,9 @@ from mirus_dagster.constants import (
 from mirus_dagster.devserver import DagsterDev, RunInfo, dagster_dev
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackEndpoints
-from replicator import provenance
-from replicator.database import make_engine, upgrade
-from replicator.store import Store
+from replicator.state.database import make_engine, upgrade
+from replicator.state.store import Store
+from replicator.topics import provenance
 
 PORTS = {"source_port": 29192, "destination_port": 29193, "postgres_port": 25532}
 TARGET_NEW_TOPIC_S = 2.0

@@ -23,10 +23,10 @@ from sqlalchemy import Engine, text
 
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, free_port
-from replicator.database import make_engine, upgrade
-from replicator.lake import HOUR, export_hour, hour_floor, prune
-from replicator.metrics import TopicCounters
-from replicator.store import MetricInterval, MetricRow, Store
+from replicator.engine.metrics import TopicCounters
+from replicator.state.database import make_engine, upgrade
+from replicator.state.store import MetricInterval, MetricRow, Store
+from reports.lake import HOUR, export_hour, hour_floor, prune
 
 ENGINE_INTERVAL_S = 10  # ReplicationTask's default metrics interval
 TASK_PARTITIONS = 100  # partitions per simulated task (one write per task and interval, as tasks do)

@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from mirus_dagster.reporting import spark_config
-from replicator.lake import (
+from replicator.engine.metrics import LATENCY_BUCKETS_MS
+from reports.lake import (
     BUCKET_COLUMNS,
     HOUR,
     MANIFEST_FILE,
@@ -34,8 +35,7 @@ from replicator.lake import (
     hour_floor,
     state_path,
 )
-from replicator.metrics import LATENCY_BUCKETS_MS
-from replicator.reports import latency_over_time, latency_report, missing_partitions_report, throughput_lag_report
+from reports.replication import latency_over_time, latency_report, missing_partitions_report, throughput_lag_report
 
 INTERVAL_S = 10
 CONNECTORS = 10

@@ -26,8 +26,8 @@ from sqlalchemy import Engine, text
 from mirus_dagster.metrics_exporter import StoreCollector
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, free_port
-from replicator.database import make_engine, upgrade
-from replicator.store import Store
+from replicator.state.database import make_engine, upgrade
+from replicator.state.store import Store
 
 CONNECTOR = "scrape-bench"
 TOPICS = 10

@@ -1,7 +1,7 @@
 """`mirus connectors`, `mirus offsets` and `mirus api`: administration from a shell, on the store directly.
 
-The commands call `replicator.connectors`, the code path of the launchpad jobs and the HTTP API, so a change made
-here validates the same way and shows in Dagster the same way. Offsets use Mirus's offset tool formats.
+The commands call `replicator.configuration.connectors`, the code path of the launchpad jobs and the HTTP API, so a
+change made here validates the same way and shows in Dagster the same way. Offsets use Mirus's offset tool formats.
 """
 
 from __future__ import annotations
@@ -15,20 +15,20 @@ import click
 
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackEndpoints
-from replicator import connectors
 from replicator.clusters import MetadataUnavailableError
-from replicator.config import ConnectorConfigError
-from replicator.database import make_engine, upgrade
-from replicator.masking import mask_properties
-from replicator.offset_files import Format, OffsetFileError, OffsetLine, read_offsets, write_offsets
-from replicator.secrets import parse_java_properties
-from replicator.store import (
+from replicator.configuration import connectors
+from replicator.configuration.connector import ConnectorConfigError
+from replicator.configuration.masking import mask_properties
+from replicator.configuration.secrets import parse_java_properties
+from replicator.state.database import make_engine, upgrade
+from replicator.state.store import (
     ConnectorNotStoppedError,
     ConnectorState,
     SourcePartition,
     Store,
     UnknownConnectorError,
 )
+from replicator.tools.offset_files import Format, OffsetFileError, OffsetLine, read_offsets, write_offsets
 
 FORMAT_OPTION = click.option(
     "--format", "fmt", type=click.Choice(["csv", "json"], case_sensitive=False), default="csv", show_default=True,

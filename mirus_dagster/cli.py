@@ -24,7 +24,7 @@ def _stack() -> LocalStack:
 
 def _migrated_engine() -> Engine:
     """The platform database with every migration applied, or a clear error naming it and what to do."""
-    from replicator.database import DatabaseUnavailableError, migrated_engine
+    from replicator.state.database import DatabaseUnavailableError, migrated_engine
 
     try:
         return migrated_engine(_stack().endpoints.database_url)
@@ -85,7 +85,7 @@ def db() -> None:
 @db.command("upgrade")
 def db_upgrade() -> None:
     """Apply every pending migration (idempotent)."""
-    from replicator.database import current_revision
+    from replicator.state.database import current_revision
 
     engine = _migrated_engine()
     click.echo(f"database at revision {current_revision(engine)}")
@@ -110,10 +110,10 @@ def task_run(connector: str, task_id: int) -> None:
     import logging
     import socket
 
-    from replicator.database import DatabaseUnavailableError, SchemaBehindError, task_engine
-    from replicator.ownership import run_owned
-    from replicator.store import Store, UnknownConnectorError
-    from replicator.task import ReplicationTask
+    from replicator.engine.ownership import run_owned
+    from replicator.engine.task import ReplicationTask
+    from replicator.state.database import DatabaseUnavailableError, SchemaBehindError, task_engine
+    from replicator.state.store import Store, UnknownConnectorError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -147,7 +147,7 @@ def dev(port: int, keep_stack: bool, demo: bool, api_port: int) -> None:
     """Start the embedded stack, migrate the database, run the Dagster UI and the REST API; Ctrl-C stops it all."""
     from mirus_dagster.dev import DevSession
     from mirus_dagster.devserver import DagsterDevError
-    from replicator.database import DatabaseUnavailableError
+    from replicator.state.database import DatabaseUnavailableError
 
     session = DevSession(_stack(), port, demo, keep_stack, click.echo, api_port)
     # A service manager's stop is handled like a Ctrl-C; SIGINT is set too since a shell may start us with it ignored.

@@ -12,8 +12,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_PARTITIONS, DEMO_TOPIC
 from mirus_dagster.stack import StackEndpoints
-from replicator.config import validate_submission
-from replicator.store import Store, UnknownConnectorError
+from replicator.configuration.connector import validate_submission
+from replicator.state.store import Store, UnknownConnectorError
 
 # The launchpad's and README's example connector: its topics exist on the demo clusters, no connector uses them.
 EXAMPLE_CONNECTOR = "payments-dr"

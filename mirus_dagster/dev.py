@@ -85,8 +85,8 @@ class DevSession:
 
     def _prepare_database(self, endpoints: StackEndpoints) -> None:
         from mirus_dagster.demo import register_demo
-        from replicator.database import migrated_engine
-        from replicator.store import Store
+        from replicator.state.database import migrated_engine
+        from replicator.state.store import Store
 
         engine = migrated_engine(endpoints.database_url)
         try:

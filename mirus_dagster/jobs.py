@@ -35,14 +35,14 @@ from mirus_dagster.resources import PlatformDatabase
 from mirus_dagster.run_history import scrub_run_config
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack
-from replicator import connectors
-from replicator.config import ConnectorConfigError
-from replicator.masking import literal_secrets
-from replicator.monitor import MonitorResult
-from replicator.ownership import run_owned
-from replicator.store import Store, UnknownConnectorError
-from replicator.task import ReplicationTask
-from replicator.watcher import MetadataWatcher
+from replicator.configuration import connectors
+from replicator.configuration.connector import ConnectorConfigError
+from replicator.configuration.masking import literal_secrets
+from replicator.discovery.monitor import MonitorResult
+from replicator.discovery.watcher import MetadataWatcher
+from replicator.engine.ownership import run_owned
+from replicator.engine.task import ReplicationTask
+from replicator.state.store import Store, UnknownConnectorError
 
 ConnectorsEvent = Callable[[Store, str, dg.DagsterInstance], dg.AssetMaterialization]
 """Builds the `connectors` asset's materialization from the store and the instance's runs, with a reason
@@ -114,7 +114,7 @@ def build_watcher_job(flow_event: FlowEvent) -> dg.JobDefinition:
 
         def error(connector: str, message: str | None) -> None:
             # The connectors asset shows it from the store: a metadata error with its failed snapshot, any other
-            # as the connector's `watch` problem (`replicator.watcher`).
+            # as the connector's `watch` problem (`replicator.discovery.watcher`).
             context.log.warning(f"{connector}: {message}" if message else f"{connector}: metadata readable again")
 
         MetadataWatcher(platform.store(), on_change=changed, on_error=error).run()
@@ -161,7 +161,7 @@ _ADMIN = {
 }
 
 
-# The operations themselves are `replicator.connectors`'s, shared with the REST API and the CLI.
+# The operations themselves are `replicator.configuration.connectors`'s, shared with the REST API and the CLI.
 _ACTIONS: dict[str, Callable[[Store, str], None]] = {
     "pause": connectors.pause_connector,
     "resume": connectors.resume_connector,

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from replicator import connectors
-from replicator.config import ConnectorConfig, ConnectorConfigError, load
-from replicator.metric_totals import partition_lags, recent_topics, topic_totals
-from replicator.metrics import BUCKET_LABELS
-from replicator.monitor import plan_partitions
-from replicator.store import Store
+from replicator.configuration import connectors
+from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load
+from replicator.discovery.monitor import plan_partitions
+from replicator.engine.metrics import BUCKET_LABELS
+from replicator.state.store import Store
+from reports.metric_totals import partition_lags, recent_topics, topic_totals
 
 RATE_WINDOW_S = 60.0
 TASK_STATES = ("RUNNING", "PAUSED", "FAILED", "UNASSIGNED")

@@ -24,10 +24,15 @@ from confluent_kafka.admin import AdminClient
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack
 from replicator.clusters import ClusterIdentityError, cluster_id
-from replicator.config import load
-from replicator.database import make_engine
-from replicator.offset_translation import TranslatedOffset, TranslationError, translate_group, write_group_offsets
-from replicator.store import Store, UnknownConnectorError
+from replicator.configuration.connector import load
+from replicator.discovery.offset_translation import (
+    TranslatedOffset,
+    TranslationError,
+    translate_group,
+    write_group_offsets,
+)
+from replicator.state.database import make_engine
+from replicator.state.store import Store, UnknownConnectorError
 
 EXIT_NOT_APPLIED = 1
 EXIT_NOTHING = 2

@@ -5,8 +5,8 @@ import threading
 import dagster as dg
 from pydantic import Field
 
-from replicator.database import make_engine, task_engine, upgrade_if_behind
-from replicator.store import Store
+from replicator.state.database import make_engine, task_engine, upgrade_if_behind
+from replicator.state.store import Store
 
 _stores: dict[str, Store] = {}
 _lock = threading.Lock()
@@ -28,7 +28,8 @@ class PlatformDatabase(dg.ConfigurableResource):
             return store
 
     def task_store(self) -> Store:
-        """A replicator run's store: two connections, and never a migration (`replicator.database.task_engine`)."""
+        """A replicator run's store: two connections, and never a migration
+        (`replicator.state.database.task_engine`)."""
         return Store(task_engine(self.database_url))
 
 

@@ -17,7 +17,7 @@ from dagster._core.storage.runs.schema import RunsTable
 from dagster._core.storage.runs.sql_run_storage import SqlRunStorage
 from dagster._serdes import serialize_value
 
-from replicator.masking import SECRET_MASK
+from replicator.configuration.masking import SECRET_MASK
 
 
 class RunHistoryNotScrubbedError(RuntimeError):

@@ -15,7 +15,7 @@ import click
 from mirus_dagster.constants import ENV_DESTINATION_BOOTSTRAP, ENV_SOURCE_BOOTSTRAP
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack
-from replicator.verify import VerifyError, verify_replication
+from replicator.tools.verify import VerifyError, verify_replication
 
 EXIT_OK = 0
 EXIT_FAILED = 1

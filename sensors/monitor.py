@@ -2,8 +2,8 @@
 
 Built by `build_kafka_monitor` from what it launches (the replicator and watcher jobs) and the asset event it
 records, so that it imports neither `assets/` nor the jobs. Metadata is read by the watcher run
-(`replicator/watcher.py`), not here: a tick waits for the sensor daemon's 5 s loop, the watcher looks every second.
-A tick touches no Kafka cluster.
+(`replicator/discovery/watcher.py`), not here: a tick waits for the sensor daemon's 5 s loop, the watcher looks every
+second. A tick touches no Kafka cluster.
 """
 
 import time
@@ -14,8 +14,8 @@ from pydantic import BaseModel
 
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, MONITOR_SENSOR, WATCHER_JOB
 from mirus_dagster.resources import PlatformDatabase
-from replicator.config import ConnectorConfigError, load
-from replicator.store import ConnectorState, ConnectorStatus, PartitionHealth, Store
+from replicator.configuration.connector import ConnectorConfigError, load
+from replicator.state.store import ConnectorState, ConnectorStatus, PartitionHealth, Store
 from sensors.decisions import start_decision
 from sensors.task_runs import LIVE, NEVER_RAN, task_histories, task_run_requests
 

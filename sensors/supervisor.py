@@ -1,7 +1,7 @@
 """The supervisor sensor: failed, crashed or silent replicator tasks get a new run, with backoff.
 
 Built by `build_task_supervisor` from the job it launches. A tick reads the store and the Dagster instance only:
-stored configs are loaded (`replicator.config.load`) without creating any Kafka client.
+stored configs are loaded (`replicator.configuration.connector.load`) without creating any Kafka client.
 """
 
 from datetime import UTC, datetime
@@ -10,8 +10,8 @@ import dagster as dg
 
 from mirus_dagster.constants import ENV_TASK_AUTO_RESTART, SUPERVISOR_SENSOR
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
-from replicator.config import ConnectorConfigError, load
-from replicator.store import ConnectorState
+from replicator.configuration.connector import ConnectorConfigError, load
+from replicator.state.store import ConnectorState
 from sensors.decisions import Decision, requested_restart, restart_decision
 from sensors.task_runs import live_runs, task_histories, task_run_requests
 

@@ -10,7 +10,7 @@ import uvicorn
 
 from mirus_dagster.api.app import create_app
 from mirus_dagster.api.auth import ApiSettings
-from replicator.store import Store
+from replicator.state.store import Store
 
 from .conftest import free_port
 from .kafka_helpers import wait_for

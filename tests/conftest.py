@@ -32,9 +32,9 @@ from mirus_dagster.reporting import spark_config
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackEndpoints, free_port
-from replicator.database import make_engine, upgrade
-from replicator.secrets import ENV_ALLOWED_ENV
-from replicator.store import Store
+from replicator.configuration.secrets import ENV_ALLOWED_ENV
+from replicator.state.database import make_engine, upgrade
+from replicator.state.store import Store
 
 
 def private_stack_settings(state_dir: Path) -> PlatformSettings:

@@ -13,13 +13,13 @@ from sqlalchemy import Connection, Engine, text
 
 from mirus_dagster.stack import StackEndpoints
 from replicator.assignment import SourcePartition
-from replicator.config import ConnectorConfig, validate_submission
-from replicator.database import make_engine, upgrade
-from replicator.metrics import TopicCounters
-from replicator.ownership import run_owned
-from replicator.source_reader import DEFAULT_LIMITS, TierLimits
-from replicator.store import MetricRow, Store
-from replicator.task import ReplicationTask, TaskExit
+from replicator.configuration.connector import ConnectorConfig, validate_submission
+from replicator.engine.metrics import TopicCounters
+from replicator.engine.ownership import run_owned
+from replicator.engine.source_reader import DEFAULT_LIMITS, TierLimits
+from replicator.engine.task import ReplicationTask, TaskExit
+from replicator.state.database import make_engine, upgrade
+from replicator.state.store import MetricRow, Store
 
 
 def connector_properties(stack: StackEndpoints, name: str, **extra: Any) -> dict[str, Any]:
@@ -86,7 +86,7 @@ class TaskThread:
     error: BaseException | None = None
     events: list[str] = field(default_factory=list)
     thread: threading.Thread | None = None
-    owned: bool = False  # as a run does: standing by while another instance owns the task (replicator.ownership)
+    owned: bool = False  # as a run does: standing by while another instance owns the task (replicator.engine.ownership)
 
     @classmethod
     def start(

@@ -1,8 +1,8 @@
 """Hundreds of invalid connector configs, generated from the property table, each with the property it must name.
 
 Every case is a valid base config with one thing wrong, so a refusal can only come from that one thing. The
-cases cover every row of `replicator.properties.PROPERTIES` (wrong JSON types, out-of-range numbers, values
-outside the choices, overlong text), client settings (hosts, offsets reset, unknown settings, credentials in a
+cases cover every row of `replicator.configuration.properties.PROPERTIES` (wrong JSON types, out-of-range numbers,
+values outside the choices, overlong text), client settings (hosts, offsets reset, unknown settings, credentials in a
 URL), topic names past Kafka's 249 characters once named by the policy, references that the allowlist denies or
 that would show a resolved value in a visible property, literal secrets and unknown properties.
 """
@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from replicator.properties import PROPERTIES, Kind
+from replicator.configuration.properties import PROPERTIES, Kind
 
 HUGE = "x" * 100_000
 # A value that must never come back in an error: a password typed in a URL, a file the caller may not read.

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from replicator import provenance
+from replicator.topics import provenance
 
 from .kafka_helpers import Rec
 

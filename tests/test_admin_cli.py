@@ -16,9 +16,9 @@ from sqlalchemy import Engine
 
 from mirus_dagster.cli import main
 from mirus_dagster.stack import StackEndpoints
-from replicator.monitor import KafkaMonitor
-from replicator.store import Store
-from replicator.task import TaskExit
+from replicator.discovery.monitor import KafkaMonitor
+from replicator.engine.task import TaskExit
+from replicator.state.store import Store
 
 from .conftest import free_port
 from .engine_helpers import TaskThread, connector_properties

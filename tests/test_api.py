@@ -16,10 +16,10 @@ from mirus_dagster.api.auth import ApiSettings
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET
 from mirus_dagster.definitions import kafka_monitor
 from mirus_dagster.stack import StackEndpoints
-from replicator.monitor import KafkaMonitor
-from replicator.secrets import ENV_ALLOWED_PATHS
-from replicator.store import Store
-from replicator.task import TaskExit
+from replicator.configuration.secrets import ENV_ALLOWED_PATHS
+from replicator.discovery.monitor import KafkaMonitor
+from replicator.engine.task import TaskExit
+from replicator.state.store import Store
 
 from .api_helpers import serve_api
 from .engine_helpers import TaskThread, connector_properties

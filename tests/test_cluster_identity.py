@@ -4,8 +4,8 @@ loop, and provenance headers name the source cluster by id."""
 from __future__ import annotations
 
 from mirus_dagster.stack import StackEndpoints
-from replicator import provenance
-from replicator.store import Store
+from replicator.state.store import Store
+from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, create_connector
 from .kafka_helpers import cluster_id, consume_all, create_topics, produce, wait_for

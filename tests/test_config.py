@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from replicator.config import ConnectorConfig, ConnectorConfigError, validate_submission
-from replicator.masking import SECRET_MASK, is_secret_property, literal_secrets, mask_properties
-from replicator.naming import DefaultReplicationPolicy, IdentityReplicationPolicy, MirusNamingPolicy
-from replicator.secrets import ENV_ALLOWED_PATHS
+from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, validate_submission
+from replicator.configuration.masking import SECRET_MASK, is_secret_property, literal_secrets, mask_properties
+from replicator.configuration.secrets import ENV_ALLOWED_PATHS
+from replicator.topics.naming import DefaultReplicationPolicy, IdentityReplicationPolicy, MirusNamingPolicy
 
 # The body of the Mirus quickstart's `PUT /connectors/mirus-quickstart-source/config`.
 MIRUS_QUICKSTART: dict[str, object] = {

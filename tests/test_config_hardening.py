@@ -23,9 +23,9 @@ from mirus_dagster.constants import PUT_CONNECTOR_JOB, STORE_CONNECTOR_OP
 from mirus_dagster.definitions import admin_jobs
 from mirus_dagster.jobs import PutConnectorConfig
 from mirus_dagster.stack import StackEndpoints
-from replicator.config import ConnectorConfigError, validate_submission
-from replicator.masking import mask_properties
-from replicator.store import Store
+from replicator.configuration.connector import ConnectorConfigError, validate_submission
+from replicator.configuration.masking import mask_properties
+from replicator.state.store import Store
 from tests.api_helpers import serve_api
 from tests.engine_helpers import connector_properties
 from tests.invalid_configs import SECRET_IN_URL, InvalidCase, invalid_cases

@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET, TAG_CONNECTOR
 from mirus_dagster.definitions import kafka_monitor
 from mirus_dagster.stack import StackEndpoints
-from replicator.store import ConnectorRecord, Store
+from replicator.state.store import ConnectorRecord, Store
 from sensors.monitor import MonitorCursor
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import create_topics, wait_for

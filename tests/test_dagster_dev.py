@@ -37,10 +37,10 @@ from mirus_dagster.constants import (
 )
 from mirus_dagster.devserver import DagsterDev, RunInfo, dagster_dev
 from mirus_dagster.stack import StackEndpoints
-from replicator import provenance
 from replicator.assignment import SourcePartition
-from replicator.heartbeats import HEARTBEATS_TOPIC
-from replicator.store import ConnectorState, Store
+from replicator.discovery.heartbeats import HEARTBEATS_TOPIC
+from replicator.state.store import ConnectorState, Store
+from replicator.topics import provenance
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import Traffic, create_topics, produce, wait_for
 from tests.replica_check import check_replica
@@ -100,7 +100,8 @@ def traffic_through(
 ) -> Iterator[tuple[Replicated, Traffic, list[SourcePartition]]]:
     """Traffic into every topic of the connector, already reaching the destination through `task`'s partitions
     when the block starts; yields a reader of the destination, the traffic and `task`'s partitions."""
-    # The flow also carries its source's heartbeats (replicator.heartbeats); the traffic is in the topics only.
+    # The flow also carries its source's heartbeats (replicator.discovery.heartbeats); the traffic is in the topics
+    # only.
     partitions = [tp for tp in platform.store.read_assignment(platform.name)[task] if tp[0] != HEARTBEATS_TOPIC]
     replicated = Replicated(platform.stack.destination_bootstrap_servers, platform.topics)
     try:

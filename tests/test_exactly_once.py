@@ -16,11 +16,11 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from sqlalchemy import text
 
 from mirus_dagster.stack import StackEndpoints
-from replicator import provenance
 from replicator.clusters import cluster_id
-from replicator.store import Store
-from replicator.task import CommitWatchdogError, TaskExit
-from replicator.transactions import transactional_id
+from replicator.configuration.connector import transactional_id
+from replicator.engine.task import CommitWatchdogError, TaskExit
+from replicator.state.store import Store
+from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, connector_properties, create_connector, private_database
 from .kafka_helpers import consume_all, create_topics, produce, wait_for

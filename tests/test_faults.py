@@ -17,7 +17,7 @@ from mirus_dagster.faults.brokers import tansu_broker
 from mirus_dagster.faults.harness import EMBEDDED_FAULTS, FaultPlan, FaultReport, FaultRun
 from mirus_dagster.faults.proxy import TcpProxy
 from mirus_dagster.stack import StackEndpoints, free_port
-from replicator.store import Store
+from replicator.state.store import Store
 
 from .engine_helpers import TaskThread, connector_properties, create_connector
 from .kafka_helpers import consume_all, create_topics, produce, wait_for

@@ -27,8 +27,8 @@ from mirus_dagster.demo import EXAMPLE_CONNECTOR, example_connector
 from mirus_dagster.devserver import DagsterDev
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, StackEndpoints, port_is_free
-from replicator.database import make_engine
-from replicator.store import Store
+from replicator.state.database import make_engine
+from replicator.state.store import Store
 from tests.browser import Browser, start_chromium
 from tests.kafka_helpers import wait_for
 

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from mirus_dagster.stack import StackEndpoints
-from replicator import provenance, source_reader, task
-from replicator.store import PartitionHealth, Store
-from replicator.task import TaskExit
+from replicator.engine import source_reader, task
+from replicator.engine.task import TaskExit
+from replicator.state.store import PartitionHealth, Store
+from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, connector_properties, create_connector
 from .kafka_helpers import consume_all, create_topics, produce, wait_for

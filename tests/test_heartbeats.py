@@ -7,11 +7,11 @@ import json
 import time
 
 from mirus_dagster.stack import StackEndpoints
-from replicator import provenance
-from replicator.config import validate_submission
-from replicator.heartbeats import HEARTBEATS_TOPIC, flow_liveness_s, liveness_s
-from replicator.monitor import KafkaMonitor
-from replicator.store import Store
+from replicator.configuration.connector import validate_submission
+from replicator.discovery.heartbeats import HEARTBEATS_TOPIC, flow_liveness_s, liveness_s
+from replicator.discovery.monitor import KafkaMonitor
+from replicator.state.store import Store
+from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, connector_properties
 from .kafka_helpers import cluster_id, consume_all, create_topics, wait_for

@@ -16,10 +16,10 @@ from sqlalchemy import Engine, event, text
 from mirus_dagster.metrics_exporter import RATE_WINDOW_S, StoreCollector
 from mirus_dagster.stack import StackEndpoints
 from replicator.assignment import SourcePartition
-from replicator.database import alembic_config, upgrade
-from replicator.lake import PART_FILE, PART_GLOB, export_hour, hour_dir, hour_floor, prune, state_path
-from replicator.metric_totals import topic_totals
-from replicator.store import MetricInterval, MetricRow, Store
+from replicator.state.database import alembic_config, upgrade
+from replicator.state.store import MetricInterval, MetricRow, Store
+from reports.lake import PART_FILE, PART_GLOB, export_hour, hour_dir, hour_floor, prune, state_path
+from reports.metric_totals import topic_totals
 
 from .engine_helpers import connector_properties, insert_partition_sample, metric_row, private_database
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from bisect import bisect_left
 
-from replicator.metrics import BUCKET_LABELS, LATENCY_BUCKETS_MS, TaskMetrics, TopicCounters
+from replicator.engine.metrics import BUCKET_LABELS, LATENCY_BUCKETS_MS, TaskMetrics, TopicCounters
 
 
 def _one_by_one(acknowledgements: list[tuple[int, list[int]]]) -> dict[str, object]:

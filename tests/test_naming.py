@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from replicator.naming import (
+from replicator.topics.naming import (
     DefaultReplicationPolicy,
     IdentityReplicationPolicy,
     MirusNamingPolicy,

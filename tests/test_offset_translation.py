@@ -12,10 +12,10 @@ from sqlalchemy import text
 
 from mirus_dagster.cli import main
 from mirus_dagster.stack import StackEndpoints
-from replicator.config import ConnectorConfig, validate_submission
-from replicator.monitor import KafkaMonitor
-from replicator.offset_translation import sync_groups
-from replicator.store import Store
+from replicator.configuration.connector import ConnectorConfig, validate_submission
+from replicator.discovery.monitor import KafkaMonitor
+from replicator.discovery.offset_translation import sync_groups
+from replicator.state.store import Store
 
 from .engine_helpers import TaskThread, connector_properties
 from .kafka_helpers import cluster_id, consume_all, create_topics, produce, wait_for

@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from mirus_dagster.stack import StackEndpoints
-from replicator.ownership import TaskOwnership, epoch_lock_key
-from replicator.store import FencedError, Lease, Store
+from replicator.engine.ownership import TaskOwnership, epoch_lock_key
+from replicator.state.store import FencedError, Lease, Store
 
 from .engine_helpers import connector_properties, create_connector
 from .kafka_helpers import Traffic, create_topics, wait_for

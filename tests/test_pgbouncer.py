@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import Engine, text
 
 from mirus_dagster.stack import StackEndpoints
-from replicator.database import head_revision
-from replicator.store import Store
+from replicator.state.database import head_revision
+from replicator.state.store import Store
 from tests.pgbouncer import PgBouncer, start_pgbouncer
 from tests.test_ownership import kill_9_hands_over
 

@@ -1,7 +1,7 @@
 """The property table drives everything: the model, the known names, messages, hints and the docs page.
 
-Adding a property is one row in `replicator.properties.PROPERTIES`; these tests walk the table so that a row
-that is not reflected everywhere (or a docs page left stale) fails.
+Adding a property is one row in `replicator.configuration.properties.PROPERTIES`; these tests walk the table so that a
+row that is not reflected everywhere (or a docs page left stale) fails.
 """
 
 from __future__ import annotations
@@ -12,9 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from replicator.config import ConnectorConfig, ConnectorConfigError, load, validate_submission
-from replicator.masking import is_secret_property
-from replicator.properties import CLIENT_PREFIXES, KNOWN_PROPERTIES, PROPERTIES, Kind, PropertySpec, properties_markdown
+from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load, validate_submission
+from replicator.configuration.masking import is_secret_property
+from replicator.configuration.properties import (
+    CLIENT_PREFIXES,
+    KNOWN_PROPERTIES,
+    PROPERTIES,
+    Kind,
+    PropertySpec,
+    properties_markdown,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "CONNECTOR-PROPERTIES.md"
@@ -29,10 +36,16 @@ FIELDS = [spec for spec in PROPERTIES if spec.field]
 
 def test_docs_page_is_generated_from_the_table_and_current() -> None:
     regenerated = subprocess.run(
-        [sys.executable, "-m", "replicator.properties"], capture_output=True, text=True, check=True, cwd=ROOT
+        [sys.executable, "-m", "replicator.configuration.properties"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
     ).stdout
     assert regenerated == properties_markdown()
-    assert DOCS.read_text() == regenerated, "stale: python -m replicator.properties > docs/CONNECTOR-PROPERTIES.md"
+    assert DOCS.read_text() == regenerated, (
+        "stale: python -m replicator.configuration.properties > docs/CONNECTOR-PROPERTIES.md"
+    )
 
 
 @pytest.mark.parametrize("spec", PROPERTIES, ids=lambda s: s.name)

@@ -28,11 +28,11 @@ from mirus_dagster.report_schedule import hour_key, report_run_requests
 from mirus_dagster.reporting import Reporting, spark_config, spark_master_from_env
 from mirus_dagster.resources import PlatformDatabase
 from mirus_dagster.stack import StackEndpoints
-from replicator.config import validate_submission
-from replicator.lake import BUCKET_COLUMNS, PART_FILE, SCHEMAS, export_hour, hour_dir, state_path
-from replicator.monitor import KafkaMonitor
-from replicator.reports import latency_report, missing_partitions_report, throughput_lag_report
-from replicator.store import MetricInterval, Store
+from replicator.configuration.connector import validate_submission
+from replicator.discovery.monitor import KafkaMonitor
+from replicator.state.store import MetricInterval, Store
+from reports.lake import BUCKET_COLUMNS, PART_FILE, SCHEMAS, export_hour, hour_dir, state_path
+from reports.replication import latency_report, missing_partitions_report, throughput_lag_report
 
 from .engine_helpers import TaskThread, connector_properties, metric_row
 from .kafka_helpers import create_topics, produce, wait_for

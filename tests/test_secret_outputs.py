@@ -29,8 +29,8 @@ from mirus_dagster.cli import main as mirus
 from mirus_dagster.constants import CONNECTORS_ASSET
 from mirus_dagster.definitions import admin_jobs, kafka_monitor
 from mirus_dagster.stack import StackEndpoints
-from replicator.config import load
-from replicator.store import Store
+from replicator.configuration.connector import load
+from replicator.state.store import Store
 from tests.api_helpers import serve_api
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import consume_all, create_topics, produce, wait_for

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from replicator.secrets import (
+from replicator.configuration.secrets import (
     ENV_ALLOWED_ENV,
     ENV_ALLOWED_PATHS,
     MAX_FILE_BYTES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from replicator.selection import TopicSelector, compile_java_regex, is_internal_topic, regex_list_pattern
+from replicator.topics.selection import TopicSelector, compile_java_regex, is_internal_topic, regex_list_pattern
 
 
 @pytest.mark.parametrize(

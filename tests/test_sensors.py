@@ -23,8 +23,8 @@ from mirus_dagster.definitions import admin_jobs, kafka_monitor, task_supervisor
 from mirus_dagster.jobs import replicator
 from mirus_dagster.resources import SupervisorPolicy
 from mirus_dagster.stack import StackEndpoints
-from replicator.store import Store
-from replicator.watcher import MetadataWatcher, WatchRound
+from replicator.discovery.watcher import MetadataWatcher, WatchRound
+from replicator.state.store import Store
 from sensors.decisions import (
     HEALTHY_RUN_S,
     REPLICATING_RUN_S,

@@ -18,9 +18,9 @@ from sqlalchemy import Engine, create_engine, text
 
 from mirus_dagster.cli import main
 from mirus_dagster.stack import StackEndpoints, free_port
-from replicator.database import current_revision, head_revision, upgrade
-from replicator.schema import Base
-from replicator.store import Store
+from replicator.state.database import current_revision, head_revision, upgrade
+from replicator.state.schema import Base
+from replicator.state.store import Store
 
 from .kafka_helpers import consume_all, create_topics, produce
 

@@ -13,9 +13,8 @@ from sqlalchemy import table as sql_table
 
 from mirus_dagster.stack import StackEndpoints
 from replicator.assignment import SourcePartition
-from replicator.database import alembic_config, upgrade
-from replicator.metric_totals import partition_lags
-from replicator.store import (
+from replicator.state.database import alembic_config, upgrade
+from replicator.state.store import (
     ConnectorState,
     FencedError,
     MetricInterval,
@@ -23,6 +22,7 @@ from replicator.store import (
     Store,
     UnknownConnectorError,
 )
+from reports.metric_totals import partition_lags
 
 from .engine_helpers import insert_partition_sample, metric_row, private_database
 

@@ -15,11 +15,11 @@ from sqlalchemy import text
 
 from mirus_dagster.metrics_exporter import StoreCollector
 from mirus_dagster.stack import StackEndpoints
-from replicator import provenance
-from replicator.metrics import BUCKET_LABELS
-from replicator.source_reader import TierLimits
-from replicator.store import Store
-from replicator.task import CommitWatchdogError, TaskExit
+from replicator.engine.metrics import BUCKET_LABELS
+from replicator.engine.source_reader import TierLimits
+from replicator.engine.task import CommitWatchdogError, TaskExit
+from replicator.state.store import Store
+from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, connector_properties, create_connector, private_database
 from .kafka_helpers import Rec, Traffic, cluster_id, consume_all, create_topics, delete_topics, produce, wait_for

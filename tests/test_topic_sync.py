@@ -26,12 +26,12 @@ from confluent_kafka.admin import (
 
 from mirus_dagster.faults.brokers import KafkaKit, tansu_broker
 from mirus_dagster.stack import StackEndpoints, free_port
-from replicator import provenance
-from replicator.config import validate_submission
-from replicator.heartbeats import HEARTBEATS_TOPIC
-from replicator.monitor import KafkaMonitor
-from replicator.store import PartitionHealth, Store
-from replicator.watcher import MetadataWatcher
+from replicator.configuration.connector import validate_submission
+from replicator.discovery.heartbeats import HEARTBEATS_TOPIC
+from replicator.discovery.monitor import KafkaMonitor
+from replicator.discovery.watcher import MetadataWatcher
+from replicator.state.store import PartitionHealth, Store
+from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, connector_properties
 from .kafka_helpers import consume_all, create_topics, produce, wait_for

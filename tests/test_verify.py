@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from mirus_dagster.stack import StackEndpoints
 from mirus_dagster.verify_command import verify
-from replicator import provenance
-from replicator.verify import Mismatch, PartitionResult, Replay, VerifyReport, verify_replication
+from replicator.tools.verify import Mismatch, PartitionResult, Replay, VerifyReport, verify_replication
+from replicator.topics import provenance
 
 from .kafka_helpers import Rec, consume_all, create_topics, produce, wait_for
 from .replica_check import check_replica

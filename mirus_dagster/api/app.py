@@ -1,6 +1,6 @@
 """The Kafka Connect REST API over the platform's store: same routes, JSON shapes, status codes and error bodies.
 
-Every change goes through `replicator.connectors`, the code path of the launchpad jobs and the CLI, so the
+Every change goes through `replicator.configuration.connectors`, the code path of the launchpad jobs and the CLI, so the
 Dagster monitor sensor shows it like any other change. Responses never carry a literal secret value.
 Departures from Kafka Connect are listed in docs/API.md.
 """
@@ -28,11 +28,11 @@ from starlette.routing import Route
 
 from mirus_dagster.api.auth import ApiSettings, AuthMiddleware, Credentials
 from mirus_dagster.metrics_exporter import StoreCollector
-from replicator import connectors
-from replicator.config import ConnectorConfigError, validate_submission
-from replicator.masking import mask_properties
-from replicator.properties import MIRUS_CONNECTOR_CLASS, MM2_CONNECTOR_CLASS
-from replicator.store import (
+from replicator.configuration import connectors
+from replicator.configuration.connector import ConnectorConfigError, validate_submission
+from replicator.configuration.masking import mask_properties
+from replicator.configuration.properties import MIRUS_CONNECTOR_CLASS, MM2_CONNECTOR_CLASS
+from replicator.state.store import (
     ConnectorNotStoppedError,
     ConnectorRecord,
     ConnectorState,

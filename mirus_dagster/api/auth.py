@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from replicator.secrets import has_reference, parse_java_properties, resolve_references
+from replicator.configuration.secrets import has_reference, parse_java_properties, resolve_references
 
 ENV_HOST = "MIRUS_API_HOST"
 ENV_PORT = "MIRUS_API_PORT"

@@ -13,7 +13,7 @@ restartable), and `mirus task run` processes — one per task, restarted by the 
               enforce the limit)
 
 Afterwards the load stops, the harness waits until the engine reports every record committed, stops the
-tasks and reads both clusters with `replicator.verify` — the engine's bookkeeping only decides when to look.
+tasks and reads both clusters with `replicator.tools.verify` — the engine's bookkeeping only decides when to look.
 The at-least-once duplicate bound is checked per kill: the restarted task may re-send at most what the source
 held beyond the partition's committed offset when the process died. With `exactly_once` the connector runs with
 `exactly.once.support=required`, the reader uses `read_committed`, and the run passes only with zero duplicates.
@@ -43,10 +43,10 @@ from mirus_dagster.faults.brokers import BrokerProcess, KafkaKit, tansu_broker
 from mirus_dagster.faults.proxy import TcpProxy
 from mirus_dagster.settings import PlatformSettings
 from mirus_dagster.stack import LocalStack, free_port
-from replicator.config import validate_submission
-from replicator.database import make_engine, upgrade
-from replicator.store import SourcePartition, Store
-from replicator.verify import VerifyReport, verify_replication
+from replicator.configuration.connector import validate_submission
+from replicator.state.database import make_engine, upgrade
+from replicator.state.store import SourcePartition, Store
+from replicator.tools.verify import VerifyReport, verify_replication
 
 FaultKind = Literal["kill", "postgres", "network", "broker", "refuse"]
 EMBEDDED_FAULTS: tuple[FaultKind, ...] = ("kill", "postgres", "network")

@@ -1,0 +1,155 @@
+"""Connector administration: the one code path behind every way in (launchpad jobs, HTTP API, CLI).
+
+Each operation validates, then changes the store; nothing else. A change becomes visible to Dagster through the
+store alone: the monitor sensor notices new versions, states and deletions and reports them on the `connectors`
+asset, and running tasks pick changes up within a second. So a connector changed over the API or the CLI shows
+in Dagster exactly like one changed from the launchpad.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from replicator.clusters import METADATA_TIMEOUT_S, MetadataUnavailableError, read_cluster
+from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load, validate_submission
+from replicator.configuration.properties import SPECS
+from replicator.state.store import LEASE_HELD, ConnectorState, SourcePartition, Store, UnknownConnectorError
+
+
+@dataclass(frozen=True)
+class StoredConnector:
+    name: str
+    version: int
+    created: bool  # the connector did not exist before this call
+    config: ConnectorConfig
+
+
+def put_connector(
+    store: Store, properties: Mapping[str, object], initial_state: ConnectorState = ConnectorState.RUNNING
+) -> StoredConnector:
+    """Validate (`validate_submission`: every problem at once, literal secrets refused) and store a configuration:
+    a new connector (in `initial_state`) or a new version of one. `ConnectorConfigError` changes nothing."""
+    config = validate_submission(properties)
+    version = store.put_connector(config.name, config.raw, config.tasks_max, initial_state)
+    # Versions start at 1 for a connector that did not exist (deletion removes its versions).
+    return StoredConnector(config.name, version, version == 1, config)
+
+
+def pause_connector(store: Store, name: str) -> None:
+    store.set_connector_state(name, ConnectorState.PAUSED)
+
+
+def resume_connector(store: Store, name: str) -> None:
+    store.set_connector_state(name, ConnectorState.RUNNING)
+
+
+def restart_connector(store: Store, name: str) -> None:
+    """Running tasks recreate their clients in place from their committed offsets (one marker per connector)."""
+    store.request_restart(name)
+
+
+def delete_connector(store: Store, name: str) -> None:
+    if not store.delete_connector(name):
+        raise UnknownConnectorError(f"connector {name!r} does not exist")
+
+
+def alter_offsets(store: Store, name: str, offsets: Mapping[SourcePartition, int | None] | None) -> None:
+    """Set (None: forget) a paused connector's offsets, or forget them all; `ConnectorNotStoppedError` otherwise."""
+    store.alter_offsets_of_stopped(name, offsets, _lease_timeout(store.get_connector(name).properties)[0])
+
+
+def group_offsets(store: Store, name: str, group: str) -> dict[SourcePartition, int]:
+    """A consumer group's committed offsets on the connector's source cluster, for the partitions it selects.
+
+    This is how a MirrorMaker deployment is taken over: MirrorMaker's consumer group positions are exactly
+    "the next source offset to replicate". Partitions the group never committed are left out. Nothing joins the
+    group (offsets are fetched, not consumed), so a running MirrorMaker is not disturbed.
+    """
+    config = load(store.get_connector(name).properties)
+    topics = read_cluster(AdminClient(config.admin_settings("source")), "source").partition_counts()
+    wanted = [TopicPartition(t, p) for t in config.selector.select(topics) for p in range(topics[t])]
+    if not wanted:
+        return {}
+    consumer = Consumer({**config.admin_settings("source"), "group.id": group, "enable.auto.commit": False})
+    try:
+        committed = consumer.committed(wanted, timeout=METADATA_TIMEOUT_S)
+    except KafkaException as exc:
+        raise MetadataUnavailableError(f"committed offsets of group {group!r} unavailable: {exc}") from exc
+    finally:
+        consumer.close()
+    return {(tp.topic, tp.partition): tp.offset for tp in committed if tp.error is None and tp.offset >= 0}
+
+
+# -- status, as Kafka Connect reports it ------------------------------------------------------------------
+
+# Kafka Connect's task states.
+TASK_RUNNING, TASK_PAUSED, TASK_FAILED, TASK_UNASSIGNED = "RUNNING", "PAUSED", "FAILED", "UNASSIGNED"
+
+
+@dataclass(frozen=True)
+class ConnectTaskStatus:
+    task_id: int
+    state: str  # RUNNING, PAUSED, FAILED or UNASSIGNED
+    worker: str  # the lease owner (host:pid:run), "" when no instance ever ran
+    trace: str | None
+
+
+@dataclass(frozen=True)
+class ConnectStatus:
+    name: str
+    state: str  # RUNNING, PAUSED, or FAILED while the monitor cannot read a cluster's metadata
+    trace: str | None
+    tasks: list[ConnectTaskStatus]
+
+
+def connect_statuses(store: Store, name: str | None = None, now: datetime | None = None) -> list[ConnectStatus]:
+    """Every connector's (or `name`'s) state and its tasks' states, derived from `Store.connector_statuses`.
+
+    A task is RUNNING while its lease is held and heartbeats within `task.lease.timeout.ms`; FAILED when its
+    last instance failed or went silent; PAUSED when the connector is; UNASSIGNED while it waits for a run.
+    """
+    now = now or datetime.now(UTC)
+    out = []
+    for status in store.connector_statuses(name):
+        errors = [f"{cluster} metadata: {error}" for cluster, error in sorted(status.metadata_errors.items())]
+        stale, config_error = _lease_timeout(status.properties)
+        errors += [config_error] if config_error else []
+        tasks = []
+        for task in status.tasks:
+            state, trace = TASK_UNASSIGNED, None
+            if status.state == ConnectorState.PAUSED:
+                state = TASK_PAUSED
+            elif task.state == "FAILED":
+                state, trace = TASK_FAILED, task.error
+            elif task.state == LEASE_HELD:
+                beat = task.heartbeat_at
+                if beat is not None and now - beat <= stale:
+                    state = TASK_RUNNING
+                else:
+                    state, trace = TASK_FAILED, f"no heartbeat since {beat.isoformat() if beat else 'the claim'}"
+            tasks.append(ConnectTaskStatus(task.task_id, state, task.owner or "", trace))
+        state = status.state.value if status.state == ConnectorState.PAUSED or not errors else "FAILED"
+        out.append(ConnectStatus(status.name, state, "\n".join(errors) or None, tasks))
+    return out
+
+
+def _lease_timeout(properties: Mapping[str, object]) -> tuple[timedelta, str | None]:
+    """A stored config's `task.lease.timeout.ms`, read without its secrets (this process may not have them); the
+    default, and why, if the config no longer loads under today's rules."""
+    try:
+        return timedelta(milliseconds=load(properties, resolve_references=False).lease_timeout_ms), None
+    except ConnectorConfigError as exc:
+        default = timedelta(milliseconds=SPECS["task.lease.timeout.ms"].default)
+        return default, f"stored configuration no longer loads: {exc}"
+
+
+def connect_status(store: Store, name: str) -> ConnectStatus:
+    found = connect_statuses(store, name)
+    if not found:
+        raise UnknownConnectorError(f"connector {name!r} does not exist")
+    return found[0]

@@ -1,0 +1,97 @@
+"""Connections to the platform database and its migrations (Alembic, applied at start)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import OperationalError
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+class DatabaseUnavailableError(RuntimeError):
+    """The platform database could not be reached or migrated; the message names it (password hidden)."""
+
+
+# A replicator task's process: one connection for its work (the loop and its background thread take turns) and one
+# its owner keeps for the epoch lock (`replicator.engine.ownership`); no overflow, so 1,000 tasks hold 2,000 at most.
+TASK_POOL = {"pool_size": 2, "max_overflow": 0}
+
+
+class SchemaBehindError(RuntimeError):
+    """The platform database's schema is older than this code's: `mirus db upgrade` (or the platform's start)."""
+
+
+def make_engine(url: str, pool_size: int = 5, max_overflow: int = 5) -> Engine:
+    """An engine for the platform database; `postgresql://` URLs use psycopg2."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        url = "postgresql+psycopg2://" + url.split("://", 1)[1]
+    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow)
+
+
+def alembic_config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["engine"] = engine
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema to `revision`. Idempotent; concurrent callers serialize on an advisory lock."""
+    command.upgrade(alembic_config(engine), revision)
+
+
+def upgrade_if_behind(engine: Engine) -> None:
+    """Migrate only when the schema is behind this code's: a current one costs one read, no lock."""
+    if current_revision(engine) != head_revision(engine):
+        upgrade(engine)
+
+
+def require_current(engine: Engine) -> None:
+    """Fail clearly unless the schema is this code's (tasks never migrate: the platform's start does)."""
+    current, head = current_revision(engine), head_revision(engine)
+    if current != head:
+        raise SchemaBehindError(
+            f"the platform database's schema is at revision {current or 'none'}, this code needs {head}: run "
+            "`mirus db upgrade` (the platform's start and the code location apply it too)"
+        )
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision(engine: Engine) -> str | None:
+    return ScriptDirectory.from_config(alembic_config(engine)).get_current_head()
+
+
+def migrated_engine(url: str) -> Engine:
+    """An engine on a database brought to the newest schema: what every command that reads or writes needs."""
+    return _checked_engine(make_engine(url), upgrade_if_behind)
+
+
+def task_engine(url: str) -> Engine:
+    """An engine for a replicator task's process: a pool of `TASK_POOL`, on a schema already migrated."""
+    return _checked_engine(make_engine(url, **TASK_POOL), require_current)
+
+
+def _checked_engine(engine: Engine, check: Callable[[Engine], None]) -> Engine:
+    """`engine` once `check` passed on it; disposed otherwise, an unreachable database named (password hidden)."""
+    try:
+        check(engine)
+    except OperationalError as exc:
+        engine.dispose()
+        where = engine.url.render_as_string(hide_password=True)
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise DatabaseUnavailableError(f"the platform database at {where} is not reachable ({reason})") from None
+    except SchemaBehindError:
+        engine.dispose()
+        raise
+    return engine

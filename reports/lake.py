@@ -1,0 +1,354 @@
+"""The platform's analytical store: its own Postgres records as hourly Parquet files that Spark reads offline.
+
+Layout under the lake directory (`MIRUS_LAKE_DIR`):
+
+    metric_samples/hour=2026-11-22T06/part-*.parquet      per task and source topic, by the hour of `interval_end`
+    metadata_snapshots/hour=2026-11-22T06/part-0.parquet  one row per snapshot and topic, by the hour of `taken_at`
+    <table>/hour=.../_export.json                         rows written and when
+    state/{connectors,connector_routes,assignments,partition_status}.parquet   current state, replaced each export
+
+Exporting an hour that has ended replaces that hour's files, so re-running or backfilling it never duplicates
+rows. The hour still running is exported incrementally: each run appends a file with the samples written since the
+previous run (by id), so refreshing it every few minutes costs what was written since, not the whole hour. An
+hour is *sealed* when it was exported in full at least `SEAL_GRACE` after it ended (no task writes into it any
+more); `prune` deletes Postgres rows older than the retention only in sealed hours, so nothing leaves Postgres
+before it is in the lake.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from sqlalchemy import Engine, text
+
+from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load
+from replicator.configuration.masking import mask_properties
+from replicator.engine.metrics import BUCKET_LABELS, LATENCY_BUCKETS_MS
+
+HOUR = timedelta(hours=1)
+SEAL_GRACE = timedelta(minutes=5)
+PART_FILE = "part-0.parquet"  # an hour exported in full; increments are part-<first id>.parquet
+PART_GLOB = "part-*.parquet"
+MANIFEST_FILE = "_export.json"
+HOURLY_TABLES = ("metric_samples", "metadata_snapshots")
+STATE_TABLES = ("connectors", "connector_routes", "assignments", "partition_status")
+_FETCH_ROWS = 50_000
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+BUCKET_COLUMNS: tuple[str, ...] = (*(f"le_{b}" for b in LATENCY_BUCKETS_MS), "le_inf")
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "metric_samples": pa.schema([
+        ("id", pa.int64()), ("connector", pa.string()), ("task_id", pa.int32()), ("topic", pa.string()),
+        # Samples are per topic: null. Hours exported before (migration 0006) hold a row per partition, whose lags
+        # the throughput report must sum per partition; one schema reads both.
+        ("partition", pa.int32()),
+        ("destination_topic", pa.string()), ("interval_start", TIMESTAMP), ("interval_end", TIMESTAMP),
+        ("records", pa.int64()), ("bytes", pa.int64()), ("latency_min_ms", pa.int64()),
+        ("latency_max_ms", pa.int64()), ("latency_sum_ms", pa.int64()), ("latency_count", pa.int64()),
+        ("lag", pa.int64()), *((c, pa.int64()) for c in BUCKET_COLUMNS),
+    ]),
+    "metadata_snapshots": pa.schema([
+        ("snapshot_id", pa.int64()), ("connector", pa.string()), ("cluster", pa.string()), ("taken_at", TIMESTAMP),
+        ("error", pa.string()), ("topic", pa.string()), ("partitions", pa.int32()),
+    ]),
+    "connectors": pa.schema([
+        ("connector", pa.string()), ("state", pa.string()), ("version", pa.int32()), ("tasks_max", pa.int32()),
+        ("source_alias", pa.string()), ("target_alias", pa.string()), ("destination_topic_checking", pa.bool_()),
+        ("partition_matching", pa.bool_()), ("config_error", pa.string()), ("config", pa.string()),
+    ]),
+    "connector_routes": pa.schema([
+        ("connector", pa.string()), ("source_topic", pa.string()), ("destination_topic", pa.string()),
+        ("cycle", pa.bool_()),
+    ]),
+    "assignments": pa.schema([
+        ("connector", pa.string()), ("generation", pa.int64()), ("task_id", pa.int32()), ("topic", pa.string()),
+        ("partition", pa.int32()),
+    ]),
+    "partition_status": pa.schema([
+        ("connector", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("task_id", pa.int32()),
+        ("state", pa.string()), ("reason", pa.string()), ("updated_at", TIMESTAMP),
+    ]),
+}  # fmt: skip
+
+
+def hour_floor(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def hour_dir(lake: Path, table: str, hour: datetime) -> Path:
+    return lake / table / f"hour={hour_floor(hour):%Y-%m-%dT%H}"
+
+
+def state_path(lake: Path, table: str) -> Path:
+    return lake / "state" / f"{table}.parquet"
+
+
+def hourly_files(lake: Path, table: str, start: datetime, end: datetime) -> list[Path]:
+    """Parquet files of `table` for the hours overlapping [start, end)."""
+    files, hour = [], hour_floor(start)
+    while hour < end:
+        files += sorted(hour_dir(lake, table, hour).glob(PART_GLOB))
+        hour += HOUR
+    return files
+
+
+@dataclass(frozen=True)
+class HourExport:
+    hour: datetime
+    rows: dict[str, int]  # table -> rows written (hourly tables and state tables)
+    sealed: bool
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    metric_samples_deleted: int
+    snapshots_deleted: int
+    metric_samples_remaining: int
+    awaiting_export: list[str] = field(default_factory=list)  # hours past retention not sealed in the lake
+
+
+def export_hour(engine: Engine, lake: Path, hour: datetime, now: datetime | None = None) -> HourExport:
+    """Write one hour of time series and the current state tables; replaces whatever that hour held."""
+    now = now or datetime.now(UTC)
+    start = hour_floor(hour)
+    end = start + HOUR
+    configs = _connector_configs(engine)
+    manifest = _manifest(lake, "metric_samples", start)
+    after = manifest.get("max_id") if now < end and manifest else None  # the running hour: only what is new
+    samples = _metric_batches(engine, start, end, configs, after)
+    rows = {
+        "metric_samples": _write(lake, "metric_samples", start, now, samples, append_to=manifest if after else None),
+        "metadata_snapshots": _write(lake, "metadata_snapshots", start, now, _snapshot_batches(engine, start, end)),
+    }
+    for table, data in _state_tables(engine, configs).items():
+        _replace(state_path(lake, table), pa.Table.from_pylist(data, schema=SCHEMAS[table]))
+        rows[table] = len(data)
+    return HourExport(start, rows, sealed=now >= end + SEAL_GRACE)
+
+
+def _manifest(lake: Path, table: str, hour: datetime) -> dict[str, Any]:
+    path = hour_dir(lake, table, hour) / MANIFEST_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def is_sealed(lake: Path, table: str, hour: datetime) -> bool:
+    """Exported in full after the hour ended plus the grace period (an increment never seals)."""
+    full_export_at = _manifest(lake, table, hour).get("full_export_at")
+    return full_export_at is not None and datetime.fromisoformat(full_export_at) >= hour_floor(hour) + HOUR + SEAL_GRACE
+
+
+def prune(engine: Engine, lake: Path, retention: timedelta, now: datetime | None = None) -> PruneResult:
+    """Delete Postgres rows older than `retention` whose hour is sealed in the lake.
+
+    The latest snapshot of each connector and cluster is always kept: the monitor compares against it.
+    """
+    now = now or datetime.now(UTC)
+    cutoff = now - retention
+    with engine.begin() as conn:
+        old_hours = [h for (h,) in conn.execute(text(
+            "SELECT DISTINCT date_trunc('hour', interval_end AT TIME ZONE 'UTC') FROM metric_samples"
+            " WHERE interval_end < :cutoff"), {"cutoff": cutoff})]  # fmt: skip
+        sealed = [h.replace(tzinfo=UTC) for h in old_hours if is_sealed(lake, "metric_samples", h.replace(tzinfo=UTC))]
+        awaiting = sorted(f"{h:%Y-%m-%d-%H}:00" for h in old_hours if h.replace(tzinfo=UTC) not in sealed)
+        deleted = 0
+        if sealed:
+            deleted = conn.execute(text(
+                "DELETE FROM metric_samples WHERE interval_end < :cutoff"
+                " AND date_trunc('hour', interval_end AT TIME ZONE 'UTC') = ANY(:hours)"),
+                {"cutoff": cutoff, "hours": [h.replace(tzinfo=None) for h in sealed]}).rowcount  # fmt: skip
+        snapshot_hours = [h.replace(tzinfo=UTC) for (h,) in conn.execute(text(
+            "SELECT DISTINCT date_trunc('hour', taken_at AT TIME ZONE 'UTC') FROM metadata_snapshots"
+            " WHERE taken_at < :cutoff"), {"cutoff": cutoff})]  # fmt: skip
+        sealed_snapshots = [h.replace(tzinfo=None) for h in snapshot_hours if is_sealed(lake, "metadata_snapshots", h)]
+        snapshots_deleted = 0
+        if sealed_snapshots:
+            snapshots_deleted = conn.execute(text(
+                "DELETE FROM metadata_snapshots WHERE taken_at < :cutoff"
+                " AND date_trunc('hour', taken_at AT TIME ZONE 'UTC') = ANY(:hours)"
+                " AND id NOT IN (SELECT max(id) FROM metadata_snapshots GROUP BY connector, cluster)"),
+                {"cutoff": cutoff, "hours": sealed_snapshots}).rowcount  # fmt: skip
+        remaining = conn.execute(text("SELECT count(*) FROM metric_samples")).scalar_one()
+    return PruneResult(deleted, snapshots_deleted, remaining, awaiting)
+
+
+# -- reading Postgres -----------------------------------------------------------------------------------------
+
+
+def _connector_configs(engine: Engine) -> dict[str, ConnectorConfig | str]:
+    """Each connector's current configuration, or why it cannot be parsed here (e.g. an unresolvable secret)."""
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT c.name, cc.config FROM connectors c"
+            " JOIN connector_configs cc ON cc.connector = c.name AND cc.version = c.version"))  # fmt: skip
+        out: dict[str, ConnectorConfig | str] = {}
+        for name, props in rows:
+            try:
+                out[name] = load(props)
+            except ConnectorConfigError as exc:
+                out[name] = str(exc)
+        return out
+
+
+def _histogram_columns() -> str:
+    """Cumulative bucket counts out of the JSONB histogram. A bound the row lacks (written with fewer buckets)
+    takes the count of the nearest lower bound it has: still a true "at or below" count."""
+    columns = []
+    for i, label in enumerate(BUCKET_LABELS):
+        fallbacks = ", ".join(f"(latency_histogram->>'{lower}')::bigint" for lower in reversed(BUCKET_LABELS[:i]))
+        own = f"(latency_histogram->>'{label}')::bigint"
+        column = "le_inf" if label == "+Inf" else f"le_{label}"
+        columns.append(f"COALESCE({own}, {fallbacks + ', ' if fallbacks else ''}0) AS {column}")
+    return ", ".join(columns)
+
+
+def _metric_batches(
+    engine: Engine, start: datetime, end: datetime, configs: Mapping[str, ConnectorConfig | str], after: int | None
+) -> Iterator[pa.Table]:
+    """The hour's samples (those with an id above `after`, if given) as Arrow tables, built column by column."""
+    query = text(
+        "SELECT id, connector, task_id, topic, NULL::integer AS partition, interval_start, interval_end, records,"
+        " bytes, latency_min_ms, latency_max_ms, latency_sum_ms, latency_count, lag, " + _histogram_columns() +
+        " FROM metric_samples WHERE interval_end >= :start AND interval_end < :end AND id > :after ORDER BY id"
+    )  # fmt: skip
+    destination: dict[tuple[str, str], str | None] = {}
+
+    def destination_of(connector: str, topic: str) -> str | None:
+        key = (connector, topic)
+        if key not in destination:
+            config = configs.get(connector)
+            destination[key] = config.namer.destination_topic(topic) if isinstance(config, ConnectorConfig) else None
+        return destination[key]
+
+    schema = SCHEMAS["metric_samples"]
+    with engine.connect().execution_options(stream_results=True) as conn:
+        result = conn.execute(query, {"start": start, "end": end, "after": after or 0})
+        names = list(result.keys())
+        while chunk := result.fetchmany(_FETCH_ROWS):
+            columns = dict(zip(names, zip(*chunk, strict=True), strict=True))
+            columns["destination_topic"] = tuple(map(destination_of, columns["connector"], columns["topic"]))
+            yield pa.table([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
+
+
+def _snapshot_batches(engine: Engine, start: datetime, end: datetime) -> Iterator[pa.Table]:
+    # A snapshot without topics (a metadata error) keeps one row with a null topic so its error is not lost.
+    query = text(
+        "SELECT s.id AS snapshot_id, s.connector, s.cluster, s.taken_at, s.error, t.key AS topic,"
+        " t.value::int AS partitions FROM metadata_snapshots s"
+        " LEFT JOIN LATERAL jsonb_each_text(s.topics) t ON true"
+        " WHERE s.taken_at >= :start AND s.taken_at < :end ORDER BY s.id"
+    )
+    with engine.connect().execution_options(stream_results=True) as conn:
+        result = conn.execute(query, {"start": start, "end": end})
+        while chunk := result.mappings().fetchmany(_FETCH_ROWS):
+            yield pa.Table.from_pylist([dict(r) for r in chunk], schema=SCHEMAS["metadata_snapshots"])
+
+
+def _state_tables(engine: Engine, configs: Mapping[str, ConnectorConfig | str]) -> dict[str, list[dict[str, Any]]]:
+    with engine.connect() as conn:
+        connectors = conn.execute(text(
+            "SELECT c.name, c.state, c.version, c.tasks_max, cc.config FROM connectors c"
+            " JOIN connector_configs cc ON cc.connector = c.name AND cc.version = c.version ORDER BY c.name"
+        )).all()  # fmt: skip
+        seen_topics = conn.execute(text(
+            "SELECT DISTINCT connector, jsonb_object_keys(topics) FROM metadata_snapshots"
+            " WHERE cluster = 'source' AND connector IS NOT NULL"
+        )).all()  # fmt: skip
+        assignments = conn.execute(text(
+            "SELECT a.connector, a.generation, a.task_id, p->>0 AS topic, (p->>1)::int AS partition"
+            " FROM assignments a JOIN connectors c ON c.name = a.connector AND c.assignment_generation = a.generation"
+            " CROSS JOIN LATERAL jsonb_array_elements(a.partitions) p"
+        )).mappings().all()  # fmt: skip
+        statuses = conn.execute(text(
+            "SELECT connector, topic, partition, task_id, state, reason, updated_at FROM partition_status"
+        )).mappings().all()  # fmt: skip
+    connector_rows = []
+    for name, state, version, tasks_max, props in connectors:
+        config = configs.get(name)
+        parsed = config if isinstance(config, ConnectorConfig) else None
+        connector_rows.append({
+            "connector": name, "state": state, "version": version, "tasks_max": tasks_max,
+            "source_alias": parsed.source_alias if parsed else None,
+            "target_alias": parsed.target_alias if parsed else None,
+            "destination_topic_checking": parsed.destination_topic_checking if parsed else None,
+            "partition_matching": parsed.partition_matching if parsed else None,
+            "config_error": None if parsed else str(config), "config": json.dumps(mask_properties(props)),
+        })  # fmt: skip
+    routes = []
+    for name, topic in sorted(seen_topics):
+        config = configs.get(name)
+        if isinstance(config, ConnectorConfig) and config.selector.matches(topic):
+            routes.append({"connector": name, "source_topic": topic,
+                           "destination_topic": config.namer.destination_topic(topic),
+                           "cycle": config.namer.is_cycle(topic)})  # fmt: skip
+    return {
+        "connectors": connector_rows,
+        "connector_routes": routes,
+        "assignments": [dict(r) for r in assignments],
+        "partition_status": [dict(r) for r in statuses],
+    }
+
+
+# -- writing Parquet ------------------------------------------------------------------------------------------
+
+
+def _write(
+    lake: Path,
+    table: str,
+    hour: datetime,
+    now: datetime,
+    batches: Iterator[pa.Table],
+    append_to: dict[str, Any] | None = None,
+) -> int:
+    """Write the hour's rows to a temporary file and swap it in, then the manifest; returns the hour's row count.
+
+    `append_to` (the hour's manifest) adds a file of new rows instead of replacing the hour's files.
+    """
+    directory = hour_dir(lake, table, hour)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{PART_FILE}.tmp"
+    rows, first_id, max_id = 0, None, None
+    writer: pq.ParquetWriter | None = None
+    try:
+        for batch in batches:
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, SCHEMAS[table])
+            writer.write_table(batch)
+            rows += batch.num_rows
+            if "id" in batch.column_names and batch.num_rows:
+                first_id = batch["id"][0].as_py() if first_id is None else first_id
+                max_id = batch["id"][-1].as_py()
+    finally:
+        if writer is not None:
+            writer.close()
+    if append_to is not None:
+        if writer is not None:
+            os.replace(tmp, directory / f"part-{first_id}.parquet")
+        manifest = {**append_to, "rows": append_to["rows"] + rows, "max_id": max_id or append_to["max_id"]}
+    else:
+        stale = [p for p in directory.glob(PART_GLOB) if p.name != PART_FILE]
+        if writer is None:
+            (directory / PART_FILE).unlink(missing_ok=True)  # an hour that is empty now holds no rows
+        else:
+            os.replace(tmp, directory / PART_FILE)
+        for path in stale:  # increments are inside the full export now
+            path.unlink()
+        manifest = {"table": table, "hour": f"{hour:%Y-%m-%dT%H}", "rows": rows, "max_id": max_id or 0,
+                    "full_export_at": now.isoformat()}  # fmt: skip
+    (directory / MANIFEST_FILE).write_text(json.dumps({**manifest, "exported_at": now.isoformat()}))
+    return manifest["rows"]
+
+
+def _replace(path: Path, table: pa.Table) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
