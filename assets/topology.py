@@ -1,6 +1,8 @@
 """The estate's map around the flows: the topics each connector selects on its source cluster and the topics it
 writes on its destination cluster (one row per connector; topics listed inside)."""
 
+from dataclasses import dataclass, field
+
 import dagster as dg
 
 from mirus_dagster.constants import (
@@ -24,14 +26,29 @@ def _listed(topics: list[str]) -> str:
     return shown + (f" … (+{len(topics) - LISTED_TOPICS})" if len(topics) > LISTED_TOPICS else "")
 
 
-def topology_rows(store: Store) -> list[dict[str, object]]:
+@dataclass(frozen=True)
+class Topology:
+    """One connector's topics on both sides (or why its config could not be read)."""
+
+    connector: str
+    error: str | None = None
+    source_cluster: str = ""
+    target_cluster: str = ""
+    source_topics: list[str] = field(default_factory=list)
+    source_partitions: int = 0
+    destination_topics: list[str] = field(default_factory=list)
+    destination_partitions: int = 0
+    missing_topics: list[str] = field(default_factory=list)
+
+
+def topology_rows(store: Store) -> list[Topology]:
     """Per connector: clusters, selected source topics and their destination topics, with partition counts."""
     rows = []
     for record in store.list_connectors():
         try:
             config = load(record.properties)
         except ConnectorConfigError as exc:
-            rows.append({"connector": record.name, "error": str(exc)})
+            rows.append(Topology(record.name, error=str(exc)))
             continue
         source_snapshot = store.latest_snapshot(record.name, "source")
         destination_snapshot = store.latest_snapshot(record.name, "destination")
@@ -39,31 +56,31 @@ def topology_rows(store: Store) -> list[dict[str, object]]:
         destination = destination_snapshot.topics if destination_snapshot else {}
         selected = [t for t in config.selector.select(source) if not config.namer.is_cycle(t)]
         targets = sorted({config.namer.destination_topic(t) for t in selected})
-        rows.append({
-            "connector": record.name, "source_cluster": config.source_alias, "target_cluster": config.target_alias,
-            "source_topics": selected, "source_partitions": sum(source[t] for t in selected),
-            "destination_topics": targets, "destination_partitions": sum(destination.get(t, 0) for t in targets),
-            "missing_topics": [t for t in targets if t not in destination],
-        })  # fmt: skip
+        rows.append(Topology(
+            record.name, source_cluster=config.source_alias, target_cluster=config.target_alias,
+            source_topics=selected, source_partitions=sum(source[t] for t in selected),
+            destination_topics=targets, destination_partitions=sum(destination.get(t, 0) for t in targets),
+            missing_topics=[t for t in targets if t not in destination],
+        ))  # fmt: skip
     return rows
 
 
-def _table(rows: list[dict[str, object]], side: str) -> str:
+def _table(rows: list[Topology], side: str) -> str:
     if side == "source":
         lines = ["| connector | source cluster | topics | partitions | selected topics |", "|---|---|---|---|---|"]
     else:
         lines = ["| connector | destination cluster | topics | partitions | missing topics | destination topics |",
                  "|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['connector']} | configuration error: {r['error']} |")
+        if r.error is not None:
+            lines.append(f"| {r.connector} | configuration error: {r.error} |")
         elif side == "source":
-            lines.append(f"| {r['connector']} | {r['source_cluster']} | {len(r['source_topics'])} "  # type: ignore[arg-type]
-                         f"| {r['source_partitions']} | {_listed(r['source_topics'])} |")  # type: ignore[arg-type]  # fmt: skip
+            lines.append(f"| {r.connector} | {r.source_cluster} | {len(r.source_topics)} | {r.source_partitions} "
+                         f"| {_listed(r.source_topics)} |")  # fmt: skip
         else:
-            lines.append(f"| {r['connector']} | {r['target_cluster']} | {len(r['destination_topics'])} "  # type: ignore[arg-type]
-                         f"| {r['destination_partitions']} | {_listed(r['missing_topics']) or '—'} "  # type: ignore[arg-type]
-                         f"| {_listed(r['destination_topics'])} |")  # type: ignore[arg-type]  # fmt: skip
+            lines.append(f"| {r.connector} | {r.target_cluster} | {len(r.destination_topics)} "
+                         f"| {r.destination_partitions} | {_listed(r.missing_topics) or '—'} "
+                         f"| {_listed(r.destination_topics)} |")  # fmt: skip
     return "\n".join(lines) if rows else "No connectors."
 
 
@@ -77,7 +94,7 @@ def source_topics(platform: PlatformDatabase) -> dg.MaterializeResult:
     rows = topology_rows(platform.store())
     return dg.MaterializeResult(metadata={
         "connectors": dg.MetadataValue.md(_table(rows, "source")),
-        "topics": sum(len(r.get("source_topics", [])) for r in rows),  # type: ignore[arg-type]
+        "topics": sum(len(r.source_topics) for r in rows),
     })  # fmt: skip
 
 
@@ -91,6 +108,6 @@ def destination_topics(platform: PlatformDatabase) -> dg.MaterializeResult:
     rows = topology_rows(platform.store())
     return dg.MaterializeResult(metadata={
         "connectors": dg.MetadataValue.md(_table(rows, "destination")),
-        "topics": sum(len(r.get("destination_topics", [])) for r in rows),  # type: ignore[arg-type]
-        "missing topics": sum(len(r.get("missing_topics", [])) for r in rows),  # type: ignore[arg-type]
+        "topics": sum(len(r.destination_topics) for r in rows),
+        "missing topics": sum(len(r.missing_topics) for r in rows),
     })  # fmt: skip

@@ -27,7 +27,6 @@ from mirus_dagster.constants import (
 from mirus_dagster.settings import PlatformSettings
 
 DEFAULT_SPARK_MASTER = "local[*]"
-DEFAULT_REPORT_CRON = "*/15 * * * *"
 
 
 def spark_config(master: str) -> dict[str, Any]:

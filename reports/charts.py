@@ -63,6 +63,7 @@ def latency_chart(rows: Sequence[Mapping[str, object]]) -> bytes:
     times = [r["time"] for r in rows]
     for column, label, style in (("max_ms", "max", ":"), ("p99_ms", "p99", "-"), ("p95_ms", "p95", "-"),
                                  ("p50_ms", "p50", "-")):  # fmt: skip
+        # matplotlib's stubs want floats for x; it plots datetimes.
         ax.plot(times, [max(float(r[column]), 1.0) for r in rows], style, marker=".", label=label)  # type: ignore[arg-type]
     ax.set_yscale("log")
     low, high = ax.get_ylim()

@@ -38,7 +38,6 @@ SEAL_GRACE = timedelta(minutes=5)
 PART_FILE = "part-0.parquet"  # an hour exported in full; increments are part-<first id>.parquet
 PART_GLOB = "part-*.parquet"
 MANIFEST_FILE = "_export.json"
-HOURLY_TABLES = ("metric_samples", "metadata_snapshots")
 STATE_TABLES = ("connectors", "connector_routes", "assignments", "partition_status")
 _FETCH_ROWS = 50_000
 

@@ -153,6 +153,32 @@ def test_clean_stop_resumes_from_exactly_the_committed_offsets(
     assert sum(_committed(store, unique).values()) == 300
 
 
+def test_the_lease_heartbeats_every_heartbeat_interval_between_commits_further_apart(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    # Commits every 60 s would leave the lease silent past task.lease.timeout.ms: a standby would fence a live task.
+    create_topics(stack.source_bootstrap_servers, {unique: 1})
+    create_topics(stack.destination_bootstrap_servers, {unique: 1})
+    properties = connector_properties(stack, unique, **{
+        "topics.whitelist": unique, "offset.flush.interval.ms": "60000", "task.heartbeat.interval.ms": "200",
+        "task.lease.timeout.ms": "1000",
+    })  # fmt: skip
+    create_connector(store, properties, {0: [(unique, 0)]})
+    task = TaskThread.start(store, unique)
+    try:
+        wait_for(lambda: store.lease_of(unique, 0) is not None, timeout=60, what="the task claiming its lease")
+        seen = set()
+        wait_for(lambda: seen.add(store.lease_of(unique, 0).heartbeat_at) or len(seen) >= 5, timeout=10,
+                 what="five heartbeats within ten seconds")  # fmt: skip
+        produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"v"}])
+        consume_all(stack.destination_bootstrap_servers, unique, 1, expected=1)
+        assert sum(_committed(store, unique).values()) == 0, "heartbeats store no offsets: the next commit is 60 s away"
+        assert task.thread is not None and task.thread.is_alive()
+    finally:
+        task.finish()
+    assert sum(_committed(store, unique).values()) == 1  # the final commit
+
+
 def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_record(
     stack: StackEndpoints, store: Store, unique: str
 ) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import click
 
-from mirus_dagster.faults.harness import ALL_FAULTS, EMBEDDED_FAULTS, FaultPlan, FaultRun
+from mirus_dagster.faults.harness import ALL_FAULTS, EMBEDDED_FAULTS, FaultKind, FaultPlan, FaultRun
 
 
 @click.group()
@@ -54,7 +55,7 @@ def run(
     try:
         plan = FaultPlan(
             duration_s=duration, rate=rate, partitions=partitions, tasks=tasks, apache_kafka=apache_kafka,
-            faults=chosen or (ALL_FAULTS if apache_kafka else EMBEDDED_FAULTS),  # type: ignore[arg-type]
+            faults=cast(tuple[FaultKind, ...], chosen) or (ALL_FAULTS if apache_kafka else EMBEDDED_FAULTS),
             seed=seed, work_dir=work_dir, exactly_once=exactly_once,
         )  # fmt: skip
     except ValueError as exc:

@@ -114,7 +114,7 @@ class KillCheck:
 
 @dataclass
 class FaultReport:
-    plan: dict[str, object]
+    plan: FaultPlan
     produced: int
     load_seconds: float
     events: list[FaultEvent]
@@ -136,13 +136,13 @@ class FaultReport:
             and self.verify.totals["source_records"] == self.produced
             and self.verify.totals["elsewhere"] == 0  # partition matching: each partition keeps its number
             and all(k.within_bound for k in self.kills)
-            and (not self.plan["exactly_once"] or self.duplicates == 0)
+            and (not self.plan.exactly_once or self.duplicates == 0)
         )
 
     def to_json(self) -> dict[str, object]:
         return {
             "ok": self.ok,
-            "plan": self.plan,
+            "plan": {**asdict(self.plan), "work_dir": str(self.plan.work_dir) if self.plan.work_dir else None},
             "produced": self.produced,
             "load_seconds": round(self.load_seconds, 1),
             "events": [asdict(e) for e in self.events],
@@ -161,7 +161,7 @@ class FaultReport:
         rate = self.produced / self.load_seconds if self.load_seconds else 0.0
         lines = [
             f"load: {self.produced:,} records in {self.load_seconds:.0f} s ({rate:,.0f}/s) over "
-            f"{self.plan['partitions']} partitions, {self.plan['tasks']} task processes",
+            f"{self.plan.partitions} partitions, {self.plan.tasks} task processes",
             "faults: " + (", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) or "none"),
             f"task process restarts: {self.task_restarts}",
             f"drained: {'yes' if self.drained else 'NO'} ({self.drain_seconds:.1f} s after the load stopped)",
@@ -169,13 +169,13 @@ class FaultReport:
             f"{t['missing']} missing, {t['out_of_order']} out of order, {t['mismatched']} changed, "
             f"{t['duplicated']:,} duplicated ({100 * t['duplicated'] / max(t['source_records'], 1):.2f} %), "
             f"{t['elsewhere']} in another partition",
-            f"mode: {'exactly-once (read_committed reader)' if self.plan['exactly_once'] else 'at-least-once'}",
+            f"mode: {'exactly-once (read_committed reader)' if self.plan.exactly_once else 'at-least-once'}",
         ]
         if self.kills:
             resent = sum(k.resent for k in self.kills)
             bound = sum(k.uncommitted for k in self.kills)
             worst = max(self.kills, key=lambda k: k.resent)
-            per_task_rate = rate / int(self.plan["tasks"]) if rate else 0.0  # type: ignore[call-overload]
+            per_task_rate = rate / self.plan.tasks if rate else 0.0
             seconds = f" ≈ {worst.resent / per_task_rate:.2f} s of that task's traffic" if per_task_rate else ""
             lines.append(
                 f"kills: {len(self.kills)}; re-sent after kills {resent:,} (bound {bound:,}); "
@@ -250,21 +250,29 @@ class Load:
                 due -= 1
                 i = self.sent
                 self._produce(
-                    partition=i % self.partitions,
-                    key=None if i % 7 == 0 else b"key-%d" % i,
-                    value=None if i % 11 == 0 else b"value-%d-" % i + b"x" * 80,
-                    headers=[("trace", b"%d" % i), ("trace", b"again"), ("empty", None)],
-                    timestamp=int(time.time() * 1000) - THIRTY_DAYS_MS,
+                    i % self.partitions,
+                    None if i % 7 == 0 else b"key-%d" % i,
+                    None if i % 11 == 0 else b"value-%d-" % i + b"x" * 80,
+                    [("trace", b"%d" % i), ("trace", b"again"), ("empty", None)],
+                    int(time.time() * 1000) - THIRTY_DAYS_MS,
                 )
                 self.sent += 1
             self._producer.poll(0)
             next_tick += tick
             self._stop.wait(max(0.0, next_tick - time.monotonic()))
 
-    def _produce(self, **record: object) -> None:
+    def _produce(
+        self,
+        partition: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]],
+        timestamp: int,
+    ) -> None:
         while True:
             try:
-                self._producer.produce(self.topic, on_delivery=self._delivered, **record)  # type: ignore[arg-type]
+                self._producer.produce(self.topic, value, key, partition, on_delivery=self._delivered,
+                                       timestamp=timestamp, headers=headers)  # fmt: skip
                 return
             except BufferError:
                 self._producer.poll(0.05)
@@ -482,7 +490,7 @@ class FaultRun:
         )
         _attribute_replays(kills, report, self.topic)
         result = FaultReport(
-            plan={**asdict(self.plan), "work_dir": str(self.plan.work_dir) if self.plan.work_dir else None},
+            plan=self.plan,
             produced=load.produced,
             load_seconds=load.stopped - load.started,
             events=events,

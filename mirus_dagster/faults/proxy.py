@@ -14,6 +14,7 @@ import contextlib
 import selectors
 import socket
 import threading
+from typing import cast
 
 BUFFER = 256 * 1024
 
@@ -77,7 +78,7 @@ class TcpProxy:
             events = self._selector.select(timeout=0.2)
             with self._lock:
                 for key, _mask in events:
-                    sock: socket.socket = key.fileobj  # type: ignore[assignment]
+                    sock = cast(socket.socket, key.fileobj)  # registered as sockets only
                     if sock is self._listener:
                         self._accept()
                     elif sock in self._peers:

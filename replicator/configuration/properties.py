@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from replicator.configuration.masking import is_secret_property
+
 
 class Kind(StrEnum):
     """A property's type, as Kafka's ConfigDef names them. Values may be JSON strings, numbers or booleans."""
@@ -69,7 +71,7 @@ class PropertySpec:
     `field`: the `ConnectorConfig` attribute the generic reader sets from it (None for rows read by a `part`, or
     checked only). `client` / `setting`: the property is that librdkafka setting of that client. `choices` /
     `pattern` restrict a STRING, described to users by `expected`. `required`: an absent or empty value is an
-    error. `secret`: the value is never shown (must agree with the masking rule).
+    error. Which values are secret is the masking rule's to say (`replicator.configuration.masking`).
     """
 
     name: str
@@ -84,7 +86,6 @@ class PropertySpec:
     expected: str = ""
     required: bool = False
     aliases: tuple[str, ...] = ()
-    secret: bool = False
     part: Part | None = None
     client: Client | None = None
     setting: str = ""
@@ -189,7 +190,9 @@ PROPERTIES: tuple[PropertySpec, ...] = (
                  "destination without transactions fails the task with the broker's error. `disabled`: "
                  "at-least-once.", default="disabled", field="exactly_once_support",
                  choices=frozenset({"disabled", "requested", "required"}), expected="disabled, requested or required"),
-    PropertySpec("task.heartbeat.interval.ms", _I, "How often a task proves it is alive.", default=2000,
+    PropertySpec("task.heartbeat.interval.ms", _I, "How often a task proves it is alive: every offset commit "
+                 "heartbeats its lease, and when commits are further apart (offset.flush.interval.ms) a heartbeat "
+                 "alone is written this often.", default=2000,
                  field="heartbeat_interval_ms", minimum=100),
     PropertySpec("task.lease.timeout.ms", _I, "A task silent this long is replaced and its partitions may be "
                  "taken over; must be greater than 2 x task.heartbeat.interval.ms.", default=30000,
@@ -300,7 +303,7 @@ def properties_markdown() -> str:
         reader = spec.part or spec.client
         doc = spec.doc + (f" ({reader.value})" if reader else "")
         lines.append(f"| {name} | {spec.kind.value} | {_default(spec)} | {_values(spec)} | "
-                     f"{'yes' if spec.secret else 'no'} | {doc} |")  # fmt: skip
+                     f"{'yes' if is_secret_property(spec.name) else 'no'} | {doc} |")  # fmt: skip
     lines += [
         "",
         "## Client settings",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -271,7 +272,7 @@ class KafkaMonitor:
             return last is None or now - last >= timedelta(seconds=interval_s)
 
         def problems(kind: str, found: Mapping[str, str]) -> dict[str, str]:
-            current = dict(updates.get("problems") or flow.problems)  # type: ignore[call-overload]
+            current = dict(cast(Mapping[str, str], updates.get("problems") or flow.problems))
             kept = {k: v for k, v in current.items() if not k.startswith(f"{kind} ")}
             return {**kept, **{f"{kind} {name}": reason for name, reason in found.items()}}
 

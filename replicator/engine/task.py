@@ -389,6 +389,7 @@ class ReplicationTask:
         destination, origin_header, source = self.destination_cluster, self.origin_header, provenance.SOURCE
         # The record seen and not yet produced: it, its partition, offset, outgoing headers and timestamp.
         held: Message | None = None
+        # Read only while `held` is set: an Optional would cost a check per record.
         hstate: PartitionState = None  # type: ignore[assignment]
         hoffset = hts = 0
         hheaders: Any = None
@@ -716,6 +717,11 @@ class ReplicationTask:
                     f"no offset commit succeeded for {now - self.last_commit_ok:.0f}s while "
                     "records were being replicated (commit.failure.restart.ms)"
                 )
+        elif self.commit_in_flight is None and now - self.commit_started >= self.config.heartbeat_interval_ms / 1000:
+            # Every commit heartbeats the lease; between commits further apart than task.heartbeat.interval.ms, a
+            # heartbeat alone keeps a standby from taking a live task over once task.lease.timeout.ms has passed.
+            self.commit_started = now
+            self.commit_in_flight = (self.background.submit(self.store.commit, self.lease, {}), {})
         if self.transactions is not None and (self.transaction_due or self.abort_reason is not None):
             self._end_transaction()
             if self.commit_in_flight is None and self._committable():
