@@ -30,8 +30,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mirus.local.stack import LocalStack  # noqa: E402
 from mirus_dagster.settings import PlatformSettings  # noqa: E402
-from mirus_dagster.stack import LocalStack  # noqa: E402
 from replicator.configuration.connector import validate_submission  # noqa: E402
 from replicator.state.database import make_engine, upgrade  # noqa: E402
 from replicator.state.store import Store  # noqa: E402
@@ -40,7 +40,7 @@ from replicator.state.store import Store  # noqa: E402
 SOURCE = os.environ.get("MIRUS_SOURCE_BOOTSTRAP_SERVERS", "127.0.0.1:39092")
 DESTINATION = os.environ.get("MIRUS_DESTINATION_BOOTSTRAP_SERVERS", "127.0.0.1:49092")
 KIT = Path(os.environ.get("MIRUS_KAFKA_KIT", "/work/shared/apache-kafka"))
-MIRUS = [sys.executable, "-c", "from mirus_dagster.cli import main; main()"]
+MIRUS = [sys.executable, "-c", "from mirus.cli.main import main; main()"]
 
 
 @dataclass

@@ -25,8 +25,8 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from mirus.local.stack import LocalStack
 from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import Store
 
@@ -58,7 +58,7 @@ def main() -> None:
             upgrade(engine)
             store = Store(engine)
             env = {**os.environ, **endpoints.as_env(), "MIRUS_STATE_DIR": state}
-            argv = [sys.executable, "-m", "mirus_dagster.cli", "api", "--port", str(api_port)]
+            argv = [sys.executable, "-m", "mirus.cli.main", "api", "--port", str(api_port)]
             api = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             url = f"http://127.0.0.1:{api_port}"
             deadline = time.monotonic() + 60

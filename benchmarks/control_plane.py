@@ -29,8 +29,8 @@ from sqlalchemy import text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack, StackEndpoints
+from mirus.local.stack import LocalStack
+from mirus_dagster.settings import PlatformSettings, StackEndpoints
 from replicator.configuration.connector import ConnectorConfig, validate_submission
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.engine.metrics import BUCKET_LABELS

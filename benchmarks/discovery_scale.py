@@ -97,7 +97,7 @@ class Rounds:
 
 def task_process(database_url: str, connector: str, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, ENV_DATABASE_URL: database_url}
-    argv = [sys.executable, "-c", "from mirus_dagster.cli import main; main()", "task", "run", connector, "0"]
+    argv = [sys.executable, "-c", "from mirus.cli.main import main; main()", "task", "run", connector, "0"]
     return subprocess.Popen(argv, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
 
 

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from apache_kafka import load, naive_copy
 
+from mirus.local.stack import LocalStack
 from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack
 from replicator.configuration.connector import validate_submission
 from replicator.engine.task import ReplicationTask
 from replicator.state.database import make_engine, upgrade

@@ -5,7 +5,7 @@
 Starts a private embedded stack on ports 29192/29193/25532 (or MIRUS_SOURCE_PORT / MIRUS_DESTINATION_PORT /
 MIRUS_POSTGRES_PORT; or uses MIRUS_SOURCE_BOOTSTRAP_SERVERS / MIRUS_DESTINATION_BOOTSTRAP_SERVERS /
 MIRUS_DATABASE_URL) and `dagster dev` on the code location (the helper in
-mirus_dagster/devserver.py), adds one connector through the GraphQL API with default settings (`topics.regex` only),
+mirus/local/devserver.py), adds one connector through the GraphQL API with default settings (`topics.regex` only),
 and measures:
 
 (a) new topic → first copy: the destination topic is created, then the clock starts, the source topic matching
@@ -36,6 +36,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from mirus.local.devserver import DagsterDev, RunInfo, dagster_dev
+from mirus.local.stack import LocalStack
 from mirus_dagster.constants import (
     ENV_REPORT_SCHEDULE,
     PUT_CONNECTOR_JOB,
@@ -45,9 +47,7 @@ from mirus_dagster.constants import (
     TAG_TASK,
     WATCHER_JOB,
 )
-from mirus_dagster.devserver import DagsterDev, RunInfo, dagster_dev
-from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack, StackEndpoints
+from mirus_dagster.settings import PlatformSettings, StackEndpoints
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import Store
 from replicator.topics import provenance

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
+from mirus.local.stack import LocalStack, free_port
 from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack, free_port
 from replicator.engine.metrics import TopicCounters
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import MetricInterval, MetricRow, Store

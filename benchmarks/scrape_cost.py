@@ -23,9 +23,9 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
-from mirus_dagster.metrics_exporter import StoreCollector
+from mirus.api.metrics import StoreCollector
+from mirus.local.stack import LocalStack, free_port
 from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack, free_port
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import Store
 

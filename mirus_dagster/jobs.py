@@ -3,7 +3,7 @@ jobs.
 
 Administration jobs run the submission checks before anything is stored; a rejected config fails the run with
 every problem listed and leaves the store as it was. They record the `connectors` asset with the function they
-are built with (`build_admin_jobs`), so this module never imports `assets/`.
+are built with (`build_admin_jobs`), so this module never imports `mirus_dagster/assets/`.
 """
 
 import os
@@ -30,11 +30,9 @@ from mirus_dagster.constants import (
     admin_job_name,
     admin_op_name,
 )
-from mirus_dagster.demo import example_connector
 from mirus_dagster.resources import PlatformDatabase
 from mirus_dagster.run_history import scrub_run_config
-from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack
+from mirus_dagster.settings import PlatformSettings, example_connector
 from replicator.configuration import connectors
 from replicator.configuration.connector import ConnectorConfigError
 from replicator.configuration.masking import literal_secrets
@@ -46,9 +44,9 @@ from replicator.state.store import Store, UnknownConnectorError
 
 ConnectorsEvent = Callable[[Store, str, dg.DagsterInstance], dg.AssetMaterialization]
 """Builds the `connectors` asset's materialization from the store and the instance's runs, with a reason
-(assets/connectors.py)."""
+(mirus_dagster/assets/connectors.py)."""
 FlowEvent = Callable[[str, MonitorResult], dg.AssetMaterialization]
-"""Builds a connector's `replication_flows` materialization from a new assignment (assets/flows.py)."""
+"""Builds a connector's `replication_flows` materialization from a new assignment (mirus_dagster/assets/flows.py)."""
 
 # -- the replicator --------------------------------------------------------------------------------------
 
@@ -138,7 +136,7 @@ def build_watcher_job(flow_event: FlowEvent) -> dg.JobDefinition:
 class PutConnectorConfig(dg.Config):
     properties: dict[str, Any | None] = Field(
         # The launchpad opens with this: an example that runs as is on the clusters of `mirus dev`.
-        default=example_connector(LocalStack(PlatformSettings.from_env()).endpoints),
+        default=example_connector(PlatformSettings.from_env().endpoints()),
         description=(
             "Connector properties exactly as for Kafka Connect (PUT /connectors/{name}/config): Mirus names "
             "(name, tasks.max, topics.whitelist, topics.regex, destination.topic.name.suffix, consumer.*, "

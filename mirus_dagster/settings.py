@@ -1,11 +1,14 @@
-"""Where the platform finds its clusters and database, read from the environment.
+"""Where the platform finds its clusters and database, read from the environment, and the example connector that
+works on them.
 
-Every variable is optional: unset parts are provided by the embedded local stack.
+Every variable is optional: unset parts are provided by the embedded local stack (`mirus/local/stack.py`), at the
+endpoints resolved here.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -19,6 +22,33 @@ from mirus_dagster.constants import (
     ENV_SOURCE_PORT,
     ENV_STATE_DIR,
 )
+
+POSTGRES_DATABASE = "mirus"
+# The launchpad's and README's example connector: its topics exist on the demo clusters, no connector uses them.
+EXAMPLE_CONNECTOR = "payments-dr"
+EXAMPLE_TOPIC = "payments"
+
+
+@dataclass(frozen=True)
+class StackEndpoints:
+    source_bootstrap_servers: str
+    destination_bootstrap_servers: str
+    database_url: str
+
+    def describe(self) -> str:
+        return (
+            f"source bootstrap servers:      {self.source_bootstrap_servers}\n"
+            f"destination bootstrap servers: {self.destination_bootstrap_servers}\n"
+            f"database url:                  {self.database_url}"
+        )
+
+    def as_env(self) -> dict[str, str]:
+        """Environment that points every platform process at this stack."""
+        return {
+            ENV_SOURCE_BOOTSTRAP: self.source_bootstrap_servers,
+            ENV_DESTINATION_BOOTSTRAP: self.destination_bootstrap_servers,
+            ENV_DATABASE_URL: self.database_url,
+        }
 
 
 class PlatformSettings(BaseModel):
@@ -57,3 +87,24 @@ class PlatformSettings(BaseModel):
             if env.get(var):
                 values[field] = env[var]
         return cls.model_validate(values)
+
+    def endpoints(self) -> StackEndpoints:
+        """The clusters and database: the external ones configured, the embedded local stack's for the rest."""
+        return StackEndpoints(
+            source_bootstrap_servers=self.source_bootstrap_servers or f"127.0.0.1:{self.source_port}",
+            destination_bootstrap_servers=self.destination_bootstrap_servers or f"127.0.0.1:{self.destination_port}",
+            database_url=self.database_url
+            or f"postgresql+psycopg2://postgres@127.0.0.1:{self.postgres_port}/{POSTGRES_DATABASE}",
+        )
+
+
+def example_connector(endpoints: StackEndpoints) -> dict[str, object]:
+    """A connector that works as is on the demo clusters: what `put_connector`'s launchpad starts from."""
+    return {
+        "name": EXAMPLE_CONNECTOR,
+        "tasks.max": 2,
+        "topics.whitelist": EXAMPLE_TOPIC,
+        "destination.topic.name.suffix": ".dr",
+        "consumer.bootstrap.servers": endpoints.source_bootstrap_servers,
+        "destination.consumer.bootstrap.servers": endpoints.destination_bootstrap_servers,
+    }

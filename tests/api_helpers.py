@@ -8,8 +8,8 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from mirus_dagster.api.app import create_app
-from mirus_dagster.api.auth import ApiSettings
+from mirus.api.app import create_app
+from mirus.api.auth import ApiSettings
 from replicator.state.store import Store
 
 from .conftest import free_port

@@ -27,11 +27,11 @@ import pytest
 from pyspark.sql import SparkSession
 from sqlalchemy import Engine
 
-from mirus_dagster.faults.brokers import KafkaKit
+from mirus.faults.brokers import KafkaKit
+from mirus.local.stack import LocalStack, free_port
 from mirus_dagster.reporting import spark_config
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
-from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack, StackEndpoints, free_port
+from mirus_dagster.settings import PlatformSettings, StackEndpoints
 from replicator.configuration.secrets import ENV_ALLOWED_ENV
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import Store

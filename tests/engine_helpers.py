@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.assignment import SourcePartition
 from replicator.configuration.connector import ConnectorConfig, validate_submission
 from replicator.engine.metrics import TopicCounters

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg2
 from sqlalchemy.engine import make_url
 
-from mirus_dagster.stack import free_port, log_tail
+from mirus.local.stack import free_port, log_tail
 from tests.debian import ensure_debian_packages
 from tests.kafka_helpers import wait_for
 

@@ -14,8 +14,8 @@ from click.testing import CliRunner, Result
 from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy import Engine
 
-from mirus_dagster.cli import main
-from mirus_dagster.stack import StackEndpoints
+from mirus.cli.main import main
+from mirus_dagster.settings import StackEndpoints
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.engine.task import TaskExit
 from replicator.state.store import Store
@@ -178,7 +178,7 @@ def test_import_group_seeds_offsets_from_a_mirrormaker_consumer_group(
 def test_mirus_api_runs_on_its_own_with_host_and_port(stack: StackEndpoints, db_engine: Engine, tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, **stack.as_env(), "MIRUS_STATE_DIR": str(tmp_path), "MIRUS_API_HOST": "127.0.0.1"}
-    proc = subprocess.Popen([sys.executable, "-m", "mirus_dagster.cli", "api", "--port", str(port)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "mirus.cli.main", "api", "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         wait_for(lambda: _answers(f"http://127.0.0.1:{port}/"), timeout=60, what="mirus api to answer")

@@ -12,10 +12,10 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
-from mirus_dagster.api.auth import ApiSettings
+from mirus.api.auth import ApiSettings
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET
 from mirus_dagster.definitions import kafka_monitor
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.secrets import ENV_ALLOWED_PATHS
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.engine.task import TaskExit

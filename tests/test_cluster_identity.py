@@ -3,7 +3,7 @@ loop, and provenance headers name the source cluster by id."""
 
 from __future__ import annotations
 
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.state.store import Store
 from replicator.topics import provenance
 

@@ -17,12 +17,12 @@ import requests
 from click.testing import CliRunner
 from sqlalchemy import Engine
 
-from mirus_dagster.api.auth import ApiSettings
-from mirus_dagster.cli import main
+from mirus.api.auth import ApiSettings
+from mirus.cli.main import main
 from mirus_dagster.constants import PUT_CONNECTOR_JOB, STORE_CONNECTOR_OP
 from mirus_dagster.definitions import admin_jobs
 from mirus_dagster.jobs import PutConnectorConfig
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import ConnectorConfigError, validate_submission
 from replicator.configuration.masking import mask_properties
 from replicator.state.store import Store

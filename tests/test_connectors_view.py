@@ -12,9 +12,9 @@ from sqlalchemy import Engine
 
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET, TAG_CONNECTOR
 from mirus_dagster.definitions import kafka_monitor
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.sensors.monitor import MonitorCursor
+from mirus_dagster.settings import StackEndpoints
 from replicator.state.store import ConnectorRecord, Store
-from sensors.monitor import MonitorCursor
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import create_topics, wait_for
 from tests.test_sensors import InProcessRun, admin, evaluate, put, requests_for, watched

@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from sqlalchemy import Engine
 
+from mirus.local.devserver import DagsterDev, RunInfo, dagster_dev
 from mirus_dagster.constants import (
     ENV_REPORT_SCHEDULE,
     KIND_REPLICATOR,
@@ -35,8 +36,7 @@ from mirus_dagster.constants import (
     admin_job_name,
     admin_op_name,
 )
-from mirus_dagster.devserver import DagsterDev, RunInfo, dagster_dev
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.assignment import SourcePartition
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC
 from replicator.state.store import ConnectorState, Store

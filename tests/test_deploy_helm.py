@@ -36,7 +36,7 @@ from dagster_k8s import K8sRunLauncher
 from referencing import Registry, Resource
 
 from mirus_dagster.jobs import REPLICATOR_K8S_CONFIG, replicator
-from sensors.task_runs import run_request
+from mirus_dagster.sensors.task_runs import run_request
 
 ROOT = Path(__file__).resolve().parent.parent
 VALUES = ROOT / "deploy" / "helm" / "values.yaml"

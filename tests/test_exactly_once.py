@@ -15,7 +15,7 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 from sqlalchemy import text
 
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.clusters import cluster_id
 from replicator.configuration.connector import transactional_id
 from replicator.engine.task import CommitWatchdogError, TaskExit

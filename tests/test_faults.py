@@ -13,10 +13,11 @@ from pathlib import Path
 from confluent_kafka import Producer
 from sqlalchemy import Engine
 
-from mirus_dagster.faults.brokers import tansu_broker
-from mirus_dagster.faults.harness import EMBEDDED_FAULTS, FaultPlan, FaultReport, FaultRun
-from mirus_dagster.faults.proxy import TcpProxy
-from mirus_dagster.stack import StackEndpoints, free_port
+from mirus.faults.brokers import tansu_broker
+from mirus.faults.harness import EMBEDDED_FAULTS, FaultPlan, FaultReport, FaultRun
+from mirus.faults.proxy import TcpProxy
+from mirus.local.stack import free_port
+from mirus_dagster.settings import StackEndpoints
 from replicator.state.store import Store
 
 from .engine_helpers import TaskThread, connector_properties, create_connector

@@ -22,11 +22,10 @@ import pytest
 import requests
 import yaml
 
+from mirus.local.devserver import DagsterDev
+from mirus.local.stack import LocalStack, port_is_free
 from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_TOPIC, TAG_CONNECTOR
-from mirus_dagster.demo import EXAMPLE_CONNECTOR, example_connector
-from mirus_dagster.devserver import DagsterDev
-from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack, StackEndpoints, port_is_free
+from mirus_dagster.settings import EXAMPLE_CONNECTOR, PlatformSettings, StackEndpoints, example_connector
 from replicator.state.database import make_engine
 from replicator.state.store import Store
 from tests.browser import Browser, start_chromium
@@ -227,7 +226,7 @@ def test_verify_on_the_running_demo_ends_with_a_verdict(demo: Demo) -> None:
                            timeout=120)  # fmt: skip
     env = {**os.environ, **demo.endpoints.as_env()}
     result = subprocess.run(
-        [sys.executable, "-m", "mirus_dagster.cli", "verify", "--topic", f"{DEMO_TOPIC}:{DEMO_TOPIC}.mirror"],
+        [sys.executable, "-m", "mirus.cli.main", "verify", "--topic", f"{DEMO_TOPIC}:{DEMO_TOPIC}.mirror"],
         env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.engine import source_reader, task
 from replicator.engine.task import TaskExit
 from replicator.state.store import PartitionHealth, Store

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import validate_submission
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC, flow_liveness_s, liveness_s
 from replicator.discovery.monitor import KafkaMonitor

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 from alembic import command
 from sqlalchemy import Engine, event, text
 
-from mirus_dagster.metrics_exporter import RATE_WINDOW_S, StoreCollector
-from mirus_dagster.stack import StackEndpoints
+from mirus.api.metrics import RATE_WINDOW_S, StoreCollector
+from mirus_dagster.settings import StackEndpoints
 from replicator.assignment import SourcePartition
 from replicator.state.database import alembic_config, upgrade
 from replicator.state.store import MetricInterval, MetricRow, Store

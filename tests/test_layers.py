@@ -1,5 +1,6 @@
-"""Imports run one way: Dagster layer → engine; within the Dagster layer, only the code location assembles
-`sensors/` and `assets/`. Read from the source (ast), so a new import that breaks the rule fails here."""
+"""Imports run one way: surfaces (`mirus/`) → the Dagster wiring (`mirus_dagster/`) → the reports (`reports/`) → the
+engine (`replicator/`), and inside each the rooms keep their order; within the wiring only the code location
+assembles `assets/` and `sensors/`. Read from the source (ast), so a new import that breaks a rule fails here."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("mirus_dagster", "sensors", "assets", "replicator", "reports")
+# Top-level packages, lowest first: each imports only those before it (and itself).
+LAYERS = ("replicator", "reports", "mirus_dagster", "mirus")
 # The engine's rooms, lowest first: each imports only rooms before it (and itself). The shared modules at the
 # package's root (assignment, clusters, partition_reader) import none of them.
 ROOMS = ("topics", "state", "configuration", "engine", "discovery", "tools")
 SHARED = ("assignment", "clusters", "partition_reader")
+# The surfaces, and the other surfaces each may use.
+SURFACES = {"api": set(), "local": set(), "faults": {"local"}, "cli": {"api", "local", "faults"}}
+ASSEMBLY = {"mirus_dagster.definitions", "mirus_dagster.jobs", "mirus_dagster.report_schedule"}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -31,29 +36,57 @@ def imported_packages(path: Path) -> set[str]:
 
 
 def modules(*packages: str) -> dict[str, set[str]]:
-    return {
-        str(path.relative_to(ROOT)): imported_packages(path)
-        for package in packages
-        for path in sorted((ROOT / package).rglob("*.py"))
-    }
+    """Each file of `packages` (a path from the root) and the top-level packages it imports."""
+    return {str(path.relative_to(ROOT)): imported_packages(path) for path in files(*packages)}
+
+
+def dotted(*packages: str) -> dict[str, set[str]]:
+    """Each file of `packages` (a path from the root) and the modules it imports, dotted."""
+    return {str(path.relative_to(ROOT)): imported_modules(path) for path in files(*packages)}
+
+
+def files(*packages: str) -> list[Path]:
+    return [path for package in packages for path in sorted((ROOT / package).rglob("*.py"))]
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    upward = {}
+    for layer in LAYERS:
+        above = set(LAYERS[LAYERS.index(layer) + 1 :])
+        for module, imported in modules(layer).items():
+            if wrong := imported & above:
+                upward[module] = wrong
+    assert upward == {}
 
 
 def test_only_the_code_location_imports_sensors_and_assets() -> None:
+    parts = ("mirus_dagster.sensors", "mirus_dagster.assets")
     importers = {
         module
-        for module, imported in modules(*PACKAGES, "benchmarks").items()
-        if {"sensors", "assets"} & imported and not module.startswith(("sensors/", "assets/"))
-    }
+        for module, imported in dotted(*LAYERS, "benchmarks").items()
+        if any(m.startswith(parts) for m in imported) and not module.startswith(("mirus_dagster/sensors/",
+                                                                                 "mirus_dagster/assets/"))
+    }  # fmt: skip
     assert importers == {"mirus_dagster/definitions.py"}
 
 
-def test_sensors_and_assets_never_import_each_other() -> None:
-    assert not [m for m, imported in modules("sensors").items() if "assets" in imported]
-    assert not [m for m, imported in modules("assets").items() if "sensors" in imported]
+def test_sensors_and_assets_import_neither_each_other_nor_the_assembly() -> None:
+    for part, other in (("sensors", "assets"), ("assets", "sensors")):
+        for module, imported in dotted(f"mirus_dagster/{part}").items():
+            assert not [m for m in imported if m.startswith(f"mirus_dagster.{other}")], module
+            assert not [m for m in imported if any(m.startswith(a) for a in ASSEMBLY)], module
 
 
-def test_the_engine_imports_no_dagster_layer_and_no_reports() -> None:
-    forbidden = {"dagster", "mirus_dagster", "sensors", "assets", "reports", "pyspark", "matplotlib", "pyarrow"}
+def test_each_surface_uses_only_the_surfaces_it_fronts() -> None:
+    for surface, allowed in SURFACES.items():
+        for module, imported in dotted(f"mirus/{surface}").items():
+            used = {m.split(".")[1] for m in imported if m.startswith("mirus.")} - {surface}
+            assert used <= allowed, (module, used - allowed)
+    assert {p.name for p in (ROOT / "mirus").iterdir() if p.is_dir() and p.name[0] != "_"} == set(SURFACES)
+
+
+def test_the_engine_imports_no_dagster_and_no_reports() -> None:
+    forbidden = {"dagster", "mirus_dagster", "mirus", "reports", "pyspark", "matplotlib", "pyarrow"}
     assert {m: i & forbidden for m, i in modules("replicator").items()} == {m: set() for m in modules("replicator")}
 
 
@@ -77,4 +110,4 @@ def test_the_engines_rooms_import_only_rooms_below_them() -> None:
 
 
 def test_product_code_and_benchmarks_never_import_tests() -> None:
-    assert not [m for m, imported in modules(*PACKAGES, "benchmarks").items() if "tests" in imported]
+    assert not [m for m, imported in modules(*LAYERS, "benchmarks").items() if "tests" in imported]

@@ -10,8 +10,8 @@ from confluent_kafka import Consumer, ConsumerGroupState, ConsumerGroupTopicPart
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import text
 
-from mirus_dagster.cli import main
-from mirus_dagster.stack import StackEndpoints
+from mirus.cli.main import main
+from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import ConnectorConfig, validate_submission
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.discovery.offset_translation import sync_groups

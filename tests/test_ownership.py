@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.engine.ownership import TaskOwnership, epoch_lock_key
 from replicator.state.store import FencedError, Lease, Store
 
@@ -44,7 +44,7 @@ class TaskProcess:
 
     def __init__(self, stack: StackEndpoints, connector: str, log: Path) -> None:
         env = {**os.environ, "MIRUS_DATABASE_URL": stack.database_url}
-        argv = [sys.executable, "-c", "from mirus_dagster.cli import main; main()", "task", "run", connector, "0"]
+        argv = [sys.executable, "-c", "from mirus.cli.main import main; main()", "task", "run", connector, "0"]
         self.log = log
         self.process = subprocess.Popen(argv, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 

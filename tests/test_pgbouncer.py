@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.state.database import head_revision
 from replicator.state.store import Store
 from tests.pgbouncer import PgBouncer, start_pgbouncer
@@ -31,7 +31,7 @@ def bouncer(stack: StackEndpoints, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def mirus(*argv: str, database_url: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-c", "from mirus_dagster.cli import main; main()", *argv],
+        [sys.executable, "-c", "from mirus.cli.main import main; main()", *argv],
         env={**os.environ, "MIRUS_DATABASE_URL": database_url}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
 

@@ -20,14 +20,14 @@ from dagster_pyspark import PySparkResource
 from pyspark.sql import SparkSession
 from sqlalchemy import Engine, text
 
-from assets.lake import platform_lake
-from assets.reports import report_assets, report_path
-from assets.topology import destination_topics, source_topics
+from mirus_dagster.assets.lake import platform_lake
+from mirus_dagster.assets.reports import report_assets, report_path
+from mirus_dagster.assets.topology import destination_topics, source_topics
 from mirus_dagster.constants import LATENCY_REPORT_ASSET, MISSING_CHECK, MISSING_REPORT_ASSET, P99_CHECK
 from mirus_dagster.report_schedule import hour_key, report_run_requests
 from mirus_dagster.reporting import Reporting, spark_config, spark_master_from_env
 from mirus_dagster.resources import PlatformDatabase
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import validate_submission
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.state.store import MetricInterval, Store

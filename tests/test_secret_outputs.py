@@ -24,11 +24,11 @@ import requests
 from click.testing import CliRunner
 from sqlalchemy import Engine, MetaData, select
 
-from mirus_dagster.api.auth import ApiSettings
-from mirus_dagster.cli import main as mirus
+from mirus.api.auth import ApiSettings
+from mirus.cli.main import main as mirus
 from mirus_dagster.constants import CONNECTORS_ASSET
 from mirus_dagster.definitions import admin_jobs, kafka_monitor
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import load
 from replicator.state.store import Store
 from tests.api_helpers import serve_api
@@ -124,7 +124,7 @@ def test_a_referenced_secret_reaches_the_clients_and_no_output(
     env = {**os.environ, **stack.as_env()}
     log_file = tmp_path / "task.log"
     with open(log_file, "wb") as out:
-        task = subprocess.Popen([sys.executable, "-m", "mirus_dagster.cli", "task", "run", unique, "0"], env=env,
+        task = subprocess.Popen([sys.executable, "-m", "mirus.cli.main", "task", "run", unique, "0"], env=env,
                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     wait_for(lambda: b"replicating" in log_file.read_bytes(), what="the task process replicating")
     task.send_signal(signal.SIGINT)

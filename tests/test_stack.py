@@ -16,8 +16,9 @@ from click.testing import CliRunner
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, create_engine, text
 
-from mirus_dagster.cli import main
-from mirus_dagster.stack import StackEndpoints, free_port
+from mirus.cli.main import main
+from mirus.local.stack import free_port
+from mirus_dagster.settings import StackEndpoints
 from replicator.state.database import current_revision, head_revision, upgrade
 from replicator.state.schema import Base
 from replicator.state.store import Store
@@ -57,7 +58,7 @@ def _mirus(state_dir: Path, env: dict[str, str], *args: str) -> subprocess.Compl
     full_env = {**os.environ, "MIRUS_STATE_DIR": str(state_dir), **env}
     for var in ("MIRUS_SOURCE_BOOTSTRAP_SERVERS", "MIRUS_DESTINATION_BOOTSTRAP_SERVERS", "MIRUS_DATABASE_URL"):
         full_env.pop(var, None)
-    mirus = [sys.executable, "-c", "from mirus_dagster.cli import main; main()"]
+    mirus = [sys.executable, "-c", "from mirus.cli.main import main; main()"]
     return subprocess.run([*mirus, *args], env=full_env, capture_output=True, text=True, timeout=180)
 
 

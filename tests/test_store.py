@@ -11,7 +11,7 @@ from alembic import command
 from sqlalchemy import Engine, column, event, text
 from sqlalchemy import table as sql_table
 
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.assignment import SourcePartition
 from replicator.state.database import alembic_config, upgrade
 from replicator.state.store import (

@@ -13,8 +13,8 @@ import pytest
 from confluent_kafka import Producer
 from sqlalchemy import text
 
-from mirus_dagster.metrics_exporter import StoreCollector
-from mirus_dagster.stack import StackEndpoints
+from mirus.api.metrics import StoreCollector
+from mirus_dagster.settings import StackEndpoints
 from replicator.engine.metrics import BUCKET_LABELS
 from replicator.engine.source_reader import TierLimits
 from replicator.engine.task import CommitWatchdogError, TaskExit
@@ -262,7 +262,7 @@ def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, un
     # The source keeps growing while the task runs, so the kill lands mid-stream with records in flight.
     traffic = Traffic(stack.source_bootstrap_servers, {unique: partitions}, rate=10_000, total=total)
     env = {**os.environ, "MIRUS_DATABASE_URL": stack.database_url}
-    argv = [sys.executable, "-c", "from mirus_dagster.cli import main; main()", "task", "run", unique, "0"]
+    argv = [sys.executable, "-c", "from mirus.cli.main import main; main()", "task", "run", unique, "0"]
 
     with open(tmp_path / "first.log", "w") as log:
         first = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -24,8 +24,9 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from mirus_dagster.faults.brokers import KafkaKit, tansu_broker
-from mirus_dagster.stack import StackEndpoints, free_port
+from mirus.faults.brokers import KafkaKit, tansu_broker
+from mirus.local.stack import free_port
+from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import validate_submission
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC
 from replicator.discovery.monitor import KafkaMonitor

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 
 from click.testing import CliRunner
 
-from mirus_dagster.stack import StackEndpoints
-from mirus_dagster.verify_command import verify
+from mirus.cli.verify import verify
+from mirus_dagster.settings import StackEndpoints
 from replicator.tools.verify import Mismatch, PartitionResult, Replay, VerifyReport, verify_replication
 from replicator.topics import provenance
 

@@ -16,7 +16,7 @@ from mirus_dagster.constants import (
     TAG_REASON,
     TAG_TASK,
 )
-from sensors.decisions import TaskRunHistory, failure_streak
+from mirus_dagster.sensors.decisions import TaskRunHistory, failure_streak
 
 LIVE = {
     dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,

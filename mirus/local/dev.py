@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 from dagster_graphql import DagsterGraphQLClientError
 
+from mirus.local.devserver import DagsterDev, DagsterDevError, RunInfo, launch_dagster_dev
+from mirus.local.stack import LocalStack
 from mirus_dagster.constants import (
     DEMO_CONNECTOR,
     DEMO_TOPIC,
@@ -34,8 +36,7 @@ from mirus_dagster.constants import (
     TAG_TASK,
     WATCHER_JOB,
 )
-from mirus_dagster.devserver import DagsterDev, DagsterDevError, RunInfo, launch_dagster_dev
-from mirus_dagster.stack import LocalStack, StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 
 START_TIMEOUT_S = 180.0
 RUN_STOP_TIMEOUT_S = 60.0
@@ -84,7 +85,7 @@ class DevSession:
             self.stopped_sensors.unlink()
 
     def _prepare_database(self, endpoints: StackEndpoints) -> None:
-        from mirus_dagster.demo import register_demo
+        from mirus.local.demo import register_demo
         from replicator.state.database import migrated_engine
         from replicator.state.store import Store
 
@@ -183,7 +184,7 @@ def _run_name(run: RunInfo) -> str:
 def _child(endpoints: StackEndpoints, *command: str) -> subprocess.Popen[bytes]:
     """A `mirus` subcommand on the stack, in its own session: stopped by us, in order, not by the Ctrl-C."""
     return subprocess.Popen(
-        [sys.executable, "-m", "mirus_dagster.cli", *command], env={**os.environ, **endpoints.as_env()},
+        [sys.executable, "-m", "mirus.cli.main", *command], env={**os.environ, **endpoints.as_env()},
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip

@@ -9,13 +9,13 @@ import sys
 import click
 from sqlalchemy import Engine
 
-from mirus_dagster.admin_cli import OFFSET_COMMANDS, api_command, connectors_group
-from mirus_dagster.demo import traffic
-from mirus_dagster.faults.command import faults
-from mirus_dagster.offsets_command import offsets
+from mirus.cli.admin import OFFSET_COMMANDS, api_command, connectors_group
+from mirus.cli.offsets import offsets
+from mirus.cli.verify import verify
+from mirus.faults.command import faults
+from mirus.local.demo import traffic
+from mirus.local.stack import LocalStack, StackError
 from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack, StackError
-from mirus_dagster.verify_command import verify
 
 
 def _stack() -> LocalStack:
@@ -145,8 +145,8 @@ def task_run(connector: str, task_id: int) -> None:
 @click.option("--api-port", default=8083, show_default=True, help="Kafka Connect REST API port (0: no API).")
 def dev(port: int, keep_stack: bool, demo: bool, api_port: int) -> None:
     """Start the embedded stack, migrate the database, run the Dagster UI and the REST API; Ctrl-C stops it all."""
-    from mirus_dagster.dev import DevSession
-    from mirus_dagster.devserver import DagsterDevError
+    from mirus.local.dev import DevSession
+    from mirus.local.devserver import DagsterDevError
     from replicator.state.database import DatabaseUnavailableError
 
     session = DevSession(_stack(), port, demo, keep_stack, click.echo, api_port)

@@ -26,8 +26,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from mirus_dagster.api.auth import ApiSettings, AuthMiddleware, Credentials
-from mirus_dagster.metrics_exporter import StoreCollector
+from mirus.api.auth import ApiSettings, AuthMiddleware, Credentials
+from mirus.api.metrics import StoreCollector
 from replicator.configuration import connectors
 from replicator.configuration.connector import ConnectorConfigError, validate_submission
 from replicator.configuration.masking import mask_properties

@@ -12,9 +12,9 @@ import os
 
 import click
 
+from mirus.local.stack import LocalStack
 from mirus_dagster.constants import ENV_DESTINATION_BOOTSTRAP, ENV_SOURCE_BOOTSTRAP
 from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack
 from replicator.tools.verify import VerifyError, verify_replication
 
 EXIT_OK = 0

@@ -24,13 +24,11 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel
 
-from mirus_dagster.constants import ENV_DATABASE_URL, ENV_DESTINATION_BOOTSTRAP, ENV_SOURCE_BOOTSTRAP
-from mirus_dagster.settings import PlatformSettings
+from mirus_dagster.settings import POSTGRES_DATABASE, PlatformSettings, StackEndpoints
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 LOG_TAIL_LINES = 25
-POSTGRES_DATABASE = "mirus"
 POSTGRES_SYSTEM_USER = "embedded_postgres"  # PostgreSQL refuses to run as root.
 
 
@@ -57,28 +55,6 @@ class ProcessRecord(BaseModel):
 
 class StackState(BaseModel):
     processes: dict[str, ProcessRecord] = {}
-
-
-@dataclass(frozen=True)
-class StackEndpoints:
-    source_bootstrap_servers: str
-    destination_bootstrap_servers: str
-    database_url: str
-
-    def describe(self) -> str:
-        return (
-            f"source bootstrap servers:      {self.source_bootstrap_servers}\n"
-            f"destination bootstrap servers: {self.destination_bootstrap_servers}\n"
-            f"database url:                  {self.database_url}"
-        )
-
-    def as_env(self) -> dict[str, str]:
-        """Environment that points every platform process at this stack."""
-        return {
-            ENV_SOURCE_BOOTSTRAP: self.source_bootstrap_servers,
-            ENV_DESTINATION_BOOTSTRAP: self.destination_bootstrap_servers,
-            ENV_DATABASE_URL: self.database_url,
-        }
 
 
 @dataclass(frozen=True)
@@ -175,13 +151,7 @@ class LocalStack:
 
     @property
     def endpoints(self) -> StackEndpoints:
-        s = self.settings
-        return StackEndpoints(
-            source_bootstrap_servers=s.source_bootstrap_servers or f"127.0.0.1:{s.source_port}",
-            destination_bootstrap_servers=s.destination_bootstrap_servers or f"127.0.0.1:{s.destination_port}",
-            database_url=s.database_url
-            or f"postgresql+psycopg2://postgres@127.0.0.1:{s.postgres_port}/{POSTGRES_DATABASE}",
-        )
+        return self.settings.endpoints()
 
     def up(self) -> StackEndpoints:
         """Start every embedded part that is not already running. Safe to call repeatedly."""

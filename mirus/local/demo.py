@@ -11,25 +11,9 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_PARTITIONS, DEMO_TOPIC
-from mirus_dagster.stack import StackEndpoints
+from mirus_dagster.settings import EXAMPLE_TOPIC, StackEndpoints
 from replicator.configuration.connector import validate_submission
 from replicator.state.store import Store, UnknownConnectorError
-
-# The launchpad's and README's example connector: its topics exist on the demo clusters, no connector uses them.
-EXAMPLE_CONNECTOR = "payments-dr"
-EXAMPLE_TOPIC = "payments"
-
-
-def example_connector(endpoints: StackEndpoints) -> dict[str, object]:
-    """A connector that works as is on the demo clusters: what `put_connector`'s launchpad starts from."""
-    return {
-        "name": EXAMPLE_CONNECTOR,
-        "tasks.max": 2,
-        "topics.whitelist": EXAMPLE_TOPIC,
-        "destination.topic.name.suffix": ".dr",
-        "consumer.bootstrap.servers": endpoints.source_bootstrap_servers,
-        "destination.consumer.bootstrap.servers": endpoints.destination_bootstrap_servers,
-    }
 
 
 def _ensure_topic(bootstrap: str, topic: str, partitions: int) -> None:

@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 import click
 from confluent_kafka.admin import AdminClient
 
+from mirus.local.stack import LocalStack
 from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack
 from replicator.clusters import ClusterIdentityError, cluster_id
 from replicator.configuration.connector import load
 from replicator.discovery.offset_translation import (

@@ -39,10 +39,10 @@ from typing import Literal
 from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from mirus_dagster.faults.brokers import BrokerProcess, KafkaKit, tansu_broker
-from mirus_dagster.faults.proxy import TcpProxy
+from mirus.faults.brokers import BrokerProcess, KafkaKit, tansu_broker
+from mirus.faults.proxy import TcpProxy
+from mirus.local.stack import LocalStack, free_port
 from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack, free_port
 from replicator.configuration.connector import validate_submission
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import SourcePartition, Store
@@ -299,7 +299,7 @@ class TaskProcesses:
 
     def _spawn(self, task_id: int) -> None:
         log = open(self.log_dir / f"task-{task_id}.log", "ab")  # noqa: SIM115 - the child keeps it open
-        argv = [sys.executable, "-m", "mirus_dagster.cli", "task", "run", self.connector, str(task_id)]
+        argv = [sys.executable, "-m", "mirus.cli.main", "task", "run", self.connector, str(task_id)]
         self.procs[task_id] = subprocess.Popen(
             argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             # Ctrl-C must stop the task even when this harness was started with SIGINT ignored (in the background).

@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mirus_dagster.stack import _kafka_ready, _terminate, _wait_until_ready
+from mirus.local.stack import _kafka_ready, _terminate, _wait_until_ready
 
 KAFKA_HOME_ENV = "MIRUS_KAFKA_HOME"
 # Where an Apache Kafka distribution is looked for when MIRUS_KAFKA_HOME is not set, first match wins: the kit beside

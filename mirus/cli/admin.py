@@ -13,8 +13,8 @@ from typing import Any, TextIO
 
 import click
 
-from mirus_dagster.settings import PlatformSettings
-from mirus_dagster.stack import LocalStack, StackEndpoints
+from mirus.local.stack import LocalStack
+from mirus_dagster.settings import PlatformSettings, StackEndpoints
 from replicator.clusters import MetadataUnavailableError
 from replicator.configuration import connectors
 from replicator.configuration.connector import ConnectorConfigError
@@ -137,7 +137,7 @@ _state_command("delete", connectors.delete_connector, "Delete the connector; its
 # -- offsets -----------------------------------------------------------------------------------------------
 
 
-# Added to the `mirus offsets` group (mirus_dagster/offsets_command.py) by the CLI, next to `translate`.
+# Added to the `mirus offsets` group (mirus/cli/offsets.py) by the CLI, next to `translate`.
 
 
 @click.command("describe")
@@ -216,8 +216,8 @@ OFFSET_COMMANDS = [offsets_describe, offsets_reset, offsets_import_group]
 @click.option("--port", type=int, default=None, help="Port [env MIRUS_API_PORT; default 8083].")
 def api_command(host: str | None, port: int | None) -> None:
     """Serve the Kafka-Connect-compatible REST API and Prometheus /metrics until interrupted."""
-    from mirus_dagster.api.app import serve
-    from mirus_dagster.api.auth import ApiSettings
+    from mirus.api.app import serve
+    from mirus.api.auth import ApiSettings
 
     try:
         settings = ApiSettings.from_env(host=host, port=port)

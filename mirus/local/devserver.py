@@ -38,8 +38,8 @@ from gql import Client, GraphQLRequest
 from gql.transport.exceptions import TransportError
 from gql.transport.requests import RequestsHTTPTransport
 
+from mirus.local.stack import free_port, log_tail
 from mirus_dagster.constants import PUT_CONNECTOR_JOB, REPLICATOR_JOB
-from mirus_dagster.stack import free_port, log_tail
 
 CODE_LOCATION_MODULE = "mirus_dagster.definitions"
 START_TIMEOUT_S = 180.0

@@ -8,7 +8,7 @@ from typing import cast
 
 import click
 
-from mirus_dagster.faults.harness import ALL_FAULTS, EMBEDDED_FAULTS, FaultKind, FaultPlan, FaultRun
+from mirus.faults.harness import ALL_FAULTS, EMBEDDED_FAULTS, FaultKind, FaultPlan, FaultRun
 
 
 @click.group()

@@ -1,0 +1,3 @@
+"""The local platform: the embedded stack (two clusters and Postgres on loopback), the demo, and `mirus dev`'s Dagster
+dev server.
+"""
