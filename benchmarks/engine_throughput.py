@@ -56,7 +56,7 @@ def engine_copy(
     task = ReplicationTask(store, name, 0, "benchmark")
 
     def done() -> bool:
-        return sum(s.committed or 0 for s in task.partitions.values()) >= records
+        return sum(s.committed or 0 for s in task.book.states.values()) >= records
 
     task.run(done)
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from mirus_dagster.settings import StackEndpoints
-from replicator.engine import source_reader, task
+from replicator.engine import forwarder, partitions, source_reader
 from replicator.engine.task import TaskExit
 from replicator.state.store import PartitionHealth, Store
 from replicator.topics import provenance
@@ -136,7 +136,7 @@ def test_a_refused_batch_that_stops_the_producer_pauses_only_its_partition(
     # would make hundreds). Bounded loosely by the backoffs that had run out by now: the records behind the refused
     # one may stop a producer once more before the refusal is served, and the first commit of the partition starts
     # its backoff over.
-    retries_due = itertools.accumulate(task.RETRY_BACKOFF_S + (task.RETRY_BACKOFF_S[-1],) * 10)
+    retries_due = itertools.accumulate(partitions.RETRY_BACKOFF_S + (partitions.RETRY_BACKOFF_S[-1],) * 10)
     allowed = 2 + 2 * sum(1 for due in retries_due if due <= time.monotonic() - first_failure + 0.5)
     assert sum("producer failed fatally" in e for e in runner.events) <= allowed, runner.events[-10:]
     assert not any(f"paused {flowing}[0]" in e for e in runner.events), runner.events
@@ -185,7 +185,7 @@ class _RecordingConsumer(source_reader.Consumer):
         return msgs
 
 
-class _RecordingProducer(task.Producer):
+class _RecordingProducer(forwarder.Producer):
     log: list[tuple[Any, ...]]
 
     def produce(self, topic: str, value: Any = None, *args: Any, **kwargs: Any) -> None:
@@ -200,7 +200,7 @@ def test_a_single_record_on_an_idle_source_is_forwarded_without_waiting_for_a_ba
     monkeypatch.setattr(_RecordingConsumer, "log", log, raising=False)
     monkeypatch.setattr(_RecordingProducer, "log", log, raising=False)
     monkeypatch.setattr(source_reader, "Consumer", _RecordingConsumer)
-    monkeypatch.setattr(task, "Producer", _RecordingProducer)
+    monkeypatch.setattr(forwarder, "Producer", _RecordingProducer)
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
     create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})

@@ -97,9 +97,6 @@ class TaskMetrics:
             counters = self.counters[topic] = TopicCounters()
         return counters
 
-    def due(self) -> bool:
-        return (datetime.now(UTC) - self.interval_start).total_seconds() >= self.interval_s
-
     def drain(self, lags: dict[SourcePartition, int | None]) -> MetricInterval:
         """A sample for every topic that moved records or had a partition's known lag change, and the partitions
         whose lag changed; counters start again at zero.

@@ -9,6 +9,11 @@ destination ahead of Postgres; `resume_offsets` closes that gap by reading each 
 (`read_committed`) forward from the stored destination offset and finding the last copy of the source partition
 by its `mirus.source` header. An aborted transaction's records are never seen by `read_committed` readers, so
 the task rewinds every partition to its last committed record and writes them again.
+
+`TransactionalCommitter` is the task's committer in this mode (`replicator.engine.committer` has the interface and
+the at-least-once one): intake stops until every record is acknowledged, the destination transaction commits, and
+only then are the offsets it covers written to Postgres; an aborted transaction rewinds every partition, and a
+partition starts after the destination's last copy of it.
 """
 
 from __future__ import annotations
@@ -17,14 +22,20 @@ import enum
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from replicator.assignment import SourcePartition
+from replicator.engine.committer import COMMIT_WAIT_S, Committer
+from replicator.engine.forwarder import ACK_SERVE_S, MAX_BLOCK_S
+from replicator.engine.partitions import AWAITING_NEW_PRODUCER, PartitionState
 from replicator.partition_reader import PartitionReadError, read_to_end
 from replicator.state.store import FencedError
 from replicator.topics import provenance
+
+if TYPE_CHECKING:
+    from replicator.engine.task import ReplicationTask
 
 # A newer producer with the same transactional.id exists: this instance must stop (as a fenced Postgres write).
 FENCED_CODES = {KafkaError.PRODUCER_FENCED, KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
@@ -163,3 +174,188 @@ def resume_offsets(
     finally:
         consumer.close()
     return found
+
+
+class TransactionalCommitter(Committer):
+    """Exactly-once: every commit is a destination transaction's, and what Postgres stores is only ever what a
+    committed transaction holds (`PartitionState.durable`)."""
+
+    def __init__(self, task: ReplicationTask) -> None:
+        super().__init__(task)
+        self.transactions: Transactions | None = None  # once the task is owned (a standby's must not fence the owner)
+        self.due = False  # the transaction commits once its records are acknowledged; intake waits
+        self.abort_reason: str | None = None  # a record of the transaction failed: it must be aborted
+        self.aborting = False
+
+    def start(self) -> None:
+        """`init_transactions` fences older instances of this task, then the first one begins."""
+        task = self.task
+        self.due, self.abort_reason = False, None
+        self.transactions = Transactions(task.forwarder.producer, f"task {task.connector}-{task.task_id}")
+        self.transactions.start(COMMIT_WAIT_S)
+
+    def accepting(self) -> bool:
+        return not self.due
+
+    def serve_wait_s(self) -> float:
+        return ACK_SERVE_S if self.due else 0.0
+
+    def refusal_counts(self, state: PartitionState, offset: int, err: KafkaError) -> bool:
+        if self.aborting:
+            return False  # purged by an abort: the partition is rewound and the record written again
+        self.abort_reason = self.abort_reason or f"{state.topic}[{state.partition}] offset {offset}: {err.name()}"
+        return True
+
+    def producer_failed(self, err: KafkaError) -> None:
+        if err.code() in FENCED_CODES:
+            raise FencedError(f"the destination fenced this task's transactional producer ({err.name()})")
+        self._replace_producer(f"{err.name()}: {err.str()}")
+
+    def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> None:
+        """A partition resumes after its last committed copy at the destination when that is ahead of Postgres (the
+        task stopped between a transaction's commit and the offsets' commit)."""
+        task = self.task
+        ends = task.store.load_destination_offsets(task.connector, partitions)
+        destinations = {tp: task.config.namer.destination_topic(tp[0]) for tp in partitions}
+        layouts = task.follower.destination_layouts(set(destinations.values()))
+        points = {}
+        for tp, destination in destinations.items():
+            if tp[1] in layouts[destination].ids:
+                points[tp] = ResumePoint(destination, tp[1], ends.get(tp))
+        settings = task.config.admin_settings("destination")
+        for tp, offset in resume_offsets(settings, task.source_cluster, points).items():
+            if offset > stored.get(tp, 0):
+                task.on_event(f"{tp[0]}[{tp[1]}] resumes at {offset} after its last copy at the destination "
+                              f"(Postgres had {stored.get(tp)})")  # fmt: skip
+                stored[tp] = offset
+
+    def claimed_from(self, silent_tasks: set[int]) -> None:
+        # Their open transaction may hold the partitions' records: fencing their transactional.id aborts it before
+        # anything of ours is written or read.
+        task = self.task
+        for silent in sorted(silent_tasks):
+            fence(task.config.producer_settings(silent), COMMIT_WAIT_S)
+            task.on_event(f"fenced silent task {silent}'s transactions before taking its partitions over")
+
+    def offset_of(self, state: PartitionState) -> int | None:
+        return state.durable
+
+    def destination_offsets(self, offsets: dict[SourcePartition, int]) -> dict[SourcePartition, int] | None:
+        states = self.task.book.states
+        ends = {tp: states[tp].destination_durable for tp in offsets if tp in states}
+        return {tp: end for tp, end in ends.items() if end is not None}
+
+    def commit_due(self) -> None:
+        self.due = True
+
+    def after_tick(self) -> None:
+        if self.due or self.abort_reason is not None:
+            self._end_transaction()
+            if self.in_flight is None and self.task.book.changed(self.offset_of):
+                self.commit_in_background()  # what the transaction made durable, at once
+
+    def before_commit_now(self, final: bool) -> None:
+        if self.transactions is not None and self.transactions.open:
+            self._end_transaction(COMMIT_WAIT_S, reopen=not final)
+
+    # -- end the transaction, or abort it and rewind ----------------------------------------------------------
+
+    def _end_transaction(self, wait_s: float = 0.0, reopen: bool = True) -> None:
+        """Commit the transaction once its records are acknowledged; with `wait_s`, wait that long and abort if it
+        could not commit (a partition changing hands must not leave an open transaction behind)."""
+        assert self.transactions is not None
+        forwarder = self.task.forwarder
+        deadline = time.monotonic() + wait_s
+        while len(forwarder.producer) and self.abort_reason is None and forwarder.fatal_error is None:
+            if time.monotonic() >= deadline:
+                if not wait_s:
+                    return  # acknowledgements still due: the loop serves them and calls again
+                self.abort_reason = f"records not acknowledged within {wait_s:.0f}s"
+                break
+            forwarder.serve(0.1)
+        if forwarder.fatal_error is not None:
+            err, forwarder.fatal_error = forwarder.fatal_error, None
+            self.producer_failed(err)  # aborts (fences) the transaction and rewinds
+            return
+        if forwarder.unsettled and not len(forwarder.producer):
+            forwarder.settle(delivered=True)  # before `committable()` says what the transaction holds
+        try:
+            while self.abort_reason is None:
+                if self.transactions.commit(MAX_BLOCK_S) is CommitResult.COMMITTED:
+                    self.due = False
+                    for state in self.task.book.states.values():
+                        state.durable = state.committable()
+                        state.destination_durable = state.destination_next
+                    if reopen:
+                        self.transactions.begin()
+                    return
+                if time.monotonic() >= deadline:
+                    if not wait_s:
+                        return  # the coordinator is slow or away: retried on the next loop
+                    self.abort_reason = f"transaction not committed within {wait_s:.0f}s"
+        except TransactionAborted as exc:
+            self.abort_reason = str(exc)
+        except TransactionError as exc:
+            self._replace_producer(str(exc))
+            return
+        self._abort_and_rewind(reopen)
+
+    def _abort_and_rewind(self, reopen: bool = True) -> None:
+        assert self.transactions is not None
+        forwarder = self.task.forwarder
+        reason, self.abort_reason = self.abort_reason, None
+        self.task.on_event(f"transaction aborted ({reason}): every partition resumes after its last committed record")
+        self.aborting = True
+        try:
+            self.transactions.abort(COMMIT_WAIT_S)
+            deadline = time.monotonic() + COMMIT_WAIT_S
+            while len(forwarder.producer) and time.monotonic() < deadline:  # purged records come back as refusals
+                forwarder.serve(0.1)
+        except TransactionError as exc:
+            # E.g. a broker before 2.5 cannot bump the producer epoch after a failed batch (KIP-360): the producer
+            # is done for. A new one fences it, which aborts its transaction, as a task restart would.
+            self._replace_producer(str(exc))
+            return
+        finally:
+            self.aborting = False
+        self.due = False
+        self._rewind()
+        if reopen:
+            self.transactions.begin()
+
+    def _replace_producer(self, reason: str) -> None:
+        """A new producer fences the failed one (its transaction is aborted); every partition rewinds."""
+        forwarder = self.task.forwarder
+        self.task.on_event(f"transactional producer failed ({reason}); replacing it, every partition rewinds")
+        self.aborting = True
+        try:
+            forwarder.purge()
+        finally:
+            self.aborting = False
+        forwarder.fatal_error = None
+        forwarder.producer = forwarder.new_producer()
+        self.start()
+        self._rewind()
+
+    def _rewind(self) -> None:
+        """Read every partition again from its last committed position (nothing after it is visible)."""
+        task = self.task
+        book = task.book
+        resets = task.follower.reset_offsets([tp for tp, state in book.states.items() if state.durable is None])
+        positions = []
+        for state in book.states.values():
+            if state.paused_reason is AWAITING_NEW_PRODUCER:
+                state.paused_reason = None
+            state.forget_in_flight()
+            state.in_flight = 0
+            state.position = state.durable
+            state.destination_next = state.destination_durable
+            if state.routed:
+                state.route(state.destination_partition, task.config.ordered_acks)
+            offset = resets[(state.topic, state.partition)] if state.durable is None else state.durable
+            positions.append(TopicPartition(state.topic, state.partition, offset))
+        if positions:
+            task.reader.unassign(list(book.states))
+            task.reader.assign(positions)
+        if book.paused:
+            task.reader.pause(list(book.paused))

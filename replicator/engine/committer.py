@@ -1,0 +1,164 @@
+"""What a task commits and when: each partition's next source offset, in Postgres under the lease epoch.
+
+`Committer` is the at-least-once committer and the interface the task loop talks to; exactly-once mode's
+`TransactionalCommitter` (`replicator.engine.transactions`) implements the same questions with a destination
+transaction in front of each commit (as Kafka Connect's `WorkerSourceTask` and `ExactlyOnceWorkerSourceTask`
+share `AbstractWorkerSourceTask`). The loop never asks which mode it runs in.
+
+At least once, a partition's committable offset is the first one not yet acknowledged (`PartitionState.committable`):
+acknowledgements advance each partition on their own, and every `offset.flush.interval.ms` one transaction writes
+every partition that moved, on a background thread — consumption never waits for a commit. A crash re-sends what
+was acknowledged after the last commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from confluent_kafka import KafkaError
+from sqlalchemy.exc import SQLAlchemyError
+
+from replicator.assignment import SourcePartition
+from replicator.engine.partitions import PartitionState
+from replicator.engine.scheduler import COMMITTING, HEARTBEATING
+
+if TYPE_CHECKING:
+    from replicator.engine.task import ReplicationTask
+
+log = logging.getLogger(__name__)
+
+COMMIT_WAIT_S = 30  # how long a commit that must come first (hand-over, shutdown) may wait for the background one
+
+
+class CommitWatchdogError(RuntimeError):
+    """Records flowed but no offset commit succeeded for `commit.failure.restart.ms`."""
+
+
+class Committer:
+    def __init__(self, task: ReplicationTask) -> None:
+        self.task = task
+        self.in_flight: tuple[Future[None], dict[SourcePartition, int]] | None = None  # the background commit
+        self.started = 0.0  # when the background commit was sent
+        self.uncommitted = False  # acknowledged progress that the last commit attempt could not store
+        self.last_ok = time.monotonic()
+
+    # -- what the task loop asks ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """The task is owned now (claimed, or taken over by a warm standby)."""
+
+    def accepting(self) -> bool:
+        """Whether the loop may read more records now."""
+        return True
+
+    def serve_wait_s(self) -> float:
+        """How long the loop waits for acknowledgements after a batch."""
+        return 0.0
+
+    def refusal_counts(self, state: PartitionState, offset: int, err: KafkaError) -> bool:
+        """The destination refused a record of `state` (or the producer failed it): whether the forwarder holds the
+        partition back for it."""
+        return True
+
+    def producer_failed(self, err: KafkaError) -> None:
+        """The producer failed fatally: a new one reads every partition the destination did not refuse again."""
+        self.task.forwarder.recreate_producer(err)
+
+    def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> None:
+        """Where `partitions` resume, as stored in Postgres (`stored`, updated in place)."""
+
+    def claimed_from(self, silent_tasks: set[int]) -> None:
+        """Partitions were taken over from these tasks, silent past their lease without releasing them."""
+
+    def offset_of(self, state: PartitionState) -> int | None:
+        """The offset to commit for `state`: everything before it is at the destination."""
+        return state.committable()
+
+    def destination_offsets(self, offsets: dict[SourcePartition, int]) -> dict[SourcePartition, int] | None:
+        """Where `offsets`' copies end at the destination, when the mode keeps it."""
+        return None
+
+    # -- committing -------------------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """The loop's commit duties: collect the last background commit, send the next when due (or a heartbeat
+        alone when commits are further apart than task.heartbeat.interval.ms), fail the task when none succeeds."""
+        task = self.task
+        self.collect()
+        if task.scheduler.due(COMMITTING, task.config.offset_commit_interval_ms / 1000, now):
+            self.commit_due()
+            if self.in_flight is None:
+                self.commit_in_background()
+            watchdog_s = task.config.commit_failure_restart_ms / 1000
+            hanging = self.in_flight is not None and now - self.started > watchdog_s
+            if (self.uncommitted or hanging) and now - self.last_ok > watchdog_s:
+                raise CommitWatchdogError(
+                    f"no offset commit succeeded for {now - self.last_ok:.0f}s while "
+                    "records were being replicated (commit.failure.restart.ms)"
+                )
+        elif self.in_flight is None and task.scheduler.due(HEARTBEATING, task.config.heartbeat_interval_ms / 1000, now):
+            # A heartbeat alone keeps a standby from taking a live task over once task.lease.timeout.ms has passed.
+            self.started = now
+            self.in_flight = (task.background.submit(task.store.commit, task.lease, {}), {})
+        self.after_tick()
+
+    def commit_due(self) -> None:
+        """The commit interval has passed."""
+
+    def after_tick(self) -> None:
+        """Whatever the mode does after the loop's commit duties."""
+
+    def commit_now(self, final: bool = False) -> None:
+        """Commit in this thread (a final commit, or before partitions change hands)."""
+        self.collect(wait=True)  # never let an older commit land after this one
+        self.before_commit_now(final)
+        task = self.task
+        offsets = task.book.changed(self.offset_of)
+        try:
+            task.store.commit(task.lease, offsets, self.destination_offsets(offsets))
+        except SQLAlchemyError as exc:
+            if final:
+                raise
+            self._failed(offsets, exc)
+            return
+        self._succeeded(offsets)
+
+    def before_commit_now(self, final: bool) -> None:
+        """What must be durable at the destination before a commit in this thread."""
+
+    def commit_in_background(self) -> None:
+        task = self.task
+        offsets = task.book.changed(self.offset_of)
+        self.started = time.monotonic()
+        task.scheduler.ran(HEARTBEATING, task.config.heartbeat_interval_ms / 1000, self.started)
+        future = task.background.submit(task.store.commit, task.lease, offsets, self.destination_offsets(offsets))
+        self.in_flight = (future, offsets)
+
+    def collect(self, wait: bool = False) -> None:
+        """Apply the outcome of the background commit once it is done (raises FencedError if it was fenced)."""
+        if self.in_flight is None or not (wait or self.in_flight[0].done()):
+            return
+        (future, offsets), self.in_flight = self.in_flight, None
+        try:
+            future.result(timeout=COMMIT_WAIT_S)
+        except TimeoutError:
+            task = self.task
+            log.warning("offset commit of %s-%d still running after %ss", task.connector, task.task_id, COMMIT_WAIT_S)
+            self.uncommitted = bool(offsets)
+            return
+        except SQLAlchemyError as exc:
+            self._failed(offsets, exc)
+            return
+        self._succeeded(offsets)
+
+    def _succeeded(self, offsets: dict[SourcePartition, int]) -> None:
+        self.task.book.committed(offsets)
+        self.last_ok = time.monotonic()
+        self.uncommitted = False
+
+    def _failed(self, offsets: dict[SourcePartition, int], exc: SQLAlchemyError) -> None:
+        log.warning("offset commit of %s-%d failed, will retry: %s", self.task.connector, self.task.task_id, exc)
+        self.uncommitted = bool(offsets)
