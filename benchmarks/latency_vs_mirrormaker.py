@@ -142,7 +142,8 @@ def one_run(
         kit.put_engine_connector(store, topic, topic, ".engine", PARTITIONS, 1, **engine)
         argvs = kit.engine_argv(topic, 1)
         if copier == "engine-baseline":
-            argvs = [["env", f"PYTHONPATH={baseline}", *argv] for argv in argvs]
+            # -P: `python -c` would put the working directory (this checkout) ahead of PYTHONPATH.
+            argvs = [["env", f"PYTHONPATH={baseline}", argv[0], "-P", *argv[1:]] for argv in argvs]
         procs = [kit.start_process(argv, env) for argv in argvs]
     consumer = reader(bootstrap, target)
     try:

@@ -64,7 +64,8 @@ def main() -> None:
                     kit.put_engine_connector(store, name, topic, target.removeprefix(topic), parts, tasks, **extra)
                     argvs, stop = kit.engine_argv(name, tasks), signal.SIGINT
                     if kind == "baseline":
-                        argvs = [["env", f"PYTHONPATH={args.baseline}", *argv] for argv in argvs]
+                        # -P: `python -c` would put the working directory (this checkout) ahead of PYTHONPATH.
+                        argvs = [["env", f"PYTHONPATH={args.baseline}", argv[0], "-P", *argv[1:]] for argv in argvs]
                 kit.create_topic(DESTINATION, target, parts)
                 targets.append(target)
                 # Exactly-once: commit markers count in high watermarks; its copies are all there (visible to

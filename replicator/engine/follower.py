@@ -72,12 +72,20 @@ class AssignmentFollower:
                 log.warning("destination metadata unavailable for %s-%d: %s", task.connector, task.task_id,
                             future.exception())  # fmt: skip
         states = task.book.states
-        interval = DESTINATION_CHECK_INTERVAL_S * max(1.0, len(states) / DESTINATION_CHECK_PARTITIONS)
-        if self.metadata_in_flight is None and states and task.scheduler.due(CHECKING_DESTINATIONS, interval, now):
+        if (
+            self.metadata_in_flight is None
+            and states
+            and task.scheduler.due(
+                CHECKING_DESTINATIONS,
+                DESTINATION_CHECK_INTERVAL_S * max(1.0, len(states) / DESTINATION_CHECK_PARTITIONS),
+                now,
+            )
+        ):
             topics = {state.destination_topic for state in states.values()}
             self.metadata_in_flight = task.background.submit(self.destination_layouts, topics)
-        for state in task.book.due_for_retry(now):
-            self.resume(state)
+        if task.book.paused:
+            for state in task.book.due_for_retry(now):
+                self.resume(state)
         return None
 
     # -- the connector and its assignment -------------------------------------------------------------------
