@@ -35,7 +35,8 @@ from replicator.configuration.connector import ConnectorConfig, validate_submiss
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.engine.metrics import BUCKET_LABELS
 from replicator.state.database import make_engine, upgrade
-from replicator.state.store import ConnectorState, MetricInterval, MetricRow, Store
+from replicator.state.records import ConnectorState, MetricInterval, MetricRow
+from replicator.state.store import Store
 
 
 def free_port() -> int:

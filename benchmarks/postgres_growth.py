@@ -25,7 +25,8 @@ from mirus.local.stack import LocalStack, free_port
 from mirus_dagster.settings import PlatformSettings
 from replicator.engine.metrics import TopicCounters
 from replicator.state.database import make_engine, upgrade
-from replicator.state.store import MetricInterval, MetricRow, Store
+from replicator.state.records import MetricInterval, MetricRow
+from replicator.state.store import Store
 from reports.lake import HOUR, export_hour, hour_floor, prune
 
 ENGINE_INTERVAL_S = 10  # ReplicationTask's default metrics interval

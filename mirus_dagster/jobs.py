@@ -40,7 +40,8 @@ from replicator.discovery.monitor import MonitorResult
 from replicator.discovery.watcher import MetadataWatcher
 from replicator.engine.ownership import run_owned
 from replicator.engine.task import ReplicationTask
-from replicator.state.store import Store, UnknownConnectorError
+from replicator.state.records import UnknownConnectorError
+from replicator.state.store import Store
 
 ConnectorsEvent = Callable[[Store, str, dg.DagsterInstance], dg.AssetMaterialization]
 """Builds the `connectors` asset's materialization from the store and the instance's runs, with a reason

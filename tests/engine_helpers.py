@@ -19,7 +19,8 @@ from replicator.engine.ownership import run_owned
 from replicator.engine.source_reader import DEFAULT_LIMITS, TierLimits
 from replicator.engine.task import ReplicationTask, TaskExit
 from replicator.state.database import make_engine, upgrade
-from replicator.state.store import MetricRow, Store
+from replicator.state.records import MetricRow
+from replicator.state.store import Store
 
 
 def connector_properties(stack: StackEndpoints, name: str, **extra: Any) -> dict[str, Any]:

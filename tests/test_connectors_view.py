@@ -14,7 +14,8 @@ from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET, TAG_
 from mirus_dagster.definitions import kafka_monitor
 from mirus_dagster.sensors.monitor import MonitorCursor
 from mirus_dagster.settings import StackEndpoints
-from replicator.state.store import ConnectorRecord, Store
+from replicator.state.records import ConnectorRecord
+from replicator.state.store import Store
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import create_topics, wait_for
 from tests.test_sensors import InProcessRun, admin, evaluate, put, requests_for, watched

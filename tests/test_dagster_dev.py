@@ -39,7 +39,8 @@ from mirus_dagster.constants import (
 from mirus_dagster.settings import StackEndpoints
 from replicator.assignment import SourcePartition
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC
-from replicator.state.store import ConnectorState, Store
+from replicator.state.records import ConnectorState
+from replicator.state.store import Store
 from replicator.topics import provenance
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import Traffic, create_topics, produce, wait_for

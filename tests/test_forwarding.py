@@ -13,7 +13,8 @@ import pytest
 from mirus_dagster.settings import StackEndpoints
 from replicator.engine import forwarder, partitions, source_reader
 from replicator.engine.task import TaskExit
-from replicator.state.store import PartitionHealth, Store
+from replicator.state.records import PartitionHealth
+from replicator.state.store import Store
 from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, connector_properties, create_connector

@@ -17,7 +17,8 @@ from mirus.api.metrics import RATE_WINDOW_S, StoreCollector
 from mirus_dagster.settings import StackEndpoints
 from replicator.assignment import SourcePartition
 from replicator.state.database import alembic_config, upgrade
-from replicator.state.store import MetricInterval, MetricRow, Store
+from replicator.state.records import MetricInterval, MetricRow
+from replicator.state.store import Store
 from reports.lake import PART_FILE, PART_GLOB, export_hour, hour_dir, hour_floor, prune, state_path
 from reports.metric_totals import topic_totals
 

@@ -19,7 +19,8 @@ from sqlalchemy import create_engine, text
 
 from mirus_dagster.settings import StackEndpoints
 from replicator.engine.ownership import TaskOwnership, epoch_lock_key
-from replicator.state.store import FencedError, Lease, Store
+from replicator.state.records import FencedError, Lease
+from replicator.state.store import Store
 
 from .engine_helpers import connector_properties, create_connector
 from .kafka_helpers import Traffic, create_topics, wait_for

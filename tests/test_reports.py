@@ -30,7 +30,8 @@ from mirus_dagster.resources import PlatformDatabase
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import validate_submission
 from replicator.discovery.monitor import KafkaMonitor
-from replicator.state.store import MetricInterval, Store
+from replicator.state.records import MetricInterval
+from replicator.state.store import Store
 from reports.lake import BUCKET_COLUMNS, PART_FILE, SCHEMAS, export_hour, hour_dir, state_path
 from reports.replication import latency_report, missing_partitions_report, throughput_lag_report
 

@@ -14,14 +14,8 @@ from sqlalchemy import table as sql_table
 from mirus_dagster.settings import StackEndpoints
 from replicator.assignment import SourcePartition
 from replicator.state.database import alembic_config, upgrade
-from replicator.state.store import (
-    ConnectorState,
-    FencedError,
-    MetricInterval,
-    PartitionHealth,
-    Store,
-    UnknownConnectorError,
-)
+from replicator.state.records import ConnectorState, FencedError, MetricInterval, PartitionHealth, UnknownConnectorError
+from replicator.state.store import Store
 from reports.metric_totals import partition_lags
 
 from .engine_helpers import insert_partition_sample, metric_row, private_database

@@ -31,7 +31,8 @@ from replicator.configuration.connector import validate_submission
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.discovery.watcher import MetadataWatcher
-from replicator.state.store import PartitionHealth, Store
+from replicator.state.records import PartitionHealth
+from replicator.state.store import Store
 from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, connector_properties

@@ -28,19 +28,19 @@ from starlette.routing import Route
 
 from mirus.api.auth import ApiSettings, AuthMiddleware, Credentials
 from mirus.api.metrics import StoreCollector
+from replicator.assignment import SourcePartition
 from replicator.configuration import connectors
 from replicator.configuration.connector import ConnectorConfigError, validate_submission
 from replicator.configuration.masking import mask_properties
 from replicator.configuration.properties import MIRUS_CONNECTOR_CLASS, MM2_CONNECTOR_CLASS
-from replicator.state.store import (
+from replicator.state.records import (
     ConnectorNotStoppedError,
     ConnectorRecord,
     ConnectorState,
-    SourcePartition,
-    Store,
     TasksStillStoppingError,
     UnknownConnectorError,
 )
+from replicator.state.store import Store
 
 log = logging.getLogger(__name__)
 

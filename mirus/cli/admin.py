@@ -15,19 +15,15 @@ import click
 
 from mirus.local.stack import LocalStack
 from mirus_dagster.settings import PlatformSettings, StackEndpoints
+from replicator.assignment import SourcePartition
 from replicator.clusters import MetadataUnavailableError
 from replicator.configuration import connectors
 from replicator.configuration.connector import ConnectorConfigError
 from replicator.configuration.masking import mask_properties
 from replicator.configuration.secrets import parse_java_properties
 from replicator.state.database import make_engine, upgrade
-from replicator.state.store import (
-    ConnectorNotStoppedError,
-    ConnectorState,
-    SourcePartition,
-    Store,
-    UnknownConnectorError,
-)
+from replicator.state.records import ConnectorNotStoppedError, ConnectorState, UnknownConnectorError
+from replicator.state.store import Store
 from replicator.tools.offset_files import Format, OffsetFileError, OffsetLine, read_offsets, write_offsets
 
 FORMAT_OPTION = click.option(

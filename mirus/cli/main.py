@@ -113,7 +113,8 @@ def task_run(connector: str, task_id: int) -> None:
     from replicator.engine.ownership import run_owned
     from replicator.engine.task import ReplicationTask
     from replicator.state.database import DatabaseUnavailableError, SchemaBehindError, task_engine
-    from replicator.state.store import Store, UnknownConnectorError
+    from replicator.state.records import UnknownConnectorError
+    from replicator.state.store import Store
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

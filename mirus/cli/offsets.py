@@ -32,7 +32,8 @@ from replicator.discovery.offset_translation import (
     write_group_offsets,
 )
 from replicator.state.database import make_engine
-from replicator.state.store import Store, UnknownConnectorError
+from replicator.state.records import UnknownConnectorError
+from replicator.state.store import Store
 
 EXIT_NOT_APPLIED = 1
 EXIT_NOTHING = 2

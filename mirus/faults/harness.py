@@ -43,9 +43,10 @@ from mirus.faults.brokers import BrokerProcess, KafkaKit, tansu_broker
 from mirus.faults.proxy import TcpProxy
 from mirus.local.stack import LocalStack, free_port
 from mirus_dagster.settings import PlatformSettings
+from replicator.assignment import SourcePartition
 from replicator.configuration.connector import validate_submission
 from replicator.state.database import make_engine, upgrade
-from replicator.state.store import SourcePartition, Store
+from replicator.state.store import Store
 from replicator.tools.verify import VerifyReport, verify_replication
 
 FaultKind = Literal["kill", "postgres", "network", "broker", "refuse"]

@@ -13,7 +13,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_PARTITIONS, DEMO_TOPIC
 from mirus_dagster.settings import EXAMPLE_TOPIC, StackEndpoints
 from replicator.configuration.connector import validate_submission
-from replicator.state.store import Store, UnknownConnectorError
+from replicator.state.records import UnknownConnectorError
+from replicator.state.store import Store
 
 
 def _ensure_topic(bootstrap: str, topic: str, partitions: int) -> None:

@@ -31,7 +31,8 @@ from mirus_dagster.constants import (
 )
 from replicator.configuration.masking import mask_properties
 from replicator.discovery.heartbeats import liveness_s
-from replicator.state.store import ConnectorState, ConnectorStatus, PartitionHealth, Store
+from replicator.state.records import ConnectorState, ConnectorStatus, PartitionHealth
+from replicator.state.store import Store
 
 REFRESH_S = 60.0
 MAX_CONNECTORS = 100  # rows in the table; the rest are counted

@@ -17,7 +17,8 @@ from mirus_dagster.resources import PlatformDatabase
 from mirus_dagster.sensors.decisions import start_decision
 from mirus_dagster.sensors.task_runs import LIVE, NEVER_RAN, task_histories, task_run_requests
 from replicator.configuration.connector import ConnectorConfigError, load
-from replicator.state.store import ConnectorState, ConnectorStatus, PartitionHealth, Store
+from replicator.state.records import ConnectorState, ConnectorStatus, PartitionHealth
+from replicator.state.store import Store
 
 # Below the sensor daemon's own 5 s loop on purpose: an interval equal to it makes the daemon skip a tick whenever
 # the previous evaluation was due a few milliseconds late.

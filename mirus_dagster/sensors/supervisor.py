@@ -13,7 +13,7 @@ from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.sensors.decisions import Decision, requested_restart, restart_decision
 from mirus_dagster.sensors.task_runs import live_runs, task_histories, task_run_requests
 from replicator.configuration.connector import ConnectorConfigError, load
-from replicator.state.store import ConnectorState
+from replicator.state.records import ConnectorState
 
 
 def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:

@@ -15,10 +15,12 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from replicator.assignment import SourcePartition
 from replicator.clusters import METADATA_TIMEOUT_S, MetadataUnavailableError, read_cluster
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load, validate_submission
 from replicator.configuration.properties import SPECS
-from replicator.state.store import LEASE_HELD, ConnectorState, SourcePartition, Store, UnknownConnectorError
+from replicator.state.records import LEASE_HELD, ConnectorState, UnknownConnectorError
+from replicator.state.store import Store
 
 
 @dataclass(frozen=True)

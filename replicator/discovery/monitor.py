@@ -31,7 +31,8 @@ from replicator.discovery.topic_sync import (
     ensure_destination_topics,
     sync_topic_configs,
 )
-from replicator.state.store import ConnectorRecord, FlowRow, Store
+from replicator.state.records import ConnectorRecord, FlowRow
+from replicator.state.store import Store
 
 __all__ = [
     "KafkaMonitor", "MetadataUnavailableError", "MonitorResult", "PartitionPlan", "PollMemory", "plan_partitions",

@@ -31,7 +31,8 @@ from replicator.configuration.connector import ConnectorConfig, ConnectorConfigE
 from replicator.discovery.heartbeats import HeartbeatProducers
 from replicator.discovery.monitor import KafkaMonitor, MonitorResult, PollMemory, plan_partitions
 from replicator.discovery.topic_sync import TopicRequests
-from replicator.state.store import ConnectorState, Store, UnknownConnectorError
+from replicator.state.records import ConnectorState, UnknownConnectorError
+from replicator.state.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from replicator.assignment import SourcePartition
 from replicator.clusters import TopicPartitions, log_offsets, topic_partitions
 from replicator.engine.partitions import UNASSIGNED_PARTITION, PartitionState, describe
 from replicator.engine.scheduler import CHECKING_DESTINATIONS, REFRESHING
-from replicator.state.store import ConnectorHead, ConnectorState, PartitionHealth
+from replicator.state.records import ConnectorHead, ConnectorState, PartitionHealth
 
 if TYPE_CHECKING:
     from replicator.engine.task import ReplicationTask

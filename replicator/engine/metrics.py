@@ -16,7 +16,7 @@ from bisect import bisect_left
 from datetime import UTC, datetime
 
 from replicator.assignment import SourcePartition
-from replicator.state.store import MetricInterval, MetricRow
+from replicator.state.records import MetricInterval, MetricRow
 
 LATENCY_BUCKETS_MS: tuple[int, ...] = (
     10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000,

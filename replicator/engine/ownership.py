@@ -42,7 +42,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from replicator.configuration.connector import load
 from replicator.engine.task import ReplicationTask, TaskExit
-from replicator.state.store import LEASE_HELD, Lease, UnknownConnectorError
+from replicator.state.records import LEASE_HELD, Lease, UnknownConnectorError
 
 WAIT_S = 1.0  # longest single wait on a lock: termination and staleness are checked in between
 LOCK_TIMEOUT = f"SET LOCAL lock_timeout = '{int(WAIT_S * 1000)}ms'"

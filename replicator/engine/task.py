@@ -37,7 +37,8 @@ from replicator.engine.partitions import PartitionBook
 from replicator.engine.scheduler import RECORDING_METRICS, RESTING, Scheduler
 from replicator.engine.source_reader import DEFAULT_LIMITS, SourceReader, TierLimits
 from replicator.engine.transactions import TransactionalCommitter
-from replicator.state.store import FencedError, Lease, MetricInterval, Store
+from replicator.state.records import FencedError, Lease, MetricInterval
+from replicator.state.store import Store
 from replicator.topics import provenance
 
 __all__ = ["CommitWatchdogError", "ReplicationTask", "TaskExit"]

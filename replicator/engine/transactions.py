@@ -31,7 +31,7 @@ from replicator.engine.committer import COMMIT_WAIT_S, Committer
 from replicator.engine.forwarder import ACK_SERVE_S, MAX_BLOCK_S
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, PartitionState
 from replicator.partition_reader import PartitionReadError, read_to_end
-from replicator.state.store import FencedError
+from replicator.state.records import FencedError
 from replicator.topics import provenance
 
 if TYPE_CHECKING:

@@ -1,0 +1,88 @@
+"""What the monitor keeps per connector: metadata snapshots, the flow (cluster ids, duties, heartbeats, problems) and
+group checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    func,
+    select,
+)
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from replicator.state.base import StoreBase, typed_row
+from replicator.state.records import CheckpointRow, FlowRow, SnapshotRow
+from replicator.state.schema import (
+    Checkpoint,
+    Flow,
+    MetadataSnapshot,
+)
+
+
+class FlowStore(StoreBase):
+    def record_snapshot(
+        self, connector: str | None, cluster: str, topics: Mapping[str, int], error: str | None
+    ) -> bool:
+        """Keep what a monitor saw, only when it differs from the previous observation. Returns whether stored."""
+        with Session(self.engine) as s, s.begin():
+            last = s.execute(
+                select(MetadataSnapshot.topics, MetadataSnapshot.error)
+                .where(MetadataSnapshot.connector == connector, MetadataSnapshot.cluster == cluster)
+                .order_by(MetadataSnapshot.id.desc())
+                .limit(1)
+            ).one_or_none()
+            if last is not None and last.topics == dict(topics) and last.error == error:
+                return False
+            s.add(MetadataSnapshot(connector=connector, cluster=cluster, topics=dict(topics), error=error))
+            return True
+
+    def latest_snapshot(self, connector: str, cluster: str) -> SnapshotRow | None:
+        with Session(self.engine) as s:
+            row = s.scalars(
+                select(MetadataSnapshot)
+                .where(MetadataSnapshot.connector == connector, MetadataSnapshot.cluster == cluster)
+                .order_by(MetadataSnapshot.id.desc())
+                .limit(1)
+            ).one_or_none()
+            return typed_row(SnapshotRow, row) if row else None
+
+    def flow(self, connector: str) -> FlowRow:
+        """The connector's flow (an empty one before the monitor's first poll)."""
+        with Session(self.engine) as s:
+            row = s.get(Flow, connector)
+            return typed_row(FlowRow, row) if row else FlowRow()
+
+    def update_flow(self, connector: str, **values: Any) -> None:
+        """Create or update the connector's `flows` row with `values` (column -> value)."""
+        with Session(self.engine) as s, s.begin():
+            stmt = insert(Flow).values(connector=connector, **values)
+            s.execute(
+                stmt.on_conflict_do_update(index_elements=[Flow.connector], set_={**values, "updated_at": func.now()})
+            )
+
+    def save_checkpoints(self, connector: str, group_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Store a group's translated offsets (keys: topic, partition, source_offset, destination_topic,
+        destination_partition, destination_offset), replacing earlier ones for the same partitions."""
+        if not rows:
+            return
+        with Session(self.engine) as s, s.begin():
+            stmt = insert(Checkpoint).values([{"connector": connector, "group_id": group_id, **r} for r in rows])
+            columns = ("source_offset", "destination_topic", "destination_partition", "destination_offset")
+            s.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[Checkpoint.connector, Checkpoint.group_id, Checkpoint.topic, Checkpoint.partition],
+                    set_={**{c: stmt.excluded[c] for c in columns}, "updated_at": func.now()},
+                )
+            )
+
+    def checkpoints(self, connector: str, group_id: str | None = None) -> list[CheckpointRow]:
+        query = select(Checkpoint).where(Checkpoint.connector == connector)
+        if group_id is not None:
+            query = query.where(Checkpoint.group_id == group_id)
+        with Session(self.engine) as s:
+            rows = s.scalars(query.order_by(Checkpoint.group_id, Checkpoint.topic, Checkpoint.partition))
+            return [typed_row(CheckpointRow, r) for r in rows]

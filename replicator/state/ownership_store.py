@@ -1,0 +1,276 @@
+"""Who owns what: assignment generations, task leases (claims with an epoch, heartbeats, how an instance ended), and
+each partition's owner and state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
+
+from sqlalchemy import (
+    and_,
+    delete,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from replicator.assignment import SourcePartition, membership
+from replicator.state.base import StoreBase, partition_rows, status_rows_of, typed_row
+from replicator.state.records import (
+    KEPT_GENERATIONS,
+    LEASE_HELD,
+    FencedError,
+    Lease,
+    LeaseRow,
+    PartitionHealth,
+    PartitionStatusRow,
+    UnknownConnectorError,
+)
+from replicator.state.schema import (
+    Assignment,
+    Connector,
+    PartitionStatus,
+    TaskLease,
+)
+
+
+class OwnershipStore(StoreBase):
+    def write_assignment(self, connector: str, tasks: Mapping[int, Sequence[SourcePartition]]) -> int | None:
+        """Record `tasks` as a new generation if membership differs from the current one; returns it, or None."""
+        wanted = membership(tasks)
+        with Session(self.engine) as s, s.begin():
+            row = s.get(Connector, connector, with_for_update=True)
+            if row is None:
+                raise UnknownConnectorError(f"connector {connector!r} does not exist")
+            if self._assignment(s, connector, row.assignment_generation) == wanted and row.assignment_generation:
+                return None
+            row.assignment_generation += 1
+            for task_id, parts in wanted.items():
+                s.add(Assignment(connector=connector, generation=row.assignment_generation, task_id=task_id,
+                                 partitions=[list(tp) for tp in parts]))  # fmt: skip
+            # Older generations are history nobody reads: a task reads the generation it just saw in the head row,
+            # and keeping a few lets one that saw it moments ago still read it.
+            s.execute(delete(Assignment).where(
+                Assignment.connector == connector,
+                Assignment.generation <= row.assignment_generation - KEPT_GENERATIONS,
+            ))  # fmt: skip
+            return row.assignment_generation
+
+    def read_assignment(self, connector: str, generation: int | None = None) -> dict[int, list[SourcePartition]]:
+        if generation is None:
+            return self.current_assignment(connector)[1]
+        with Session(self.engine) as s:
+            return self._assignment(s, connector, generation)
+
+    def current_assignment(self, connector: str) -> tuple[int, dict[int, list[SourcePartition]]]:
+        """The connector's current generation and its assignment."""
+        with Session(self.engine) as s:
+            generation = s.scalar(select(Connector.assignment_generation).where(Connector.name == connector))
+            if generation is None:
+                raise UnknownConnectorError(f"connector {connector!r} does not exist")
+            return generation, self._assignment(s, connector, generation)
+
+    @staticmethod
+    def _assignment(s: Session, connector: str, generation: int) -> dict[int, list[SourcePartition]]:
+        rows = s.execute(
+            select(Assignment.task_id, Assignment.partitions).where(
+                Assignment.connector == connector, Assignment.generation == generation
+            )
+        ).all()
+        return {task_id: [(t, int(p)) for t, p in parts] for task_id, parts in rows}
+
+    def claim_task(self, connector: str, task_id: int, owner: str) -> Lease:
+        """Take the task over with a new epoch, fencing any earlier instance."""
+        with Session(self.engine) as s, s.begin():
+            if s.get(Connector, connector) is None:
+                raise UnknownConnectorError(f"connector {connector!r} does not exist")
+            stmt = insert(TaskLease).values(
+                connector=connector, task_id=task_id, epoch=1, owner=owner, state=LEASE_HELD,
+                claimed_at=func.now(), heartbeat_at=func.now(),
+            )  # fmt: skip
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[TaskLease.connector, TaskLease.task_id],
+                set_={"epoch": TaskLease.epoch + 1, "owner": owner, "state": LEASE_HELD, "error": None,
+                      "claimed_at": func.now(), "heartbeat_at": func.now()},
+            ).returning(TaskLease.epoch)  # fmt: skip
+            return Lease(connector, task_id, s.execute(stmt).scalar_one())
+
+    def finish_task(self, lease: Lease, state: str, error: str | None = None) -> None:
+        """Record how the task instance ended and release its partitions, if it still holds the lease."""
+        try:
+            with Session(self.engine) as s, s.begin():
+                self._fence_check(s, lease, state=state, error=error)
+                s.execute(
+                    update(PartitionStatus)
+                    .where(PartitionStatus.connector == lease.connector, PartitionStatus.task_id == lease.task_id)
+                    .values(task_id=None, updated_at=func.now())
+                )
+        except FencedError:
+            pass  # the newer instance owns the row now
+
+    def record_restart(self, connector: str, task_id: int) -> int:
+        """Count a restart of the task (Mirus's restart-attempt metrics); returns the task's total."""
+        with Session(self.engine) as s, s.begin():
+            stmt = insert(TaskLease).values(connector=connector, task_id=task_id, restart_attempts=1)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[TaskLease.connector, TaskLease.task_id],
+                set_={"restart_attempts": TaskLease.restart_attempts + 1},
+            ).returning(TaskLease.restart_attempts)
+            return s.execute(stmt).scalar_one()
+
+    def leases(self, connector: str) -> dict[int, LeaseRow]:
+        """Every task lease of `connector` (tasks assigned now and formerly), by task id."""
+        with Session(self.engine) as s:
+            rows = s.scalars(select(TaskLease).where(TaskLease.connector == connector))
+            return {r.task_id: typed_row(LeaseRow, r) for r in rows}
+
+    def lease_of(self, connector: str, task_id: int) -> LeaseRow | None:
+        with Session(self.engine) as s:
+            row = s.get(TaskLease, (connector, task_id))
+            return typed_row(LeaseRow, row) if row else None
+
+    def claim_partitions(
+        self, lease: Lease, partitions: Sequence[SourcePartition], stale_after: timedelta
+    ) -> list[SourcePartition]:
+        """Take ownership of the partitions no other live task holds; returns those now owned by this task.
+
+        A partition held by another task is taken only once that task released it (after flushing and
+        committing) or its lease stopped heartbeating for `stale_after`.
+        """
+        return sorted(self.claim_partitions_from(lease, partitions, stale_after))
+
+    def claim_partitions_from(
+        self, lease: Lease, partitions: Sequence[SourcePartition], stale_after: timedelta
+    ) -> dict[SourcePartition, int | None]:
+        """`claim_partitions`, telling for each partition taken the other task that held it without releasing it
+        (a silent one: exactly-once fences it before writing), or None."""
+        if not partitions:
+            return {}
+        with Session(self.engine) as s, s.begin():
+            self._fence_check(s, lease)
+            held = dict(
+                ((t, p), task) for t, p, task in s.execute(
+                    select(PartitionStatus.topic, PartitionStatus.partition, PartitionStatus.task_id)
+                    .where(PartitionStatus.connector == lease.connector, PartitionStatus.task_id.is_not(None),
+                           PartitionStatus.task_id != lease.task_id, status_rows_of(partitions))
+                    .with_for_update()
+                )
+            )  # fmt: skip
+            # The conflicting row's owner is referenced by name: a correlated subquery cannot be expressed here.
+            owner_gone = text(
+                "NOT EXISTS (SELECT 1 FROM task_leases l WHERE l.connector = partition_status.connector"
+                " AND l.task_id = partition_status.task_id AND l.state = :held"
+                " AND l.heartbeat_at > now() - :stale)"
+            ).bindparams(stale=stale_after, held=LEASE_HELD)
+            pairs = partition_rows(partitions)
+            stmt = insert(PartitionStatus).from_select(
+                ["connector", "topic", "partition", "task_id", "state"],
+                select(literal(lease.connector), pairs.c.topic, pairs.c.partition, literal(lease.task_id),
+                       literal(PartitionHealth.ACTIVE.value)),
+            )  # fmt: skip
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[PartitionStatus.connector, PartitionStatus.topic, PartitionStatus.partition],
+                set_={
+                    "task_id": lease.task_id,
+                    "state": PartitionHealth.ACTIVE,
+                    "reason": None,
+                    "updated_at": func.now(),
+                },
+                where=or_(PartitionStatus.task_id.is_(None), PartitionStatus.task_id == lease.task_id, owner_gone),
+            ).returning(PartitionStatus.topic, PartitionStatus.partition)
+            return {(t, p): held.get((t, p)) for t, p in s.execute(stmt)}
+
+    def release_partitions(self, lease: Lease, partitions: Iterable[SourcePartition]) -> None:
+        wanted = list(partitions)
+        if not wanted:
+            return
+        with Session(self.engine) as s, s.begin():
+            self._fence_check(s, lease)
+            s.execute(
+                update(PartitionStatus)
+                .where(PartitionStatus.connector == lease.connector, PartitionStatus.task_id == lease.task_id,
+                       status_rows_of(wanted))
+                .values(task_id=None, updated_at=func.now())
+            )  # fmt: skip
+
+    def set_partition_state(
+        self, lease: Lease, partition: SourcePartition, state: PartitionHealth, reason: str | None
+    ) -> None:
+        """A partition's health, with the reason an operator sees."""
+        with Session(self.engine) as s, s.begin():
+            self._fence_check(s, lease)
+            stmt = insert(PartitionStatus).values(
+                connector=lease.connector, topic=partition[0], partition=partition[1], task_id=lease.task_id,
+                state=state, reason=reason,
+            )  # fmt: skip
+            s.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[PartitionStatus.connector, PartitionStatus.topic, PartitionStatus.partition],
+                    set_={"state": state, "reason": reason, "updated_at": func.now()},
+                )
+            )
+
+    def hold_partitions(
+        self, connector: str, held: Mapping[SourcePartition, str], assigned: Iterable[SourcePartition]
+    ) -> None:
+        """Record the partitions the monitor holds back from assignment (PAUSED, with why), unless a task owns
+        the row; unowned PAUSED rows of partitions now neither held nor assigned are removed (stale reasons)."""
+        keep = set(held) | set(assigned)
+        with Session(self.engine) as s, s.begin():
+            if held:
+                stmt = insert(PartitionStatus).values(
+                    [{"connector": connector, "topic": t, "partition": p, "task_id": None,
+                      "state": PartitionHealth.PAUSED, "reason": reason} for (t, p), reason in sorted(held.items())]
+                )  # fmt: skip
+                s.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[PartitionStatus.connector, PartitionStatus.topic, PartitionStatus.partition],
+                        set_={"state": PartitionHealth.PAUSED, "reason": stmt.excluded.reason,
+                              "updated_at": func.now()},
+                        where=and_(PartitionStatus.task_id.is_(None), or_(
+                            PartitionStatus.state != PartitionHealth.PAUSED,
+                            PartitionStatus.reason.is_distinct_from(stmt.excluded.reason))),
+                    )
+                )  # fmt: skip
+            unowned = s.execute(
+                select(PartitionStatus.topic, PartitionStatus.partition).where(
+                    PartitionStatus.connector == connector, PartitionStatus.task_id.is_(None),
+                    PartitionStatus.state == PartitionHealth.PAUSED,
+                )
+            ).all()  # fmt: skip
+            stale = [(t, p) for t, p in unowned if (t, p) not in keep]
+            if stale:
+                s.execute(
+                    delete(PartitionStatus).where(
+                        PartitionStatus.connector == connector, PartitionStatus.task_id.is_(None),
+                        status_rows_of(stale),
+                    )
+                )  # fmt: skip
+
+    def unowned_paused(self) -> dict[str, set[SourcePartition]]:
+        """Every connector's PAUSED partitions no task owns (those the monitor holds back, and stale ones it
+        removes), in one query: the watcher learns which connectors' polls have any to write."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(PartitionStatus.connector, PartitionStatus.topic, PartitionStatus.partition).where(
+                    PartitionStatus.task_id.is_(None), PartitionStatus.state == PartitionHealth.PAUSED
+                )
+            )
+            found: dict[str, set[SourcePartition]] = {}
+            for connector, topic, partition in rows:
+                found.setdefault(connector, set()).add((topic, partition))
+            return found
+
+    def partition_statuses(self, connector: str) -> dict[SourcePartition, PartitionStatusRow]:
+        with Session(self.engine) as s:
+            rows = s.scalars(select(PartitionStatus).where(PartitionStatus.connector == connector))
+            return {
+                (r.topic, r.partition): PartitionStatusRow(r.task_id, PartitionHealth(r.state), r.reason, r.updated_at)
+                for r in rows
+            }
