@@ -33,6 +33,7 @@ from pathlib import Path
 
 from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from sqlalchemy import text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -101,6 +102,11 @@ def task_process(database_url: str, connector: str, log: Path) -> subprocess.Pop
     return subprocess.Popen(argv, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
 
 
+def committed_transactions(store: Store) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.scalar(text("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")))
+
+
 def wait(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not condition():
@@ -158,6 +164,7 @@ def main() -> None:
                       flush=True)  # fmt: skip
 
                 watched_from = time.monotonic()
+                commits_from = committed_transactions(store)
                 print(f"\n(a) new topic -> first record at the destination, {args.topics} times", flush=True)
                 created: list[float] = []
                 for i in range(args.topics):
@@ -200,6 +207,7 @@ def main() -> None:
                 reader.close()
                 rounds.stop()
             elapsed = time.monotonic() - watched_from
+            commits = committed_transactions(store) - commits_from
             requests: Counter[str] = Counter()
             for r in watched:
                 requests.update(r.requests)
@@ -209,6 +217,8 @@ def main() -> None:
                   f"change seen) {sum(len(r.polled) for r in watched)}")  # fmt: skip
             for cluster, count in sorted(requests.items()):
                 print(f"  metadata requests to {cluster}: {count / elapsed:.2f}/s")
+            print(f"  Postgres transactions committed: {commits / elapsed:.1f}/s (the watcher, connector 0's owner and "
+                  "standby, this script's checks)")  # fmt: skip
             print()
             report("(a) new topic -> first record", created, 2.0)
             report("(b) kill -9 -> resumed replication", resumed, 3.0)

@@ -37,6 +37,22 @@ def test_each_put_is_a_new_version_and_delete_keeps_offsets(store: Store, unique
     assert store.load_offsets(unique) == {("t", 0): 10}
 
 
+def test_a_rounds_flows_are_written_together_and_a_deleted_connectors_is_dropped(store: Store, unique: str) -> None:
+    names = [f"{unique}-{i}" for i in range(3)]
+    for name in names:
+        store.put_connector(name, {"name": name}, 1)
+    store.update_flow(names[0], problems={"topic t": "old"})
+    store.delete_connector(names[2])  # deleted after the watcher polled it
+    store.update_flows({
+        names[0]: {"problems": {}, "source_cluster_id": "a"},
+        names[1]: {"heartbeats": [[5, 1000]]},
+        names[2]: {"problems": {"x": "y"}},
+    })  # fmt: skip
+    assert store.flow(names[0]).problems == {} and store.flow(names[0]).source_cluster_id == "a"
+    assert store.flow(names[1]).heartbeats == [[5, 1000]]
+    assert store.flow(names[2]).problems == {}, "no flow for a connector that no longer exists"
+
+
 def test_a_new_generation_only_when_membership_changes(store: Store, unique: str) -> None:
     store.put_connector(unique, {"name": unique}, 2)
     assert store.write_assignment(unique, {0: [("a", 0), ("a", 1)], 1: [("b", 0)]}) == 1

@@ -157,6 +157,7 @@ class KafkaMonitor:
         heartbeat_producers: HeartbeatProducers | None = None,
         memory: PollMemory | None = None,
         unowned_paused: Callable[[str], Collection[SourcePartition]] | None = None,
+        flow_writes: dict[str, dict[str, object]] | None = None,
     ) -> None:
         """`read_view`: how a cluster is read (the metadata watcher passes the reading it shares among connectors);
         `admin_for`: the admin client for a cluster's settings (the watcher's live as long as it does);
@@ -165,7 +166,9 @@ class KafkaMonitor:
         same for heartbeats (the watcher's collect a heartbeat's acknowledgement on a later poll); without, each
         poll waits for its heartbeat's. `memory`: what earlier polls wrote (the watcher's outlives a monitor).
         `unowned_paused`: a connector's PAUSED partitions no task owns (the watcher reads them once a round for
-        every connector); without, every poll writes its held partitions and removes stale ones."""
+        every connector); without, every poll writes its held partitions and removes stale ones. `flow_writes`: where
+        a poll leaves its flow's changes for the caller to write with others (the watcher, once a round); without,
+        each poll writes its own."""
         self.store = store
         self.read_view = read_view
         self.admin_for = admin_for
@@ -173,6 +176,7 @@ class KafkaMonitor:
         self.heartbeat_producers = heartbeat_producers or HeartbeatProducers(wait=True)
         self.memory = memory or PollMemory()
         self.unowned_paused = unowned_paused
+        self.flow_writes = flow_writes
 
     def _read(self, connector: str, admin: AdminClient, role: str, written: Written) -> ClusterView:
         try:
@@ -232,7 +236,9 @@ class KafkaMonitor:
         # After the new generation is written: the tasks pick it up while heartbeats, checkpoints and syncs run.
         existing = {d: s for d, s in pairs.items() if d in destination_counts}
         self._periodic_duties(config, admins, source, destination, existing, flow, updates)
-        if updates:
+        if updates and self.flow_writes is not None:
+            self.flow_writes.setdefault(connector, {}).update(updates)
+        elif updates:
             self.store.update_flow(connector, **updates)
         written.flow = replace(flow, **updates)
         current = written.assignment[0]

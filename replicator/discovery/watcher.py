@@ -131,6 +131,7 @@ class MetadataWatcher:
         self.topic_requests = TopicRequests()
         self.heartbeat_producers = HeartbeatProducers()
         self.memory = PollMemory()
+        self.flow_writes: dict[str, dict[str, object]] = {}  # this round's flow changes, written together at its end
 
     def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Watch until `should_stop`; a round starts every `interval_s` (at once when the last one overran, or when
@@ -185,6 +186,7 @@ class MetadataWatcher:
                     heartbeat_producers=self.heartbeat_producers,
                     memory=self.memory,
                     unowned_paused=lambda name: paused().get(name, set()),
+                    flow_writes=self.flow_writes,
                 )
                 result = monitor.poll(record.name, record, config)
                 watch.due_at = time.monotonic() + config.monitor_poll_wait_ms / 1000
@@ -210,6 +212,7 @@ class MetadataWatcher:
             if result.changed:
                 done.changed.append(result)
                 self.on_change(result)
+        self._write_flows()
         names = {r.name for r in records}
         self.watches = {n: w for n, w in self.watches.items() if n in names}
         self.configs = {k: c for k, c in self.configs.items() if k[0] in names}
@@ -260,8 +263,23 @@ class MetadataWatcher:
                 watch.shown = False  # a metadata error now: its failed snapshot shows it
         watch.error = error
 
+    def _write_flows(self, only: str | None = None) -> None:
+        """Write the round's flow changes (or `only` that connector's) in one transaction. If that fails, the polls
+        that made them read their flows again next time (the database is the truth)."""
+        names = list(self.flow_writes) if only is None else [only] if only in self.flow_writes else []
+        writes = {name: self.flow_writes.pop(name) for name in names}
+        if not writes:
+            return
+        try:
+            self.store.update_flows(writes)
+        except SQLAlchemyError as exc:
+            log.warning("metadata watcher: flows of %d connector(s) not written, will retry: %s", len(writes), exc)
+            for name in writes:
+                self.memory.forget(name)
+
     def _show(self, name: str, error: str | None) -> bool:
         """Put `error` on the connector's flow problems (the connectors view shows them), or clear it (None)."""
+        self._write_flows(only=name)  # this round's changes first: the problems are read back from the row
         try:
             problems = dict(self.store.flow(name).problems)
             if problems.get(WATCH_PROBLEM) == error:

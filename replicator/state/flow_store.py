@@ -18,6 +18,7 @@ from replicator.state.base import StoreBase, typed_row
 from replicator.state.records import CheckpointRow, FlowRow, SnapshotRow
 from replicator.state.schema import (
     Checkpoint,
+    Connector,
     Flow,
     MetadataSnapshot,
 )
@@ -63,6 +64,22 @@ class FlowStore(StoreBase):
             s.execute(
                 stmt.on_conflict_do_update(index_elements=[Flow.connector], set_={**values, "updated_at": func.now()})
             )
+
+    def update_flows(self, values: Mapping[str, Mapping[str, Any]]) -> None:
+        """`update_flow` for many connectors in one transaction (a watcher round's duties: one commit, not one per
+        connector)."""
+        if not values:
+            return
+        with Session(self.engine) as s, s.begin():
+            # A connector deleted since its poll has no flow to keep (and its row would break the foreign key).
+            existing = set(s.scalars(select(Connector.name).where(Connector.name.in_(list(values))).with_for_update(
+                read=True
+            )))  # fmt: skip
+            for connector in sorted(existing):  # a fixed order: two writers never lock rows in opposite orders
+                stmt = insert(Flow).values(connector=connector, **values[connector])
+                s.execute(stmt.on_conflict_do_update(
+                    index_elements=[Flow.connector], set_={**values[connector], "updated_at": func.now()}
+                ))  # fmt: skip
 
     def save_checkpoints(self, connector: str, group_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Store a group's translated offsets (keys: topic, partition, source_offset, destination_topic,
