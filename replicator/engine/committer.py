@@ -16,17 +16,14 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
+from replicator.engine.context import TaskContext
 from replicator.engine.partitions import PartitionState
 from replicator.engine.scheduler import COMMITTING, HEARTBEATING
-
-if TYPE_CHECKING:
-    from replicator.engine.task import ReplicationTask
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +35,7 @@ class CommitWatchdogError(RuntimeError):
 
 
 class Committer:
-    def __init__(self, task: ReplicationTask) -> None:
+    def __init__(self, task: TaskContext) -> None:
         self.task = task
         self.in_flight: tuple[Future[None], dict[SourcePartition, int]] | None = None  # the background commit
         self.started = 0.0  # when the background commit was sent

@@ -8,7 +8,6 @@ import enum
 import logging
 from concurrent.futures import Future
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -16,12 +15,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
 from replicator.clusters import TopicPartitions, log_offsets, topic_partitions
+from replicator.engine.context import TaskContext
 from replicator.engine.partitions import UNASSIGNED_PARTITION, PartitionState, describe
 from replicator.engine.scheduler import CHECKING_DESTINATIONS, REFRESHING
 from replicator.state.records import ConnectorHead, ConnectorState, PartitionHealth
-
-if TYPE_CHECKING:
-    from replicator.engine.task import ReplicationTask
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +40,7 @@ class TaskExit(enum.Enum):
 
 
 class AssignmentFollower:
-    def __init__(self, task: ReplicationTask) -> None:
+    def __init__(self, task: TaskContext) -> None:
         self.task = task
         self.generation = 0
         self.head_in_flight: Future[ConnectorHead | None] | None = None  # the connector's row, read in the background

@@ -17,15 +17,13 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from replicator.engine.context import TaskContext
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, UNASSIGNED_PARTITION, InFlight, PartitionState
 from replicator.topics import provenance
-
-if TYPE_CHECKING:
-    from replicator.engine.task import ReplicationTask
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +50,7 @@ PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
 class Forwarder:
     """The task's destination producer and the records on their way to it."""
 
-    def __init__(self, task: ReplicationTask) -> None:
+    def __init__(self, task: TaskContext) -> None:
         self.task = task
         self.producer = self.new_producer()
         queue_limit = int(task.config.producer_settings(task.task_id)["queue.buffering.max.messages"])

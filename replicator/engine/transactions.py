@@ -22,20 +22,18 @@ import enum
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from replicator.assignment import SourcePartition
 from replicator.engine.committer import COMMIT_WAIT_S, Committer
+from replicator.engine.context import TaskContext
 from replicator.engine.forwarder import ACK_SERVE_S, MAX_BLOCK_S
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, PartitionState
 from replicator.partition_reader import PartitionReadError, read_to_end
 from replicator.state.records import FencedError
 from replicator.topics import provenance
-
-if TYPE_CHECKING:
-    from replicator.engine.task import ReplicationTask
 
 # A newer producer with the same transactional.id exists: this instance must stop (as a fenced Postgres write).
 FENCED_CODES = {KafkaError.PRODUCER_FENCED, KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
@@ -180,7 +178,7 @@ class TransactionalCommitter(Committer):
     """Exactly-once: every commit is a destination transaction's, and what Postgres stores is only ever what a
     committed transaction holds (`PartitionState.durable`)."""
 
-    def __init__(self, task: ReplicationTask) -> None:
+    def __init__(self, task: TaskContext) -> None:
         super().__init__(task)
         self.transactions: Transactions | None = None  # once the task is owned (a standby's must not fence the owner)
         self.due = False  # the transaction commits once its records are acknowledged; intake waits
