@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from mirus.cli.verify import verify
 from mirus_dagster.settings import StackEndpoints
-from replicator.tools.verify import Mismatch, PartitionResult, Replay, VerifyReport, verify_replication
+from replicator.tools.verify import verify_replication
+from replicator.tools.verify_report import Mismatch, PartitionResult, Replay, VerifyReport
 from replicator.topics import provenance
 
 from .kafka_helpers import Rec, consume_all, create_topics, produce, wait_for

@@ -47,7 +47,8 @@ from replicator.assignment import SourcePartition
 from replicator.configuration.connector import validate_submission
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import Store
-from replicator.tools.verify import VerifyReport, verify_replication
+from replicator.tools.verify import verify_replication
+from replicator.tools.verify_report import VerifyReport
 
 FaultKind = Literal["kill", "postgres", "network", "broker", "refuse"]
 EMBEDDED_FAULTS: tuple[FaultKind, ...] = ("kill", "postgres", "network")

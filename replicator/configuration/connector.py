@@ -17,6 +17,9 @@ Values may contain Kafka Connect config provider references (`${env:NAME}`, `${f
 see `replicator.configuration.secrets`), resolved in every process that builds the model. The typed fields and client
 dicts hold resolved values; `raw` holds the properties exactly as submitted and is what gets stored. Secrets (see
 `replicator.configuration.masking`) and values that came from references never appear in `repr()` or in error messages.
+
+(Over 500 lines on purpose: the model, its validators and the parser that fills it from the property table are one
+piece — a property is read, checked and named in errors in one place.)
 """
 
 from __future__ import annotations
