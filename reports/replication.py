@@ -145,69 +145,11 @@ def missing_partitions_report(spark: SparkSession, lake: Path) -> DataFrame:
     )
     routes = read_state(spark, lake, "connector_routes").where("NOT cycle")
     events = snapshots.select("connector", "taken_at").distinct()
-    # As-of join: at every event time, the latest good snapshot of each cluster.
-    ids = snapshots.select("connector", "cluster", "taken_at", "snapshot_id").distinct()
-    timeline = events
-    for cluster in ("source", "destination"):
-        mine = ids.where(F.col("cluster") == cluster).select(
-            "connector", "taken_at", F.col("snapshot_id").alias(f"{cluster}_id")
-        )
-        timeline = timeline.join(mine, ["connector", "taken_at"], "left")
-    ordered = "PARTITION BY connector ORDER BY taken_at ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW"
-    timeline = timeline.selectExpr(
-        "connector", "taken_at",
-        f"last(source_id, true) OVER ({ordered}) AS source_id",
-        f"last(destination_id, true) OVER ({ordered}) AS destination_id",
-    )  # fmt: skip
-    topic_rows = snapshots.select("snapshot_id", "topic", "partitions")
-    source = (
-        timeline.join(topic_rows.withColumnRenamed("snapshot_id", "source_id"), "source_id")
-        .join(routes.withColumnRenamed("source_topic", "topic"), ["connector", "topic"])
-        .withColumn("partition", F.explode(F.sequence(F.lit(0), F.col("partitions") - 1)))
-        .drop("partitions")
-    )
-    destination = topic_rows.select(
-        F.col("snapshot_id").alias("destination_id"),
-        F.col("topic").alias("destination_topic"),
-        F.col("partitions").alias("destination_partitions"),
-    )
-    states = (
-        source.join(destination, ["destination_id", "destination_topic"], "left")
-        .join(connectors, "connector")
-        .withColumn(
-            "reason",
-            F.when(~F.col("destination_topic_checking"), None)
-            .when(F.col("destination_partitions").isNull(), F.lit(REASON_TOPIC_MISSING))
-            .when(
-                F.coalesce(F.col("partition_matching"), F.lit(False))
-                & (F.col("partition") >= F.col("destination_partitions")),
-                F.lit(REASON_FEWER_PARTITIONS),
-            ),
-        )
-        .select("connector", "taken_at", "topic", "partition", "destination_topic", "destination_partitions", "reason")
-    )
+    timeline = _snapshot_timeline(snapshots, events)
+    states = _partition_states(snapshots, timeline, routes, connectors)
     latest = timeline.groupBy("connector").agg(F.max("taken_at").alias("taken_at"))
     current = states.join(latest, ["connector", "taken_at"]).where("reason IS NOT NULL")
-    # The last event before now at which the partition was absent or in another state ends the earlier run.
-    history = (
-        current.select("connector", "topic", "partition", F.col("reason").alias("current_reason"))
-        .join(events, "connector")
-        .join(
-            states.select("connector", "taken_at", "topic", "partition", "reason"),
-            ["connector", "taken_at", "topic", "partition"],
-            "left",
-        )
-    )
-    since = history.groupBy("connector", "topic", "partition").agg(
-        F.max(F.when(~F.col("reason").eqNullSafe(F.col("current_reason")), F.col("taken_at"))).alias("broken_at")
-    )
-    first_missing = (
-        history.join(since, ["connector", "topic", "partition"])
-        .where(F.col("broken_at").isNull() | (F.col("taken_at") > F.col("broken_at")))
-        .groupBy("connector", "topic", "partition")
-        .agg(F.min("taken_at").alias("since"))
-    )
-    from_metadata = current.join(first_missing, ["connector", "topic", "partition"]).select(
+    from_metadata = current.join(_missing_since(current, states, events), ["connector", "topic", "partition"]).select(
         "connector",
         F.col("topic").alias("source_topic"),
         "partition",
@@ -228,7 +170,86 @@ def missing_partitions_report(spark: SparkSession, lake: Path) -> DataFrame:
         .alias("detail"),
         "since",
     )
-    from_tasks = (
+    from_tasks = _held_by_tasks(spark, lake, routes, connectors, from_metadata)
+    return from_metadata.unionByName(from_tasks).orderBy("connector", "source_topic", "partition")
+
+
+def _snapshot_timeline(snapshots: DataFrame, events: DataFrame) -> DataFrame:
+    """At every event time of a connector, the latest good snapshot of each of its clusters (an as-of join)."""
+    ids = snapshots.select("connector", "cluster", "taken_at", "snapshot_id").distinct()
+    timeline = events
+    for cluster in ("source", "destination"):
+        mine = ids.where(F.col("cluster") == cluster).select(
+            "connector", "taken_at", F.col("snapshot_id").alias(f"{cluster}_id")
+        )
+        timeline = timeline.join(mine, ["connector", "taken_at"], "left")
+    ordered = "PARTITION BY connector ORDER BY taken_at ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW"
+    return timeline.selectExpr(
+        "connector", "taken_at",
+        f"last(source_id, true) OVER ({ordered}) AS source_id",
+        f"last(destination_id, true) OVER ({ordered}) AS destination_id",
+    )  # fmt: skip
+
+
+def _partition_states(snapshots: DataFrame, timeline: DataFrame, routes: DataFrame, connectors: DataFrame) -> DataFrame:
+    """Every selected source partition at every event time, with why it was excluded then (NULL: it was not)."""
+    topic_rows = snapshots.select("snapshot_id", "topic", "partitions")
+    source = (
+        timeline.join(topic_rows.withColumnRenamed("snapshot_id", "source_id"), "source_id")
+        .join(routes.withColumnRenamed("source_topic", "topic"), ["connector", "topic"])
+        .withColumn("partition", F.explode(F.sequence(F.lit(0), F.col("partitions") - 1)))
+        .drop("partitions")
+    )
+    destination = topic_rows.select(
+        F.col("snapshot_id").alias("destination_id"),
+        F.col("topic").alias("destination_topic"),
+        F.col("partitions").alias("destination_partitions"),
+    )
+    return (
+        source.join(destination, ["destination_id", "destination_topic"], "left")
+        .join(connectors, "connector")
+        .withColumn(
+            "reason",
+            F.when(~F.col("destination_topic_checking"), None)
+            .when(F.col("destination_partitions").isNull(), F.lit(REASON_TOPIC_MISSING))
+            .when(
+                F.coalesce(F.col("partition_matching"), F.lit(False))
+                & (F.col("partition") >= F.col("destination_partitions")),
+                F.lit(REASON_FEWER_PARTITIONS),
+            ),
+        )
+        .select("connector", "taken_at", "topic", "partition", "destination_topic", "destination_partitions", "reason")
+    )
+
+
+def _missing_since(current: DataFrame, states: DataFrame, events: DataFrame) -> DataFrame:
+    """For each partition missing now, the first event of its unbroken run of events missing for the same reason."""
+    # The last event before now at which the partition was absent or in another state ends the earlier run.
+    history = (
+        current.select("connector", "topic", "partition", F.col("reason").alias("current_reason"))
+        .join(events, "connector")
+        .join(
+            states.select("connector", "taken_at", "topic", "partition", "reason"),
+            ["connector", "taken_at", "topic", "partition"],
+            "left",
+        )
+    )
+    since = history.groupBy("connector", "topic", "partition").agg(
+        F.max(F.when(~F.col("reason").eqNullSafe(F.col("current_reason")), F.col("taken_at"))).alias("broken_at")
+    )
+    return (
+        history.join(since, ["connector", "topic", "partition"])
+        .where(F.col("broken_at").isNull() | (F.col("taken_at") > F.col("broken_at")))
+        .groupBy("connector", "topic", "partition")
+        .agg(F.min("taken_at").alias("since"))
+    )
+
+
+def _held_by_tasks(
+    spark: SparkSession, lake: Path, routes: DataFrame, connectors: DataFrame, from_metadata: DataFrame
+) -> DataFrame:
+    """Partitions a task paused or dropped (`partition_status`), unless the metadata already explains them."""
+    return (
         read_state(spark, lake, "partition_status")
         .where("state IN ('PAUSED', 'DROPPED')")
         # Only selected source topics: the task's own flows (e.g. heartbeats) are not source partitions.
@@ -250,7 +271,6 @@ def missing_partitions_report(spark: SparkSession, lake: Path) -> DataFrame:
             F.col("updated_at").alias("since"),
         )
     )
-    return from_metadata.unionByName(from_tasks).orderBy("connector", "source_topic", "partition")
 
 
 # -- throughput and lag ---------------------------------------------------------------------------------------

@@ -109,32 +109,8 @@ class TopicRules(PropertyReader):
         mirus_props = [
             p for p, v in (("destination.topic.name.prefix", prefix), ("destination.topic.name.suffix", suffix)) if v
         ]
-
         if policy_class is None and (mirus_props or "source.cluster.alias" not in self.props):
-            if separator is not None:
-                self.fail(
-                    "replication.policy.separator",
-                    "only applies with replication.policy.class DefaultReplicationPolicy (or source.cluster.alias "
-                    "without destination.topic.name.prefix/suffix)",
-                )
-            ok = True
-            for prop, value in (("destination.topic.name.prefix", prefix), ("destination.topic.name.suffix", suffix)):
-                if value and not _TOPIC_CHARS.fullmatch(value):
-                    self.fail(
-                        prop, f"may only contain letters, digits, '.', '_' and '-', got {self.shown(prop, value)}"
-                    )
-                    ok = False
-            if ok and len(prefix or "") + len(suffix or "") >= MAX_TOPIC_NAME:
-                self.fail(
-                    "destination.topic.name.suffix"
-                    if len(suffix or "") >= len(prefix or "")
-                    else "destination.topic.name.prefix",
-                    f"prefix and suffix together are {len(prefix or '') + len(suffix or '')} characters: no "
-                    f"destination topic name would fit Kafka's limit of {MAX_TOPIC_NAME}",
-                )
-                ok = False
-            return MirusNamingPolicy(prefix or "", suffix or "") if ok else None
-
+            return self._mirus_policy(prefix or "", suffix or "", separator)
         for prop in mirus_props:  # only reachable with an explicit replication.policy.class
             self.fail(
                 prop,
@@ -142,38 +118,8 @@ class TopicRules(PropertyReader):
                 "use either MM2 naming or Mirus prefix/suffix naming",
             )
         if policy_class is None or policy_class in _DEFAULT_POLICY_NAMES:
-            separator = "." if separator is None else separator
-            ok = True
-            if not separator or not _TOPIC_CHARS.fullmatch(separator):
-                self.fail(
-                    "replication.policy.separator",
-                    "must be non-empty and only contain letters, digits, '.', '_' and '-', "
-                    f"got {self.shown('replication.policy.separator', separator)}",
-                )
-                return None
-            for prop, alias in (("source.cluster.alias", source_alias), ("target.cluster.alias", target_alias)):
-                if separator in alias:
-                    shown_separator = self.shown("replication.policy.separator", separator)
-                    self.fail(
-                        prop,
-                        f"must not contain the replication separator {shown_separator}, got {self.shown(prop, alias)}",
-                    )
-                    ok = False
-                elif not _TOPIC_CHARS.fullmatch(alias):
-                    self.fail(
-                        prop, f"may only contain letters, digits, '.', '_' and '-', got {self.shown(prop, alias)}"
-                    )
-                    ok = False
-            if ok and len(source_alias) + len(separator) >= MAX_TOPIC_NAME:
-                self.fail(
-                    "source.cluster.alias",
-                    f"remote topic names start with the alias and separator ({len(source_alias) + len(separator)} "
-                    f"characters): none would fit Kafka's limit of {MAX_TOPIC_NAME}",
-                )
-                ok = False
-            if not ok or mirus_props:
-                return None
-            return DefaultReplicationPolicy(source_alias, target_alias, separator)
+            policy = self._default_policy(source_alias, target_alias, "." if separator is None else separator)
+            return None if mirus_props else policy
         if policy_class in _IDENTITY_POLICY_NAMES:
             return None if mirus_props else IdentityReplicationPolicy(source_alias, target_alias)
         self.fail(
@@ -182,6 +128,57 @@ class TopicRules(PropertyReader):
             f"(or their short names) are supported, got {self.shown('replication.policy.class', policy_class)}",
         )
         return None
+
+    def _mirus_policy(self, prefix: str, suffix: str, separator: str | None) -> MirusNamingPolicy | None:
+        """Mirus naming: the source name with a prefix and a suffix."""
+        if separator is not None:
+            self.fail(
+                "replication.policy.separator",
+                "only applies with replication.policy.class DefaultReplicationPolicy (or source.cluster.alias "
+                "without destination.topic.name.prefix/suffix)",
+            )
+        ok = True
+        for prop, value in (("destination.topic.name.prefix", prefix), ("destination.topic.name.suffix", suffix)):
+            if value and not _TOPIC_CHARS.fullmatch(value):
+                self.fail(prop, f"may only contain letters, digits, '.', '_' and '-', got {self.shown(prop, value)}")
+                ok = False
+        if ok and len(prefix) + len(suffix) >= MAX_TOPIC_NAME:
+            self.fail(
+                "destination.topic.name.suffix" if len(suffix) >= len(prefix) else "destination.topic.name.prefix",
+                f"prefix and suffix together are {len(prefix) + len(suffix)} characters: no "
+                f"destination topic name would fit Kafka's limit of {MAX_TOPIC_NAME}",
+            )
+            ok = False
+        return MirusNamingPolicy(prefix, suffix) if ok else None
+
+    def _default_policy(self, source_alias: str, target_alias: str, separator: str) -> ReplicationPolicy | None:
+        """MirrorMaker 2's default naming: `<source alias><separator><topic>`."""
+        if not separator or not _TOPIC_CHARS.fullmatch(separator):
+            self.fail(
+                "replication.policy.separator",
+                "must be non-empty and only contain letters, digits, '.', '_' and '-', "
+                f"got {self.shown('replication.policy.separator', separator)}",
+            )
+            return None
+        ok = True
+        for prop, alias in (("source.cluster.alias", source_alias), ("target.cluster.alias", target_alias)):
+            if separator in alias:
+                shown_separator = self.shown("replication.policy.separator", separator)
+                self.fail(
+                    prop, f"must not contain the replication separator {shown_separator}, got {self.shown(prop, alias)}"
+                )
+                ok = False
+            elif not _TOPIC_CHARS.fullmatch(alias):
+                self.fail(prop, f"may only contain letters, digits, '.', '_' and '-', got {self.shown(prop, alias)}")
+                ok = False
+        if ok and len(source_alias) + len(separator) >= MAX_TOPIC_NAME:
+            self.fail(
+                "source.cluster.alias",
+                f"remote topic names start with the alias and separator ({len(source_alias) + len(separator)} "
+                f"characters): none would fit Kafka's limit of {MAX_TOPIC_NAME}",
+            )
+            ok = False
+        return DefaultReplicationPolicy(source_alias, target_alias, separator) if ok else None
 
     def routers(self) -> tuple[RegexRouter, ...] | None:
         names = self.comma_list("transforms")
