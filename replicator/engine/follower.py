@@ -144,12 +144,7 @@ class AssignmentFollower:
             destination = task.config.namer.destination_topic(tp[0])
             task.book.add(PartitionState(tp, stored.get(tp), destination, task.source_cluster))
             assign.append(TopicPartition(tp[0], tp[1], stored[tp] if tp in stored else resets[tp]))
-        task.reader.assign(assign)
-        for topic in sorted({tp[0] for tp in partitions}):
-            try:  # the topic's metadata now, in the consumers just given it, not at librdkafka's next topic scan
-                task.reader.list_topics(topic, timeout=5)
-            except Exception as exc:
-                log.info("%s-%d: source metadata of %s not read: %s", task.connector, task.task_id, topic, exc)
+        task.reader.assign(assign)  # each consumer reads its topics' metadata first (`SourceReader.assign`)
         for topic in {task.book.states[tp].destination_topic for tp in partitions}:
             try:  # a destination topic grown a moment ago: the producer must know its new partitions
                 task.forwarder.producer.list_topics(topic, timeout=5)

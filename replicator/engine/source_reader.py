@@ -33,14 +33,17 @@ tier's first): an idle librdkafka client still wakes its threads.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from replicator.assignment import SourcePartition
+
+log = logging.getLogger(__name__)
 
 QUIET_AFTER_S = 5.0  # a flowing partition without a record for this long moves to the quiet tier
 DORMANT_AFTER_S = 60.0  # a quiet partition without a record for this long moves to the dormant tier
@@ -232,11 +235,13 @@ class SourceReader:
         for tp in partitions:
             self.still_since[tp] = (offsets[tp], now)
 
-    def _place(self, tier: Tier, partitions: list[TopicPartition]) -> None:
+    def _place(self, tier: Tier, partitions: list[TopicPartition], metadata_timeout: float | None = None) -> None:
         start = 0
         for shard, count in tier.place(len(partitions)):
             mine = partitions[start : start + count]
             start += count
+            if metadata_timeout is not None:
+                self._read_metadata(shard, sorted({tp.topic for tp in mine}), metadata_timeout)
             shard.consumer.incremental_assign(mine)
             shard.held += count
             for tp in mine:
@@ -244,11 +249,16 @@ class SourceReader:
 
     # -- assignment, pause, seek ----------------------------------------------------------------------------
 
-    def assign(self, partitions: list[TopicPartition]) -> None:
+    def assign(self, partitions: list[TopicPartition], metadata_timeout: float = 5.0) -> None:
         """Start reading `partitions` at their offsets, in the quiet tier: a backlog is answered there at once, and
-        only the partitions that keep flowing move to eager fetching (`settle`)."""
+        only the partitions that keep flowing move to eager fetching (`settle`).
+
+        Each consumer reads the metadata of the topics it is given first (a topic grown or created a moment ago is
+        known then, not at librdkafka's next topic scan): before it fetches them, since a request waits behind the
+        consumer's fetch in flight (a quiet consumer's long poll, up to 500 ms, on the same connection) — asked
+        after, topic by topic, a start of 20 topics took 10 s."""
         now = time.monotonic()
-        self._place(self.quiet, partitions)
+        self._place(self.quiet, partitions, metadata_timeout)
         for tp in partitions:  # placed at an explicit offset, or at a logical one its consumer resolves
             self.still_since[(tp.topic, tp.partition)] = (tp.offset if tp.offset >= 0 else None, now)
 
@@ -280,11 +290,13 @@ class SourceReader:
         """The partition's low and high watermarks as its consumer last heard them (no request)."""
         return self.shard[tp].consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
 
-    def list_topics(self, topic: str, timeout: float) -> None:
-        """Read `topic`'s metadata now in every consumer holding partitions of it."""
-        holders = {id(shard): shard for tp, shard in self.shard.items() if tp[0] == topic}
-        for shard in holders.values():
-            shard.consumer.list_topics(topic, timeout=timeout)
+    @staticmethod
+    def _read_metadata(shard: Shard, topics: list[str], timeout: float) -> None:
+        for topic in topics:
+            try:
+                shard.consumer.list_topics(topic, timeout=timeout)
+            except KafkaException as exc:  # only slower: the consumer asks again when it needs to
+                log.info("source metadata of %s not read: %s", topic, exc)
 
     def close(self) -> None:
         for tier in self.tiers:
