@@ -15,6 +15,7 @@ from sqlalchemy import text
 
 from mirus.api.metrics import StoreCollector
 from mirus_dagster.settings import StackEndpoints
+from replicator.engine import producers
 from replicator.engine.metrics import BUCKET_LABELS
 from replicator.engine.source_reader import TierLimits
 from replicator.engine.task import CommitWatchdogError, TaskExit
@@ -98,6 +99,33 @@ def test_records_arrive_intact_with_partitions_headers_timestamps_and_provenance
     lags = next(f for f in StoreCollector(store).collect() if f.name == "mirus_partition_lag_records")
     mine = {s.labels["partition"]: s.value for s in lags.samples if s.labels["connector"] == unique}
     assert mine == {str(p): 0 for p in range(partitions)}
+
+
+def test_destination_topics_are_written_by_one_producer_per_group_of_topics_each_partition_in_order(
+    stack: StackEndpoints, store: Store, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Groups of at most 6 destination partitions: a (4) and c (2) share a producer, b (4) has its own.
+    monkeypatch.setattr(producers, "PARTITIONS_PER_PRODUCER", 6)
+    widths = {f"{unique}-a": 4, f"{unique}-b": 4, f"{unique}-c": 2}
+    create_topics(stack.source_bootstrap_servers, widths)
+    create_topics(stack.destination_bootstrap_servers, widths)
+    sent = [{"topic": t, "partition": i % n, "value": b"%s-%d" % (t.encode(), i)} for t, n in widths.items()
+            for i in range(100)]  # fmt: skip
+    produce(stack.source_bootstrap_servers, sent)
+    props = connector_properties(stack, unique, **{"topics.whitelist": ",".join(widths)})
+    create_connector(store, props, {0: [(t, p) for t, n in widths.items() for p in range(n)]})
+
+    runner = TaskThread.start(store, unique)
+    copied = {t: consume_all(stack.destination_bootstrap_servers, t, n, expected=100) for t, n in widths.items()}
+    grouping = runner.task.forwarder.producers
+    assert len(grouping.all) == 2
+    assert grouping.topics == {f"{unique}-a": 0, f"{unique}-b": 1, f"{unique}-c": 0}
+    assert runner.finish() is TaskExit.STOPPED
+    for t, n in widths.items():
+        for p in range(n):
+            expected = [r["value"] for r in sent if r["topic"] == t and r["partition"] == p]
+            assert [r.value for r in copied[t] if r.partition == p] == expected
+    assert _committed(store, unique) == {(t, p): 100 // n for t, n in widths.items() for p in range(n)}
 
 
 def test_provenance_headers_can_be_turned_off_and_cycles_are_never_written_back(

@@ -145,12 +145,14 @@ class AssignmentFollower:
             task.book.add(PartitionState(tp, stored.get(tp), destination, task.source_cluster))
             assign.append(TopicPartition(tp[0], tp[1], stored[tp] if tp in stored else resets[tp]))
         task.reader.assign(assign)  # each consumer reads its topics' metadata first (`SourceReader.assign`)
+        self.check_destination(partitions)  # routes each partition through its destination topic's producer
         for topic in {task.book.states[tp].destination_topic for tp in partitions}:
-            try:  # a destination topic grown a moment ago: the producer must know its new partitions
-                task.forwarder.producer.list_topics(topic, timeout=5)
+            if (producer := task.forwarder.producer_of(topic)) is None:
+                continue  # no partition of it routed: it is missing, and its partitions are paused
+            try:  # a destination topic grown a moment ago: its producer must know its new partitions
+                producer.list_topics(topic, timeout=5)
             except KafkaException as exc:
                 log.warning("destination metadata of %s unavailable: %s", topic, exc)
-        self.check_destination(partitions)
         task.on_event(f"replicating {len(partitions)} partition(s): {describe(partitions)}")
 
     def reset_offsets(self, partitions: list[SourcePartition]) -> dict[SourcePartition, int]:
@@ -193,7 +195,7 @@ class AssignmentFollower:
         self.map_destinations(states, layouts)
 
     def map_destinations(self, states: list[PartitionState], layouts: dict[str, TopicPartitions]) -> None:
-        config = self.task.config
+        config, forwarder = self.task.config, self.task.forwarder
         for state in states:
             topic = layouts.get(state.destination_topic)
             if topic is None or topic.error is not None:
@@ -202,13 +204,13 @@ class AssignmentFollower:
                     self.pause(state, f"destination topic {state.destination_topic!r} does not exist{why}")
                 continue
             if config.partition_matching is not False and state.partition in topic.ids:
-                state.route(state.partition, config.ordered_acks)
+                forwarder.route(state, state.partition, len(topic.ids))
             elif config.requires_destination_partition:
                 if state.paused_reason is None:
                     self.pause(state, f"destination partition {state.destination_topic}[{state.partition}] "
                                       "does not exist (partitions are preserved)")  # fmt: skip
             else:
-                state.route(UNASSIGNED_PARTITION, config.ordered_acks)
+                forwarder.route(state, UNASSIGNED_PARTITION, len(topic.ids))
 
     # -- one partition alone --------------------------------------------------------------------------------
 

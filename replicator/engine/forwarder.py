@@ -3,8 +3,9 @@
   fetch       `poll_once`: `SourceReader.consume()` on the assigned partitions, forwarding at once; partitions that
               flow are fetched eagerly, quiet ones cheaply (`replicator.engine.source_reader`)
   map         `forward`: destination topic and partition, user headers plus provenance headers, cycle guard
-  produce     `forward`: `producer.produce()` with key, value, headers and source timestamp (`_produce_again` when
-              the local queue is full or the record is refused before sending)
+  produce     `forward`: `produce()` of the producer writing the record's destination topic (one per group of
+              topics, `replicator.engine.producers`) with key, value, headers and source timestamp (`_produce_again`
+              when the local queue is full or the record is refused before sending)
   acknowledge `_acknowledged`: the destination acknowledged (or refused) a run of records (`InFlight`); with an
               idempotent, gapless producer one acknowledgement stands for every earlier record of the partition
 
@@ -23,6 +24,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from replicator.engine.context import TaskContext
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, UNASSIGNED_PARTITION, InFlight, PartitionState
+from replicator.engine.producers import DestinationProducers
 from replicator.topics import provenance
 
 log = logging.getLogger(__name__)
@@ -48,11 +50,11 @@ PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
 
 
 class Forwarder:
-    """The task's destination producer and the records on their way to it."""
+    """The task's destination producers and the records on their way to them."""
 
     def __init__(self, task: TaskContext) -> None:
         self.task = task
-        self.producer = self.new_producer()
+        self.producers = DestinationProducers(self.new_producer, grouped=not task.config.exactly_once)
         queue_limit = int(task.config.producer_settings(task.task_id)["queue.buffering.max.messages"])
         self.intake_limit = max(queue_limit - BATCH, queue_limit // 2)  # records waiting above which none are read
         self.fatal_error: KafkaError | None = None  # the producer is done for: the loop replaces it
@@ -63,10 +65,26 @@ class Forwarder:
         task = self.task
         return Producer({**task.config.producer_settings(task.task_id), "error_cb": self._producer_error})
 
+    @property
+    def producer(self) -> Producer:
+        """The one producer of exactly-once mode (`DestinationProducers.first`)."""
+        return self.producers.first
+
+    def producer_of(self, topic: str) -> Producer | None:
+        """The producer writing destination `topic`, once a partition of it was routed."""
+        index = self.producers.topics.get(topic)
+        return None if index is None else self.producers.all[index]
+
+    def route(self, state: PartitionState, partition: int, destination_partitions: int) -> None:
+        """Write `state`'s records to destination `partition`, through the producer of its destination topic (of
+        `destination_partitions` partitions)."""
+        state.route(partition, self.task.config.ordered_acks)
+        state.produce = self.producers.for_topic(state.destination_topic, destination_partitions).produce
+
     # -- fetch, map, produce ----------------------------------------------------------------------------
 
     def poll_once(self) -> None:
-        task, producer = self.task, self.producer
+        task, producer = self.task, self.producers
         timeout = min(task.config.poll_timeout_ms / 1000, MAX_BLOCK_S)
         if not task.book.states:
             time.sleep(min(timeout, 0.2))  # nothing assigned yet; housekeeping will pick work up
@@ -101,7 +119,7 @@ class Forwarder:
         Each record is produced once the next one is seen, which tells whether it ends its partition's run in this
         batch: only a run's last record carries a delivery callback (`InFlight`). The batch ends with `None`."""
         task = self.task
-        produce, acknowledged = self.producer.produce, self._acknowledged
+        acknowledged = self._acknowledged
         partitions, with_provenance = task.book.states, task.config.provenance_headers
         destination, origin_header, source = task.destination_cluster, task.origin_header, provenance.SOURCE
         # The record seen and not yet produced: it, its partition, offset, outgoing headers and timestamp.
@@ -145,8 +163,8 @@ class Forwarder:
                 try:
                     # Positional: confluent-kafka parses keyword arguments at a cost per record (~0.3 µs). The order
                     # is its keyword list's: topic, value, key, partition, callback, on_delivery, timestamp, headers.
-                    produce(hstate.destination_topic, value, key, hstate.destination_partition, callback, None, hts,
-                            hheaders)  # fmt: skip
+                    hstate.produce(hstate.destination_topic, value, key, hstate.destination_partition, callback, None,
+                                   hts, hheaders)  # fmt: skip
                     produced = True
                 except (BufferError, KafkaException) as exc:
                     produced = self._produce_again(exc, hstate, run, hoffset, value, key, callback, hts, hheaders)
@@ -178,8 +196,8 @@ class Forwarder:
         while isinstance(exc, BufferError):
             self.serve(0.05)
             try:
-                self.producer.produce(state.destination_topic, value, key, state.destination_partition, callback,
-                                      None, ts, headers)  # fmt: skip
+                state.produce(state.destination_topic, value, key, state.destination_partition, callback, None, ts,
+                              headers)  # fmt: skip
                 return True
             except (BufferError, KafkaException) as again:
                 exc = again
@@ -221,7 +239,7 @@ class Forwarder:
         Not `flush()`: a fatal error raised while confluent-kafka's flush waits comes out as a SystemError or as an
         object no `except` clause catches (seen on a gapless producer whose batch the broker refused), where
         `poll()` raises it as the KafkaException `serve` handles."""
-        producer = self.producer
+        producer = self.producers
         deadline = time.monotonic() + timeout
         while len(producer) and self.fatal_error is None and (left := deadline - time.monotonic()) > 0:
             self.serve(min(left, 0.1))
@@ -268,9 +286,9 @@ class Forwarder:
     def purge(self) -> None:
         """Drop every record not yet sent; purged records come back as refusals (`refused` leaves their partitions
         to the next producer), served here for up to 30 s."""
-        self.producer.purge()
+        self.producers.purge()
         deadline = time.monotonic() + 30
-        while len(self.producer) and time.monotonic() < deadline:
+        while len(self.producers) and time.monotonic() < deadline:
             self.serve(0.1)
 
     def recreate_producer(self, err: KafkaError) -> None:
@@ -281,7 +299,7 @@ class Forwarder:
         self.purge()
         self.fatal_error = None  # this producer's own error again, if it is repeated while purging
         self.settle(delivered=False)
-        self.producer = self.new_producer()
+        self.replace_producers()
         again = 0
         for state in task.book.states.values():
             if state.destination_partition != UNASSIGNED_PARTITION:
@@ -294,10 +312,17 @@ class Forwarder:
                 again += 1
         task.on_event(f"new producer: {again} partition(s) read again from their first unacknowledged offset")
 
+    def replace_producers(self) -> None:
+        """New producers in place of the failed ones, each partition writing through its topic's new producer."""
+        replaced = self.producers.replace()
+        for state in self.task.book.states.values():
+            if state.routed:
+                state.produce = replaced[id(getattr(state.produce, "__self__", None))].produce
+
     def serve(self, timeout: float) -> None:
         """Serve acknowledgements; a fatal producer error (raised by poll()) marks the producer for replacement."""
         try:
-            self.producer.poll(timeout)
+            self.producers.poll(timeout)
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
             if not err.fatal():

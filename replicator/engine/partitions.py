@@ -43,8 +43,8 @@ class PartitionState:
     __slots__ = (
         "committed", "destination_durable", "destination_next", "destination_partition",
         "destination_topic", "durable", "failed_at", "failures", "in_flight", "open_run",
-        "ordered", "partition", "paused_reason", "pending", "position", "retry_at", "routed", "source_prefix",
-        "topic", "tp",
+        "ordered", "partition", "paused_reason", "pending", "position", "produce", "retry_at", "routed",
+        "source_prefix", "topic", "tp",
     )  # fmt: skip
 
     def __init__(self, tp: SourcePartition, start: int | None, destination_topic: str, source_cluster: str) -> None:
@@ -53,6 +53,8 @@ class PartitionState:
         self.destination_topic = destination_topic
         self.destination_partition = UNASSIGNED_PARTITION
         self.routed = False  # whether destination metadata has decided `destination_partition` yet
+        # `produce` of the producer writing `destination_topic` (`replicator.engine.producers`), once routed.
+        self.produce: Callable[..., None] = _not_routed
         self.ordered = False  # whether one acknowledgement stands for a whole run (see InFlight)
         self.source_prefix = provenance.source_prefix(source_cluster, self.topic, self.partition)
         self.pending: deque[InFlight] = deque()  # produced and not yet acknowledged, in send order
@@ -87,6 +89,10 @@ class PartitionState:
         self.destination_partition = partition
         self.routed = True
         self.ordered = partition != UNASSIGNED_PARTITION and ordered_acks
+
+
+def _not_routed(*_args: object) -> None:
+    raise RuntimeError("a record was produced before its destination partition was decided")
 
 
 class PartitionBook:

@@ -331,7 +331,7 @@ class TransactionalCommitter(Committer):
         finally:
             self.aborting = False
         forwarder.fatal_error = None
-        forwarder.producer = forwarder.new_producer()
+        forwarder.replace_producers()
         self.start()
         self._rewind()
 
