@@ -86,8 +86,10 @@ class FaultPlan:
             raise ValueError(f"faults {', '.join(sorted(needs_kafka))} need Apache Kafka (--apache-kafka)")
         if self.exactly_once and not self.apache_kafka:
             # Measured on Tansu 0.6: records of aborted transactions are returned to read_committed readers.
-            raise ValueError("--exactly-once needs Apache Kafka (--apache-kafka): the embedded broker shows aborted "
-                             "transactions' records to read_committed readers")  # fmt: skip
+            raise ValueError(
+                "--exactly-once needs Apache Kafka (--apache-kafka): the embedded broker shows aborted "
+                "transactions' records to read_committed readers"
+            )
 
 
 @dataclass
@@ -273,8 +275,9 @@ class Load:
     ) -> None:
         while True:
             try:
-                self._producer.produce(self.topic, value, key, partition, on_delivery=self._delivered,
-                                       timestamp=timestamp, headers=headers)  # fmt: skip
+                self._producer.produce(
+                    self.topic, value, key, partition, on_delivery=self._delivered, timestamp=timestamp, headers=headers
+                )
                 return
             except BufferError:
                 self._producer.poll(0.05)
@@ -303,10 +306,15 @@ class TaskProcesses:
         log = open(self.log_dir / f"task-{task_id}.log", "ab")  # noqa: SIM115 - the child keeps it open
         argv = [sys.executable, "-m", "mirus.cli.main", "task", "run", self.connector, str(task_id)]
         self.procs[task_id] = subprocess.Popen(
-            argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            argv,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
             # Ctrl-C must stop the task even when this harness was started with SIGINT ignored (in the background).
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )  # fmt: skip
+        )
         log.close()
 
     def _watch(self) -> None:
@@ -426,17 +434,19 @@ class FaultRun:
 
     def _register_connector(self) -> dict[int, list[SourcePartition]]:
         timeout = self.plan.producer_message_timeout_ms
-        config = validate_submission({
-            "name": self.name,
-            "connector.class": "com.salesforce.mirus.MirusSourceConnector",
-            "consumer.bootstrap.servers": self.endpoints.source_bootstrap_servers,
-            "destination.consumer.bootstrap.servers": self.proxy.address,
-            "topics.whitelist": self.topic,
-            "destination.topic.name.suffix": ".copy",
-            "tasks.max": str(self.plan.tasks),
-            **({"producer.message.timeout.ms": str(timeout)} if timeout is not None else {}),
-            **({"exactly.once.support": "required"} if self.plan.exactly_once else {}),
-        })  # fmt: skip
+        config = validate_submission(
+            {
+                "name": self.name,
+                "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+                "consumer.bootstrap.servers": self.endpoints.source_bootstrap_servers,
+                "destination.consumer.bootstrap.servers": self.proxy.address,
+                "topics.whitelist": self.topic,
+                "destination.topic.name.suffix": ".copy",
+                "tasks.max": str(self.plan.tasks),
+                **({"producer.message.timeout.ms": str(timeout)} if timeout is not None else {}),
+                **({"exactly.once.support": "required"} if self.plan.exactly_once else {}),
+            }
+        )
         self.store.put_connector(config.name, config.raw, config.tasks_max)
         assignment = {
             t: [(self.topic, p) for p in range(self.plan.partitions) if p % self.plan.tasks == t]
@@ -521,12 +531,15 @@ class FaultRun:
             # Read after the process is gone: nothing can be committed any more until its successor runs.
             committed = self.store.load_offsets(self.name, assignment[task_id])
             ends = {p: load.ends[p] for _t, p in assignment[task_id]}
-            kills.append(KillCheck(
-                task=task_id, at_s=round(at, 1),
-                uncommitted=sum(ends[p] - committed.get((self.topic, p), 0) for p in ends),
-                committed={str(p): committed.get((self.topic, p), 0) for p in ends},
-                ends={str(p): e for p, e in ends.items()},
-            ))  # fmt: skip
+            kills.append(
+                KillCheck(
+                    task=task_id,
+                    at_s=round(at, 1),
+                    uncommitted=sum(ends[p] - committed.get((self.topic, p), 0) for p in ends),
+                    committed={str(p): committed.get((self.topic, p), 0) for p in ends},
+                    ends={str(p): e for p, e in ends.items()},
+                )
+            )
             return f"task {task_id} (SIGKILL); {kills[-1].uncommitted} records beyond its committed offsets"
         if kind == "postgres":
             self.local.stop_part("postgres", signal.SIGQUIT)  # immediate shutdown: crash recovery at start

@@ -146,10 +146,14 @@ class RunInfo:
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> RunInfo:
         return cls(
-            run_id=data["runId"], job_name=data["jobName"], status=data["status"],
-            tags={t["key"]: t["value"] for t in data["tags"]}, creation_time=data["creationTime"],
-            start_time=data["startTime"], end_time=data["endTime"],
-        )  # fmt: skip
+            run_id=data["runId"],
+            job_name=data["jobName"],
+            status=data["status"],
+            tags={t["key"]: t["value"] for t in data["tags"]},
+            creation_time=data["creationTime"],
+            start_time=data["startTime"],
+            end_time=data["endTime"],
+        )
 
 
 @dataclass(frozen=True)
@@ -309,9 +313,7 @@ class DagsterDev:
         wanted = set(statuses) if statuses is not None else None
 
         def matching() -> list[RunInfo] | None:
-            found = [
-                r for r in self.runs(tags, job_name) if (wanted is None or r.status in wanted) and where(r)
-            ]  # fmt: skip
+            found = [r for r in self.runs(tags, job_name) if (wanted is None or r.status in wanted) and where(r)]
             return found if len(found) >= count else None
 
         description = what or f"{count} run(s) with tags {dict(tags or {})} and status in {sorted(wanted or [])}"
@@ -337,8 +339,7 @@ class DagsterDev:
     def sensor_selector(self, sensor: str) -> dict[str, str]:
         if self._location is None:
             raise self.fail("the code location is not loaded")
-        return {"repositoryLocationName": self._location[0], "repositoryName": self._location[1],
-                "sensorName": sensor}  # fmt: skip
+        return {"repositoryLocationName": self._location[0], "repositoryName": self._location[1], "sensorName": sensor}
 
     def _sensor(self, sensor: str, after: float | None = None) -> dict[str, Any]:
         data = self.query(TICKS_QUERY, {"selector": self.sensor_selector(sensor), "after": after})["sensorOrError"]
@@ -501,11 +502,16 @@ def launch_dagster_dev(
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         process = subprocess.Popen(
-            dagster_dev_command(port, "127.0.0.1"), env=child_env, cwd=workdir, stdin=subprocess.DEVNULL,
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            dagster_dev_command(port, "127.0.0.1"),
+            env=child_env,
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             # SIGINT must work even when we were started with it ignored (a background shell): exec keeps SIG_IGN.
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )  # fmt: skip
+        )
     return DagsterDev(process, port, home, log)
 
 

@@ -286,16 +286,36 @@ class LocalStack:
         user = self._prepare_postgres_dir(data, POSTGRES_BIN_PATH)
         if not (data / "PG_VERSION").exists():
             result = subprocess.run(
-                [str(POSTGRES_BIN_PATH / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
-                 "--encoding=UTF8", "--no-instructions"],
-                capture_output=True, text=True, user=user, check=False,
-            )  # fmt: skip
+                [
+                    str(POSTGRES_BIN_PATH / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--no-instructions",
+                ],
+                capture_output=True,
+                text=True,
+                user=user,
+                check=False,
+            )
             if result.returncode != 0:
                 raise StackError(f"initdb failed in {data}:\n{result.stdout}\n{result.stderr}")
         argv = [
-            str(POSTGRES_BIN_PATH / "postgres"), "-D", str(data), "-p", str(port),
-            "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=", "-c", "max_connections=200",
-        ]  # fmt: skip
+            str(POSTGRES_BIN_PATH / "postgres"),
+            "-D",
+            str(data),
+            "-p",
+            str(port),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "unix_socket_directories=",
+            "-c",
+            "max_connections=200",
+        ]
         proc = self._spawn("postgres", argv, log, user=user)
         admin_url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
 

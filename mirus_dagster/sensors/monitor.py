@@ -37,8 +37,11 @@ ConnectorsEvent = Callable[[Store, str, dg.DagsterInstance, Mapping[str, Sequenc
 def findings_of(status: ConnectorStatus) -> list[str]:
     """What an operator must know from the watcher's last poll: source partitions it holds back because their
     destination is missing (the connector then replicates less than it selects, or nothing)."""
-    missing = sorted(tp for tp, row in status.unhealthy_partitions.items()
-                     if row.task_id is None and row.state == PartitionHealth.PAUSED)  # fmt: skip
+    missing = sorted(
+        tp
+        for tp, row in status.unhealthy_partitions.items()
+        if row.task_id is None and row.state == PartitionHealth.PAUSED
+    )
     named = [f"{topic}[{partition}]" for topic, partition in missing[:MAX_FINDINGS]]
     if not missing:
         return []
@@ -107,12 +110,22 @@ def _evaluate(
     statuses = store.connector_statuses()
     findings = {s.name: findings_of(s) for s in statuses if s.state == ConnectorState.RUNNING}
     fingerprint = repr(
-        [(s.name, s.state, s.version, s.assignment_generation, [(t.task_id, t.state, t.partitions, t.restart_attempts)
-          for t in s.tasks], s.metadata_errors, sorted(s.flow_problems.items()), sorted(s.unhealthy_partitions))
-         for s in statuses]
+        [
+            (
+                s.name,
+                s.state,
+                s.version,
+                s.assignment_generation,
+                [(t.task_id, t.state, t.partitions, t.restart_attempts) for t in s.tasks],
+                s.metadata_errors,
+                sorted(s.flow_problems.items()),
+                sorted(s.unhealthy_partitions),
+            )
+            for s in statuses
+        ]
         + [(r.name, r.restart_requested_at) for r in records]
         + sorted(findings.items())
-    )  # fmt: skip
+    )
     running = any(r.state == ConnectorState.RUNNING for r in records)
     changed = fingerprint != cursor.fingerprint
     if changed or (running and time.time() - cursor.reported_at >= refresh_s):

@@ -108,8 +108,16 @@ class VerifyReport:
 
     @property
     def totals(self) -> dict[str, int]:
-        names = ("source_records", "replicated", "missing", "duplicated", "out_of_order", "mismatched", "unknown",
-                 "elsewhere")  # fmt: skip
+        names = (
+            "source_records",
+            "replicated",
+            "missing",
+            "duplicated",
+            "out_of_order",
+            "mismatched",
+            "unknown",
+            "elsewhere",
+        )
         return {name: sum(getattr(p, name) for p in self.partitions) for name in names}
 
     @property
@@ -132,16 +140,51 @@ class VerifyReport:
         }
 
     def to_text(self) -> str:
-        header = ("source topic", "partition", "destination topic", "records", "replicated", "missing",
-                  "duplicated", "out of order", "mismatched", "status", "checked up to")  # fmt: skip
+        header = (
+            "source topic",
+            "partition",
+            "destination topic",
+            "records",
+            "replicated",
+            "missing",
+            "duplicated",
+            "out of order",
+            "mismatched",
+            "status",
+            "checked up to",
+        )
         rows = [
-            (p.source_topic, p.source_partition, p.destination_topic, p.source_records, p.replicated, p.missing,
-             p.duplicated, p.out_of_order, p.mismatched, "ok" if p.ok else "FAILED", p.bound)
+            (
+                p.source_topic,
+                p.source_partition,
+                p.destination_topic,
+                p.source_records,
+                p.replicated,
+                p.missing,
+                p.duplicated,
+                p.out_of_order,
+                p.mismatched,
+                "ok" if p.ok else "FAILED",
+                p.bound,
+            )
             for p in self.partitions
-        ]  # fmt: skip
+        ]
         t = self.totals
-        rows.append(("total", "", "", t["source_records"], t["replicated"], t["missing"], t["duplicated"],
-                     t["out_of_order"], t["mismatched"], self.verdict, ""))  # fmt: skip
+        rows.append(
+            (
+                "total",
+                "",
+                "",
+                t["source_records"],
+                t["replicated"],
+                t["missing"],
+                t["duplicated"],
+                t["out_of_order"],
+                t["mismatched"],
+                self.verdict,
+                "",
+            )
+        )
         lines = _table(header, rows)
 
         details: list[str] = []
@@ -159,8 +202,9 @@ class VerifyReport:
             if p.unknown:
                 details.append(f"{name}: {p.unknown} destination record(s) name offsets the source did not return")
             if p.after_snapshot:
-                details.append(f"{name}: {p.after_snapshot} copies of records produced after the check started "
-                               "(not checked)")  # fmt: skip
+                details.append(
+                    f"{name}: {p.after_snapshot} copies of records produced after the check started (not checked)"
+                )
         if details:
             lines += ["", "details:", *(f"  {d}" for d in details)]
 
