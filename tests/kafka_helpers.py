@@ -28,9 +28,14 @@ class Rec:
     @classmethod
     def of(cls, msg: Message) -> Rec:
         return cls(
-            msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-            tuple(msg.headers() or ()), msg.timestamp()[1],
-        )  # fmt: skip
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            msg.key(),
+            msg.value(),
+            tuple(msg.headers() or ()),
+            msg.timestamp()[1],
+        )
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 30.0, interval: float = 0.1, what: str = "") -> object:
@@ -180,9 +185,13 @@ def consume_all(
     guarantee to catch up. Watermarks are never used to count: some Kafka-protocol brokers report them wrongly.
     """
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "tests-reader", "enable.auto.commit": False,
-         "enable.partition.eof": False},
-    )  # fmt: skip
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "tests-reader",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        },
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     records: list[Rec] = []
     seen: set[object] = set()

@@ -66,8 +66,14 @@ def start_pgbouncer(database_url: str, directory: Path) -> PgBouncer:
         if process.poll() is not None:
             raise AssertionError(f"pgbouncer exited with {process.returncode}:\n{log_tail(log)}")
         try:
-            psycopg2.connect(host="127.0.0.1", port=port, user=server.username, password=server.password,
-                             dbname=server.database, connect_timeout=2).close()  # fmt: skip
+            psycopg2.connect(
+                host="127.0.0.1",
+                port=port,
+                user=server.username,
+                password=server.password,
+                dbname=server.database,
+                connect_timeout=2,
+            ).close()
         except psycopg2.OperationalError:
             return False
         return True

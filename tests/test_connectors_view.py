@@ -38,9 +38,11 @@ def test_the_view_shows_running_tasks_with_their_run_and_heartbeat_as_soon_as_th
     create_topics(stack.source_bootstrap_servers, {unique: 3})
     create_topics(stack.destination_bootstrap_servers, {unique: 3})
     # Without heartbeats, whose source topic would add a partition to every connector.
-    properties = connector_properties(stack, unique, **{
-        "topics.whitelist": unique, "tasks.max": "2", "emit.heartbeats.enabled": "false", "task.standby.runs": "0"
-    })  # fmt: skip
+    properties = connector_properties(
+        stack,
+        unique,
+        **{"topics.whitelist": unique, "tasks.max": "2", "emit.heartbeats.enabled": "false", "task.standby.runs": "0"},
+    )
     assert put(instance, resources, properties).success
     watched(Store(db_engine), unique)
     first = evaluate(kafka_monitor, instance, resources, None)

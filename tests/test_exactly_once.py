@@ -32,9 +32,12 @@ EXACTLY_ONCE = {"exactly.once.support": "required"}
 def _exactly(endpoints: StackEndpoints, topic: str, partitions: int, written: int) -> None:
     """Every source record once at the destination, in order, as a read_committed reader sees it."""
     check_replica(
-        endpoints.source_bootstrap_servers, topic, endpoints.destination_bootstrap_servers,
-        partitions=partitions, written=written,
-    ).assert_exactly_once()  # fmt: skip
+        endpoints.source_bootstrap_servers,
+        topic,
+        endpoints.destination_bootstrap_servers,
+        partitions=partitions,
+        written=written,
+    ).assert_exactly_once()
 
 
 def _two_partitions(stack: StackEndpoints, store: Store, unique: str, records: int, **extra: str) -> None:
@@ -42,14 +45,18 @@ def _two_partitions(stack: StackEndpoints, store: Store, unique: str, records: i
     create_topics(stack.source_bootstrap_servers, {unique: 2})
     create_topics(stack.destination_bootstrap_servers, {unique: 2})
     _produce(stack, unique, b"a", records)
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique, **EXACTLY_ONCE,
-                                                                   **extra}),
-                     {0: [(unique, 0), (unique, 1)]})  # fmt: skip
+    create_connector(
+        store,
+        connector_properties(stack, unique, **{"topics.whitelist": unique, **EXACTLY_ONCE, **extra}),
+        {0: [(unique, 0), (unique, 1)]},
+    )
 
 
 def _produce(stack: StackEndpoints, topic: str, prefix: bytes, records: int) -> None:
-    produce(stack.source_bootstrap_servers,
-            [{"topic": topic, "partition": i % 2, "value": prefix + b"%d" % i} for i in range(records)])  # fmt: skip
+    produce(
+        stack.source_bootstrap_servers,
+        [{"topic": topic, "partition": i % 2, "value": prefix + b"%d" % i} for i in range(records)],
+    )
 
 
 def test_records_are_written_once_and_a_restart_resumes_exactly(
@@ -116,8 +123,9 @@ def test_a_task_that_died_after_its_transaction_but_before_its_offsets_resumes_f
     store = Store(engine)
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
-    props = connector_properties(stack, unique, **{"topics.whitelist": unique, "commit.failure.restart.ms": "1500",
-                                                   **EXACTLY_ONCE})  # fmt: skip
+    props = connector_properties(
+        stack, unique, **{"topics.whitelist": unique, "commit.failure.restart.ms": "1500", **EXACTLY_ONCE}
+    )
     create_connector(store, props, {0: [(unique, 0)]})
     first = TaskThread.start(store, unique)
     produce(stack.source_bootstrap_servers, [{"topic": unique, "value": b"%d" % i} for i in range(10)])
@@ -164,9 +172,17 @@ def test_a_silent_owner_is_fenced_and_its_open_transaction_never_shows(
     create_topics(apache_kafka.source_bootstrap_servers, {unique: 1})
     create_topics(apache_kafka.destination_bootstrap_servers, {unique: 1})
     produce(apache_kafka.source_bootstrap_servers, [{"topic": unique, "value": b"%d" % i} for i in range(50)])
-    props = connector_properties(apache_kafka, unique, **{"topics.whitelist": unique, "tasks.max": "2",
-                                                   "task.heartbeat.interval.ms": "200", "task.lease.timeout.ms": "1000",
-                                                   **EXACTLY_ONCE})  # fmt: skip
+    props = connector_properties(
+        apache_kafka,
+        unique,
+        **{
+            "topics.whitelist": unique,
+            "tasks.max": "2",
+            "task.heartbeat.interval.ms": "200",
+            "task.lease.timeout.ms": "1000",
+            **EXACTLY_ONCE,
+        },
+    )
     create_connector(store, props, {0: [(unique, 0)], 1: []})
     # Task 0 owned the partition and went silent mid-transaction: its copies of offsets 0-9 are written, not
     # committed (its process hangs; its lease stops heartbeating).
@@ -175,8 +191,12 @@ def test_a_silent_owner_is_fenced_and_its_open_transaction_never_shows(
     source_cluster = cluster_id(
         AdminClient({"bootstrap.servers": apache_kafka.source_bootstrap_servers}), "source", "x"
     )
-    silent = Producer({"bootstrap.servers": apache_kafka.destination_bootstrap_servers,
-                       "transactional.id": transactional_id(unique, 0)})  # fmt: skip
+    silent = Producer(
+        {
+            "bootstrap.servers": apache_kafka.destination_bootstrap_servers,
+            "transactional.id": transactional_id(unique, 0),
+        }
+    )
     silent.init_transactions(30)
     silent.begin_transaction()
     for offset in range(10):
@@ -201,11 +221,16 @@ def test_an_aborted_transaction_is_hidden_and_its_records_written_again(
 ) -> None:
     create_topics(apache_kafka.source_bootstrap_servers, {unique: 2})
     create_topics(apache_kafka.destination_bootstrap_servers, {unique: 2}, {"max.message.bytes": "512"})
-    create_connector(store, connector_properties(apache_kafka, unique, **{"topics.whitelist": unique, **EXACTLY_ONCE}),
-                     {0: [(unique, 0), (unique, 1)]})  # fmt: skip
+    create_connector(
+        store,
+        connector_properties(apache_kafka, unique, **{"topics.whitelist": unique, **EXACTLY_ONCE}),
+        {0: [(unique, 0), (unique, 1)]},
+    )
     task = TaskThread.start(store, unique)
-    produce(apache_kafka.source_bootstrap_servers,
-            [{"topic": unique, "partition": i % 2, "value": b"v%d-" % i + b"x" * 200} for i in range(100)])  # fmt: skip
+    produce(
+        apache_kafka.source_bootstrap_servers,
+        [{"topic": unique, "partition": i % 2, "value": b"v%d-" % i + b"x" * 200} for i in range(100)],
+    )
     # The destination refuses the batches: the transaction is aborted and the partitions rewound, again and again.
     wait_for(lambda: any(e.startswith("transaction aborted") for e in task.events), what="an abort")
     admin = AdminClient({"bootstrap.servers": apache_kafka.destination_bootstrap_servers})

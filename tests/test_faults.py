@@ -68,10 +68,19 @@ def test_a_task_started_while_the_destination_is_unreachable_waits_to_know_its_p
                 [{"topic": unique, "partition": i % 2, "key": b"k%d" % i, "value": b"%d" % i} for i in range(60)],
             )
             store = Store(db_engine)
-            create_connector(store, connector_properties(stack, unique, **{
-                "topics.whitelist": f"{unique},{idle}", "destination.topic.name.suffix": ".copy",
-                "destination.consumer.bootstrap.servers": proxy.address,
-            }), {0: [(idle, 0)]})  # fmt: skip
+            create_connector(
+                store,
+                connector_properties(
+                    stack,
+                    unique,
+                    **{
+                        "topics.whitelist": f"{unique},{idle}",
+                        "destination.topic.name.suffix": ".copy",
+                        "destination.consumer.bootstrap.servers": proxy.address,
+                    },
+                ),
+                {0: [(idle, 0)]},
+            )
             task = TaskThread.start(store, unique)
             wait_for(lambda: any(e.startswith("replicating") for e in task.events), what="the task running")
             proxy.cut()  # the destination goes away, then the task is given its partitions

@@ -21,10 +21,15 @@ def test_heartbeats_flow_to_the_destination_and_liveness_shows_a_stopped_flow(
     stack: StackEndpoints, store: Store, unique: str
 ) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: 1})
-    properties = connector_properties(stack, unique, **{
-        "topics.whitelist": unique, "emit.heartbeats.interval.seconds": "1",
-        "destination.topic.name.suffix": f".{unique}",
-    })  # fmt: skip
+    properties = connector_properties(
+        stack,
+        unique,
+        **{
+            "topics.whitelist": unique,
+            "emit.heartbeats.interval.seconds": "1",
+            "destination.topic.name.suffix": f".{unique}",
+        },
+    )
     config = validate_submission(properties)
     store.put_connector(config.name, config.raw, config.tasks_max)
     monitor = KafkaMonitor(store)

@@ -64,9 +64,9 @@ def test_only_the_code_location_imports_sensors_and_assets() -> None:
     importers = {
         module
         for module, imported in dotted(*LAYERS, "benchmarks").items()
-        if any(m.startswith(parts) for m in imported) and not module.startswith(("mirus_dagster/sensors/",
-                                                                                 "mirus_dagster/assets/"))
-    }  # fmt: skip
+        if any(m.startswith(parts) for m in imported)
+        and not module.startswith(("mirus_dagster/sensors/", "mirus_dagster/assets/"))
+    }
     assert importers == {"mirus_dagster/definitions.py"}
 
 

@@ -40,8 +40,11 @@ def _one_partition_flow(stack: StackEndpoints, store: Store, topic: str, records
 def _replicate_until(store: Store, connector: str, ends: dict[tuple[str, int], int]) -> None:
     runner = TaskThread.start(store, connector)
     try:
-        wait_for(lambda: all(store.load_offsets(connector).get(tp) == end for tp, end in ends.items()),
-                 timeout=60, what=f"{connector} replicated up to {ends}")  # fmt: skip
+        wait_for(
+            lambda: all(store.load_offsets(connector).get(tp) == end for tp, end in ends.items()),
+            timeout=60,
+            what=f"{connector} replicated up to {ends}",
+        )
     finally:
         runner.finish()
 
@@ -94,8 +97,9 @@ def _continue(bootstrap: str, group: str, topic: str, count: int) -> list[bytes]
 
 def _resume_as_group(bootstrap: str, group: str, topic: str, partitions: int) -> list[bytes]:
     """What the group reads at `bootstrap` from its committed offsets to the end of each partition."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-                         "enable.partition.eof": True})  # fmt: skip
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, "enable.partition.eof": True}
+    )
     values: list[bytes] = []
     try:
         committed = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
@@ -116,8 +120,20 @@ def _resume_as_group(bootstrap: str, group: str, topic: str, partitions: int) ->
 
 
 def _translate(stack: StackEndpoints, connector: str, group: str, *extra: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, ["offsets", "translate", "--connector", connector, "--group", group,
-                                       "--database-url", stack.database_url, *extra])  # fmt: skip
+    result = CliRunner().invoke(
+        main,
+        [
+            "offsets",
+            "translate",
+            "--connector",
+            connector,
+            "--group",
+            group,
+            "--database-url",
+            stack.database_url,
+            *extra,
+        ],
+    )
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -178,8 +194,9 @@ def test_a_destination_group_with_active_members_is_not_overwritten(
 
     # An application already running at the destination under the same group name: a subscribed member that has
     # committed its own position.
-    member = Consumer({"bootstrap.servers": dst, "group.id": group, "enable.auto.commit": False,
-                       "session.timeout.ms": 30000})  # fmt: skip
+    member = Consumer(
+        {"bootstrap.servers": dst, "group.id": group, "enable.auto.commit": False, "session.timeout.ms": 30000}
+    )
     admin = AdminClient({"bootstrap.servers": dst})
     try:
         member.subscribe([topic])
@@ -207,10 +224,14 @@ def test_a_destination_group_with_active_members_is_not_overwritten(
 
 def _identity(stack: StackEndpoints, name: str, source: str, destination: str, topic: str) -> dict[str, object]:
     return {
-        "name": name, "source.cluster.bootstrap.servers": source, "target.cluster.bootstrap.servers": destination,
-        "topics": topic, "replication.policy.class": "IdentityReplicationPolicy", "offset.flush.interval.ms": "200",
+        "name": name,
+        "source.cluster.bootstrap.servers": source,
+        "target.cluster.bootstrap.servers": destination,
+        "topics": topic,
+        "replication.policy.class": "IdentityReplicationPolicy",
+        "offset.flush.interval.ms": "200",
         "emit.heartbeats.enabled": "false",
-    }  # fmt: skip
+    }
 
 
 def test_failover_then_failback_with_identity_naming_skips_and_rereads_nothing(
@@ -231,8 +252,10 @@ def test_failover_then_failback_with_identity_naming_skips_and_rereads_nothing(
     for group in (early, late):
         code, _out, err = _translate(stack, forward.name, group, "--apply")
         assert code == 0, err
-    read_at_b = {early: _continue(b, early, topic, 10),  # stops among the copies of a's records
-                 late: _continue(b, late, topic, 30)}  # all of a's records  # fmt: skip
+    read_at_b = {
+        early: _continue(b, early, topic, 10),  # stops among the copies of a's records
+        late: _continue(b, late, topic, 30),
+    }  # all of a's records
     produce(b, [{"topic": topic, "value": b"b%02d" % i} for i in range(40)])  # new traffic lands on b
     read_at_b[late] += _continue(b, late, topic, 15)  # stops among b's own records
 

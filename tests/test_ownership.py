@@ -86,8 +86,13 @@ def assert_taken_over_before_the_lease_timeout(store: Store, connector: str, las
 
 
 def replica_of(stack: StackEndpoints, topic: str, written: int) -> ReplicaReport:
-    return check_replica(stack.source_bootstrap_servers, topic, stack.destination_bootstrap_servers,
-                         partitions=PARTITIONS, written=written)  # fmt: skip
+    return check_replica(
+        stack.source_bootstrap_servers,
+        topic,
+        stack.destination_bootstrap_servers,
+        partitions=PARTITIONS,
+        written=written,
+    )
 
 
 def test_a_standby_waits_while_the_owner_lives_and_takes_over_when_its_lock_transaction_ends(
@@ -165,8 +170,11 @@ def kill_9_hands_over(store: Store, stack: StackEndpoints, database_url: str, un
     takes over when it is killed, fences it, and nothing is lost or reordered."""
     create_topics(stack.source_bootstrap_servers, {unique: PARTITIONS})
     create_topics(stack.destination_bootstrap_servers, {unique: PARTITIONS})
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
-                     {0: [(unique, p) for p in range(PARTITIONS)]})  # fmt: skip
+    create_connector(
+        store,
+        connector_properties(stack, unique, **{"topics.whitelist": unique}),
+        {0: [(unique, p) for p in range(PARTITIONS)]},
+    )
     traffic = Traffic(stack.source_bootstrap_servers, {unique: PARTITIONS}, rate=1000)
     tasks = dataclasses.replace(stack, database_url=database_url)
     owner = TaskProcess(tasks, unique, tmp_path / "owner.log")
@@ -212,11 +220,13 @@ def lock_holders(store: Store, connector: str, epoch: int) -> list[tuple[str, ob
     key = epoch_lock_key(connector, 0, epoch)
     with store.engine.connect() as conn:
         rows = conn.execute(
-            text("SELECT a.state, a.backend_xid, a.backend_xmin FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
-                 " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
-                 " AND l.classid::bigint = :high AND l.objid::bigint = :low"),
+            text(
+                "SELECT a.state, a.backend_xid, a.backend_xmin FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+                " AND l.classid::bigint = :high AND l.objid::bigint = :low"
+            ),
             {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF},
-        )  # fmt: skip
+        )
         return [tuple(row) for row in rows]
 
 
@@ -225,9 +235,15 @@ def test_a_stopped_owner_is_fenced_after_the_lease_timeout_and_never_commits_aga
 ) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: PARTITIONS})
     create_topics(stack.destination_bootstrap_servers, {unique: PARTITIONS})
-    properties = connector_properties(stack, unique, **{
-        "topics.whitelist": unique, "task.heartbeat.interval.ms": "500", "task.lease.timeout.ms": "3000",
-    })  # fmt: skip
+    properties = connector_properties(
+        stack,
+        unique,
+        **{
+            "topics.whitelist": unique,
+            "task.heartbeat.interval.ms": "500",
+            "task.lease.timeout.ms": "3000",
+        },
+    )
     create_connector(store, properties, {0: [(unique, p) for p in range(PARTITIONS)]})
     traffic = Traffic(stack.source_bootstrap_servers, {unique: PARTITIONS}, rate=1000)
     owner = TaskProcess(stack, unique, tmp_path / "owner.log")
@@ -289,5 +305,11 @@ def test_a_standby_blocked_on_the_lease_row_still_stops_when_asked(
 
 def _waits_on_a_lock(store: Store) -> bool:
     with store.engine.connect() as conn:
-        return bool(conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                                     " AND query LIKE '%task_leases%FOR UPDATE%'")))  # fmt: skip
+        return bool(
+            conn.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE '%task_leases%FOR UPDATE%'"
+                )
+            )
+        )

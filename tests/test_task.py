@@ -45,12 +45,16 @@ def test_records_arrive_intact_with_partitions_headers_timestamps_and_provenance
     create_topics(stack.destination_bootstrap_servers, {f"{topic}.mirror": partitions})
     sent = []
     for i in range(800):
-        sent.append({
-            "topic": topic, "partition": i % partitions, "timestamp": 1_700_000_000_000 + i,
-            "key": None if i % 7 == 0 else b"key-%d" % i,
-            "value": None if i % 5 == 0 else b"value-%d" % i,
-            "headers": [("dup", b"1"), ("h", None), ("dup", b"2")] if i % 3 == 0 else None,
-        })  # fmt: skip
+        sent.append(
+            {
+                "topic": topic,
+                "partition": i % partitions,
+                "timestamp": 1_700_000_000_000 + i,
+                "key": None if i % 7 == 0 else b"key-%d" % i,
+                "value": None if i % 5 == 0 else b"value-%d" % i,
+                "headers": [("dup", b"1"), ("h", None), ("dup", b"2")] if i % 3 == 0 else None,
+            }
+        )
     produce(stack.source_bootstrap_servers, sent)
     props = connector_properties(
         stack, unique, **{"topics.whitelist": topic, "destination.topic.name.suffix": ".mirror"}
@@ -109,11 +113,14 @@ def test_provenance_headers_can_be_turned_off_and_cycles_are_never_written_back(
     # cluster id): a cycle. The aliases are left at their defaults; they play no part.
     target = cluster_id(stack.destination_bootstrap_servers)
     looped = provenance.copy_headers([("h", b"x")], target, target, unique, 0, 41)
-    produce(stack.source_bootstrap_servers, [
-        {"topic": unique, "value": b"local", "headers": [("h", b"1")]},
-        {"topic": unique, "value": b"came-from-target", "headers": looped},
-        {"topic": unique, "value": b"local-2"},
-    ])  # fmt: skip
+    produce(
+        stack.source_bootstrap_servers,
+        [
+            {"topic": unique, "value": b"local", "headers": [("h", b"1")]},
+            {"topic": unique, "value": b"came-from-target", "headers": looped},
+            {"topic": unique, "value": b"local-2"},
+        ],
+    )
     props = connector_properties(stack, unique, **{"topics.whitelist": unique, "provenance.headers.enabled": "false"})
     create_connector(store, props, {0: [(unique, 0)]})
 
@@ -133,8 +140,9 @@ def test_clean_stop_resumes_from_exactly_the_committed_offsets(
     produce(
         stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 4, "value": b"a%d" % i} for i in range(200)]
     )
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
-                     {0: [(unique, p) for p in range(4)]})  # fmt: skip
+    create_connector(
+        store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, p) for p in range(4)]}
+    )
 
     first = TaskThread.start(store, unique)
     consume_all(stack.destination_bootstrap_servers, unique, 4, expected=200)
@@ -159,17 +167,26 @@ def test_the_lease_heartbeats_every_heartbeat_interval_between_commits_further_a
     # Commits every 60 s would leave the lease silent past task.lease.timeout.ms: a standby would fence a live task.
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
-    properties = connector_properties(stack, unique, **{
-        "topics.whitelist": unique, "offset.flush.interval.ms": "60000", "task.heartbeat.interval.ms": "200",
-        "task.lease.timeout.ms": "1000",
-    })  # fmt: skip
+    properties = connector_properties(
+        stack,
+        unique,
+        **{
+            "topics.whitelist": unique,
+            "offset.flush.interval.ms": "60000",
+            "task.heartbeat.interval.ms": "200",
+            "task.lease.timeout.ms": "1000",
+        },
+    )
     create_connector(store, properties, {0: [(unique, 0)]})
     task = TaskThread.start(store, unique)
     try:
         wait_for(lambda: store.lease_of(unique, 0) is not None, timeout=60, what="the task claiming its lease")
         seen = set()
-        wait_for(lambda: seen.add(store.lease_of(unique, 0).heartbeat_at) or len(seen) >= 5, timeout=10,
-                 what="five heartbeats within ten seconds")  # fmt: skip
+        wait_for(
+            lambda: seen.add(store.lease_of(unique, 0).heartbeat_at) or len(seen) >= 5,
+            timeout=10,
+            what="five heartbeats within ten seconds",
+        )
         produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"v"}])
         consume_all(stack.destination_bootstrap_servers, unique, 1, expected=1)
         assert sum(_committed(store, unique).values()) == 0, "heartbeats store no offsets: the next commit is 60 s away"
@@ -184,8 +201,9 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
 ) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: 3})
     create_topics(stack.destination_bootstrap_servers, {unique: 3})
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
-                     {0: [(unique, p) for p in range(3)]})  # fmt: skip
+    create_connector(
+        store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, p) for p in range(3)]}
+    )
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": p, "value": b"a%d" % p} for p in (0, 1)])
     # Consumers of at most two partitions: every tier spreads the three over two.
     limits = TierLimits(quiet_after_s=0.5, dormant_after_s=1.0, shard_partitions=2)
@@ -207,8 +225,11 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     consume_all(stack.destination_bootstrap_servers, unique, 3, expected=57)
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"d%d" % i} for i in range(50)])
     copied = consume_all(stack.destination_bootstrap_servers, unique, 3, expected=107)
-    wait_for(lambda: reader.held_in(reader.quiet) + reader.held_in(reader.dormant) == 3, timeout=30,
-             what="every partition quiet again")  # fmt: skip
+    wait_for(
+        lambda: reader.held_in(reader.quiet) + reader.held_in(reader.dormant) == 3,
+        timeout=30,
+        what="every partition quiet again",
+    )
     # A quiet partition's record flows too (before it turns dormant), read where it is: one record is no traffic.
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 1, "value": b"e"}])
     copied = consume_all(stack.destination_bootstrap_servers, unique, 3, expected=108)
@@ -226,8 +247,9 @@ def test_only_partitions_that_keep_flowing_move_to_eager_fetching(
 ) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: 2})
     create_topics(stack.destination_bootstrap_servers, {unique: 2})
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
-                     {0: [(unique, 0), (unique, 1)]})  # fmt: skip
+    create_connector(
+        store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0), (unique, 1)]}
+    )
     runner = TaskThread.start(store, unique, reader_limits=TierLimits(quiet_after_s=3.0))
     wait_for(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
     reader = runner.task.reader
@@ -257,8 +279,11 @@ def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, un
     partitions, total = 4, 40_000
     create_topics(stack.source_bootstrap_servers, {unique: partitions})
     create_topics(stack.destination_bootstrap_servers, {unique: partitions})
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
-                     {0: [(unique, p) for p in range(partitions)]})  # fmt: skip
+    create_connector(
+        store,
+        connector_properties(stack, unique, **{"topics.whitelist": unique}),
+        {0: [(unique, p) for p in range(partitions)]},
+    )
     # The source keeps growing while the task runs, so the kill lands mid-stream with records in flight.
     traffic = Traffic(stack.source_bootstrap_servers, {unique: partitions}, rate=10_000, total=total)
     env = {**os.environ, "MIRUS_DATABASE_URL": stack.database_url}
@@ -281,8 +306,13 @@ def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, un
             second.send_signal(signal.SIGINT)
             second.wait(30)
 
-    replica = check_replica(stack.source_bootstrap_servers, unique, stack.destination_bootstrap_servers,
-                            partitions=partitions, written=total)  # fmt: skip
+    replica = check_replica(
+        stack.source_bootstrap_servers,
+        unique,
+        stack.destination_bootstrap_servers,
+        partitions=partitions,
+        written=total,
+    )
     replica.assert_at_least_once()
     # At-least-once: duplicates are only records after the last committed offset before the kill.
     replica.assert_duplicates_only_after({p: o for (_, p), o in committed_at_kill.items()})
@@ -291,8 +321,9 @@ def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, un
 def test_a_second_instance_fences_the_first(stack: StackEndpoints, store: Store, unique: str) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: 2})
     create_topics(stack.destination_bootstrap_servers, {unique: 2})
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
-                     {0: [(unique, 0), (unique, 1)]})  # fmt: skip
+    create_connector(
+        store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0), (unique, 1)]}
+    )
     produce(
         stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"%d" % i} for i in range(100)]
     )
@@ -330,8 +361,10 @@ def test_assignment_changes_apply_live(stack: StackEndpoints, store: Store, uniq
     wait_for(lambda: _committed(store, unique) == {(a, 0): 1, (a, 1): 1, (b, 0): 1}, what="added partitions")
 
     store.write_assignment(unique, {0: [(b, 0)], 1: [(a, 0), (a, 1)]})
-    wait_for(lambda: all(s.task_id is None for tp, s in store.partition_statuses(unique).items() if tp[0] == a),
-             what="partitions of topic a released")  # fmt: skip
+    wait_for(
+        lambda: all(s.task_id is None for tp, s in store.partition_statuses(unique).items() if tp[0] == a),
+        what="partitions of topic a released",
+    )
     produce(stack.source_bootstrap_servers, [{"topic": b, "value": b"y"}, {"topic": a, "partition": 0, "value": b"z"}])
     wait_for(lambda: _committed(store, unique)[(b, 0)] == 2, what="remaining partition keeps flowing")
     assert _committed(store, unique)[(a, 0)] == 1  # released: no longer replicated by this task
@@ -350,8 +383,11 @@ def test_a_deleted_destination_topic_pauses_only_its_partition(
     good, poisoned = f"{unique}-good", f"{unique}-bad"
     create_topics(stack.source_bootstrap_servers, {good: 1, poisoned: 1})
     create_topics(stack.destination_bootstrap_servers, {good: 1, poisoned: 1})
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": f"{good},{poisoned}"}),
-                     {0: [(good, 0), (poisoned, 0)]})  # fmt: skip
+    create_connector(
+        store,
+        connector_properties(stack, unique, **{"topics.whitelist": f"{good},{poisoned}"}),
+        {0: [(good, 0), (poisoned, 0)]},
+    )
     produce(stack.source_bootstrap_servers, [{"topic": t, "value": b"1"} for t in (good, poisoned)])
     runner = TaskThread.start(store, unique)
     wait_for(lambda: _committed(store, unique) == {(good, 0): 1, (poisoned, 0): 1}, what="both replicating")
