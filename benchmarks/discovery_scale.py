@@ -138,18 +138,25 @@ def main() -> None:
             for bootstrap in (src, dst):
                 create_topics(bootstrap, {name: per_topic for name in names})
             for name in names:
-                config = validate_submission({
-                    "name": name, "connector.class": "com.salesforce.mirus.MirusSourceConnector",
-                    "consumer.bootstrap.servers": src, "destination.consumer.bootstrap.servers": dst,
-                    "topics.regex": f"{name}(-new.*)?",
-                })  # fmt: skip
+                config = validate_submission(
+                    {
+                        "name": name,
+                        "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+                        "consumer.bootstrap.servers": src,
+                        "destination.consumer.bootstrap.servers": dst,
+                        "topics.regex": f"{name}(-new.*)?",
+                    }
+                )
                 store.put_connector(config.name, config.raw, config.tasks_max)
             watcher = MetadataWatcher(store)
             started = time.monotonic()
             rounds = Rounds(watcher)
             wait(lambda: all(store.read_assignment(n) for n in names), 600, "every connector assigned")
-            print(f"first assignment of {args.connectors} connectors / {per_topic * args.connectors} partitions: "
-                  f"{time.monotonic() - started:.1f} s (load {load()})", flush=True)  # fmt: skip
+            print(
+                f"first assignment of {args.connectors} connectors / {per_topic * args.connectors} partitions: "
+                f"{time.monotonic() - started:.1f} s (load {load()})",
+                flush=True,
+            )
 
             subject = names[0]
             log = Path(state) / "tasks.log"
@@ -160,8 +167,9 @@ def main() -> None:
                 first_record(reader, lambda msg: True, 120)
                 processes.append(task_process(endpoints.database_url, subject, log))
                 wait(lambda: standby_waiting(store), 120, "a standby")
-                print(f"connector {subject} replicating ({per_topic} partitions), owner and standby processes",
-                      flush=True)  # fmt: skip
+                print(
+                    f"connector {subject} replicating ({per_topic} partitions), owner and standby processes", flush=True
+                )
 
                 watched_from = time.monotonic()
                 commits_from = committed_transactions(store)
@@ -212,13 +220,17 @@ def main() -> None:
             for r in watched:
                 requests.update(r.requests)
             seconds = [r.seconds for r in watched]
-            print(f"\nwatcher: {len(watched)} rounds in {elapsed:.0f} s over {args.connectors} connectors; round "
-                  f"median {statistics.median(seconds):.2f} s, max {max(seconds):.2f} s; connectors polled (a "
-                  f"change seen) {sum(len(r.polled) for r in watched)}")  # fmt: skip
+            print(
+                f"\nwatcher: {len(watched)} rounds in {elapsed:.0f} s over {args.connectors} connectors; round "
+                f"median {statistics.median(seconds):.2f} s, max {max(seconds):.2f} s; connectors polled (a "
+                f"change seen) {sum(len(r.polled) for r in watched)}"
+            )
             for cluster, count in sorted(requests.items()):
                 print(f"  metadata requests to {cluster}: {count / elapsed:.2f}/s")
-            print(f"  Postgres transactions committed: {commits / elapsed:.1f}/s (the watcher, connector 0's owner and "
-                  "standby, this script's checks)")  # fmt: skip
+            print(
+                f"  Postgres transactions committed: {commits / elapsed:.1f}/s (the watcher, connector 0's owner and "
+                "standby, this script's checks)"
+            )
             print()
             report("(a) new topic -> first record", created, 2.0)
             report("(b) kill -9 -> resumed replication", resumed, 3.0)

@@ -70,8 +70,15 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
 
 
 def destination_reader(bootstrap: str, topic: str) -> Consumer:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-latency", "enable.auto.commit": False,
-                         "enable.partition.eof": False, "fetch.wait.max.ms": 10})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-latency",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "fetch.wait.max.ms": 10,
+        }
+    )
     consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
     return consumer
 
@@ -165,14 +172,17 @@ def new_topic_latency(dev: DagsterDev, store: Store, endpoints: StackEndpoints, 
     with store.engine.connect() as conn:
         assigned = conn.exec_driver_sql(
             "SELECT extract(epoch FROM min(created_at)) FROM assignments WHERE connector = %(c)s AND partitions @> "
-            "%(p)s::jsonb", {"c": CONNECTOR, "p": f'[["{topic}", 0]]'},
-        ).scalar()  # fmt: skip
+            "%(p)s::jsonb",
+            {"c": CONNECTOR, "p": f'[["{topic}", 0]]'},
+        ).scalar()
         claimed = conn.exec_driver_sql(
             "SELECT extract(epoch FROM updated_at) FROM partition_status WHERE connector = %(c)s AND topic = %(t)s",
             {"c": CONNECTOR, "t": topic},
         ).scalar()
-    breakdown = (f"topic visible + generation written by the watcher +{float(assigned) - started_wall:.1f}s, "
-                 f"partition claimed by the running task +{float(claimed) - started_wall:.1f}s")  # fmt: skip
+    breakdown = (
+        f"topic visible + generation written by the watcher +{float(assigned) - started_wall:.1f}s, "
+        f"partition claimed by the running task +{float(claimed) - started_wall:.1f}s"
+    )
     return latency, breakdown
 
 
@@ -263,10 +273,12 @@ def main() -> None:
                 create_topic(dst, flow)
                 create_topic(src, flow)
                 properties = {
-                    "name": CONNECTOR, "connector.class": "com.salesforce.mirus.MirusSourceConnector",
-                    "consumer.bootstrap.servers": src, "destination.consumer.bootstrap.servers": dst,
+                    "name": CONNECTOR,
+                    "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+                    "consumer.bootstrap.servers": src,
+                    "destination.consumer.bootstrap.servers": dst,
                     "topics.regex": f"{prefix}-.*",
-                }  # fmt: skip
+                }
                 put = dev.client.submit_job_execution(
                     PUT_CONNECTOR_JOB, run_config={"ops": {STORE_CONNECTOR_OP: {"config": {"properties": properties}}}}
                 )
@@ -285,8 +297,11 @@ def main() -> None:
                         created.append(latency)
                         print(f"  topic {i + 1}: {latency:.1f} s  ({breakdown}; load {load()})", flush=True)
 
-                    print(f"\n(b) kill -9 of the replicator run -> resumed replication (50 records/s), "
-                          f"{args.kills} times", flush=True)  # fmt: skip
+                    print(
+                        f"\n(b) kill -9 of the replicator run -> resumed replication (50 records/s), "
+                        f"{args.kills} times",
+                        flush=True,
+                    )
                     resumed: list[float] = []
                     for i in range(args.kills):
                         latency, breakdown = kill_latency(dev, store, traffic, reader)
