@@ -42,6 +42,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from mirus.faults.brokers import BrokerProcess, KafkaKit, tansu_broker
 from mirus.faults.proxy import TcpProxy
 from mirus.local.stack import LocalStack, free_port
+from mirus.waiting import wait_until
 from mirus_dagster.settings import PlatformSettings
 from replicator.assignment import SourcePartition
 from replicator.configuration.connector import validate_submission
@@ -426,11 +427,9 @@ class FaultRun:
         admin = AdminClient({"bootstrap.servers": bootstrap})
         for future in admin.create_topics([NewTopic(topic, self.plan.partitions, 1, config=config)]).values():
             future.result(timeout=30)
-        deadline = time.monotonic() + 30
-        while topic not in admin.list_topics(timeout=5).topics:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"topic {topic} did not appear on {bootstrap}")
-            time.sleep(0.2)
+        wait_until(
+            lambda: topic in admin.list_topics(timeout=5).topics, 30, 0.2, f"topic {topic} to appear on {bootstrap}"
+        )
 
     def _register_connector(self) -> dict[int, list[SourcePartition]]:
         timeout = self.plan.producer_message_timeout_ms
@@ -576,17 +575,19 @@ class FaultRun:
             future.result(timeout=30)
 
     def _wait_committed(self, ends: dict[int, int], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
         wanted = {(self.topic, p): end for p, end in ends.items()}
-        while time.monotonic() < deadline:
+
+        def committed_all() -> bool:
             try:
                 committed = self.store.load_offsets(self.name)
             except Exception:  # the database may still be recovering from the last fault
                 committed = {}
-            if all(committed.get(tp, 0) >= end for tp, end in wanted.items()):
-                return True
-            time.sleep(0.5)
-        return False
+            return all(committed.get(tp, 0) >= end for tp, end in wanted.items())
+
+        try:
+            return wait_until(committed_all, timeout, 0.5, "every offset committed")
+        except TimeoutError:
+            return False
 
 
 def _attribute_replays(kills: list[KillCheck], report: VerifyReport, topic: str) -> None:

@@ -39,6 +39,7 @@ from gql.transport.exceptions import TransportError
 from gql.transport.requests import RequestsHTTPTransport
 
 from mirus.local.stack import free_port, log_tail
+from mirus.waiting import wait_until
 from mirus_dagster.constants import PUT_CONNECTOR_JOB, REPLICATOR_JOB
 
 CODE_LOCATION_MODULE = "mirus_dagster.definitions"
@@ -219,16 +220,17 @@ class DagsterDev:
 
     def until(self, condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
         """Poll `condition` until it returns something truthy; on timeout, or if dagster dev exits, raise."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def met() -> T | None:
             result = condition()
-            if result:
-                return result
-            if self.process.poll() is not None:
+            if not result and self.process.poll() is not None:
                 raise self.fail(f"dagster dev exited with code {self.process.returncode} while waiting for {what}")
-            if time.monotonic() > deadline:
-                raise self.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-            time.sleep(interval)
+            return result
+
+        try:
+            return wait_until(met, timeout, interval, what)
+        except TimeoutError:
+            raise self.fail(f"timed out after {timeout:.0f}s waiting for {what}") from None
 
     # -- startup -----------------------------------------------------------------------------------------
 
