@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from mirus.waiting import wait_until
+
 
 @dataclass(frozen=True)
 class Rec:
@@ -38,24 +40,12 @@ class Rec:
         )
 
 
-def wait_for(condition: Callable[[], object], timeout: float = 30.0, interval: float = 0.1, what: str = "") -> object:
-    """Poll `condition` until it returns a truthy value; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        time.sleep(interval)
-
-
 def create_topics(bootstrap: str, topics: dict[str, int], config: dict[str, str] | None = None) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics([NewTopic(t, n, 1, config=config or {}) for t, n in topics.items()])
     for future in futures.values():
         future.result(timeout=30)
-    wait_for(lambda: all(t in admin.list_topics(timeout=5).topics for t in topics), what=f"topics {list(topics)}")
+    wait_until(lambda: all(t in admin.list_topics(timeout=5).topics for t in topics), what=f"topics {list(topics)}")
 
 
 def delete_topics(bootstrap: str, topics: Iterable[str]) -> None:

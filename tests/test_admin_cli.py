@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy import Engine
 
 from mirus.cli.main import main
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.engine.task import TaskExit
@@ -22,7 +23,7 @@ from replicator.state.store import Store
 
 from .conftest import free_port
 from .engine_helpers import TaskThread, connector_properties
-from .kafka_helpers import consume_all, create_topics, produce, wait_for
+from .kafka_helpers import consume_all, create_topics, produce
 
 
 @pytest.fixture
@@ -91,7 +92,7 @@ def test_offsets_export_reset_import_round_trip(
     mirus("connectors", "put", input=json.dumps(properties))
     KafkaMonitor(store).poll(unique)
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: store.load_offsets(unique) == {(unique, p): 10 for p in range(3)}, what="offsets committed")
+    wait_until(lambda: store.load_offsets(unique) == {(unique, p): 10 for p in range(3)}, what="offsets committed")
 
     exported = mirus("offsets", "describe", unique, "--format", fmt).output
     if fmt == "csv":
@@ -190,7 +191,7 @@ def test_mirus_api_runs_on_its_own_with_host_and_port(stack: StackEndpoints, db_
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/"), timeout=60, what="mirus api to answer")
+        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/"), timeout=60, what="mirus api to answer")
         assert isinstance(requests.get(f"http://127.0.0.1:{port}/connectors").json(), list)
         assert "mirus_connector_tasks" in requests.get(f"http://127.0.0.1:{port}/metrics").text
     finally:

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
 from mirus.api.auth import ApiSettings
+from mirus.waiting import wait_until
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET
 from mirus_dagster.definitions import kafka_monitor
 from mirus_dagster.settings import StackEndpoints
@@ -23,7 +24,7 @@ from replicator.state.store import Store
 
 from .api_helpers import serve_api
 from .engine_helpers import TaskThread, connector_properties
-from .kafka_helpers import consume_all, create_topics, produce, wait_for
+from .kafka_helpers import consume_all, create_topics, produce
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,7 @@ def test_the_mirus_quick_start_works_unchanged_and_pause_stops_the_flow(
         return next(t for t in tasks if t["id"] == owner)
 
     runner = TaskThread.start(store, name, owner)
-    wait_for(lambda: task_status()["state"] == "RUNNING", what=f"task {owner} RUNNING")
+    wait_until(lambda: task_status()["state"] == "RUNNING", what=f"task {owner} RUNNING")
     assert task_status()["worker_id"] == "test"
 
     produce(stack.source_bootstrap_servers, values(20, topic))
@@ -380,7 +381,7 @@ def test_metrics_move_with_real_traffic_and_cover_task_states(
     produce(
         stack.source_bootstrap_servers, [{"topic": topic, "partition": i % 2, "value": b"x" * 100} for i in range(30)]
     )
-    wait_for(lambda: _samples(api).get(m("mirus_replicated_records_total", **dest)) == 30, what="30 records counted")
+    wait_until(lambda: _samples(api).get(m("mirus_replicated_records_total", **dest)) == 30, what="30 records counted")
     first = _samples(api)
     assert first[m("mirus_replicated_bytes_total", **dest)] == 3000
     assert first[m("mirus_replication_latency_seconds_count", **dest)] == 30
@@ -398,7 +399,7 @@ def test_metrics_move_with_real_traffic_and_cover_task_states(
     assert first[m("mirus_task_restart_attempts_total", connector=name, task="0")] == 0
 
     produce(stack.source_bootstrap_servers, [{"topic": topic, "partition": 1, "value": b"y" * 10} for _ in range(12)])
-    wait_for(lambda: _samples(api).get(m("mirus_replicated_records_total", **dest)) == 42, what="42 records counted")
+    wait_until(lambda: _samples(api).get(m("mirus_replicated_records_total", **dest)) == 42, what="42 records counted")
     assert _samples(api)[m("mirus_replicated_bytes_total", **dest)] == 3120
 
     store.record_restart(name, 0)

@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from sqlalchemy import Engine
 
 from mirus.local.devserver import DagsterDev, RunInfo, dagster_dev
+from mirus.waiting import wait_until
 from mirus_dagster.constants import (
     ENV_REPORT_SCHEDULE,
     KIND_REPLICATOR,
@@ -43,7 +44,7 @@ from replicator.state.records import ConnectorState
 from replicator.state.store import Store
 from replicator.topics import provenance
 from tests.engine_helpers import connector_properties
-from tests.kafka_helpers import Traffic, create_topics, produce, wait_for
+from tests.kafka_helpers import Traffic, create_topics, produce
 from tests.replica_check import check_replica
 
 LIVE = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
@@ -120,7 +121,7 @@ def traffic_through(
             platform.stack.source_bootstrap_servers, platform.topics, rate=200, record=partial(record, phase=phase)
         )
         try:
-            wait_for(lambda: replicated.beyond(copied, partitions), 60, what=f"traffic flowing through task {task}")
+            wait_until(lambda: replicated.beyond(copied, partitions), 60, what=f"traffic flowing through task {task}")
             yield replicated, traffic, partitions
         finally:
             traffic.stop()
@@ -255,7 +256,7 @@ def test_a_run_killed_with_sigkill_is_taken_over_by_its_standby_and_replaced_wit
     with traffic_through(platform, 0, "kill") as (replicated, traffic, partitions):
         kill_point = traffic.snapshot()
         dev.kill_run_worker(victim.run_id)
-        wait_for(
+        wait_until(
             lambda: replicated.beyond(kill_point, partitions),
             60,
             what="records produced after the kill to be replicated by the standby",
@@ -295,7 +296,7 @@ def test_a_terminated_run_commits_ends_canceled_and_is_started_again(platform: P
         assert resumed.tags[TAG_SENSOR] == MONITOR_SENSOR, resumed.tags
         assert resumed.tags[TAG_REASON] == "assigned, last run canceled", resumed.tags
         resume_point = traffic.snapshot()
-        wait_for(
+        wait_until(
             lambda: replicated.beyond(resume_point, partitions),
             60,
             what="records produced after the termination to be replicated by the standby",

@@ -24,12 +24,12 @@ import yaml
 
 from mirus.local.devserver import DagsterDev
 from mirus.local.stack import LocalStack, port_is_free
+from mirus.waiting import wait_until
 from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_TOPIC, TAG_CONNECTOR
 from mirus_dagster.settings import EXAMPLE_CONNECTOR, PlatformSettings, StackEndpoints, example_connector
 from replicator.state.database import make_engine
 from replicator.state.store import Store
 from tests.browser import Browser, start_chromium
-from tests.kafka_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -114,8 +114,8 @@ def page_text(browser: Browser, url: str, *expected: str, timeout: float = 90) -
         return all(e in body[0] for e in expected)
 
     try:
-        wait_for(shows_all, timeout, 0.5, what=f"{url} to show {expected}")
-    except AssertionError as exc:
+        wait_until(shows_all, timeout, 0.5, what=f"{url} to show {expected}")
+    except TimeoutError as exc:
         raise AssertionError(f"{exc}\n--- page text ---\n{body[0][:3000] if body else ''}") from None
     return body[0]
 
@@ -174,7 +174,7 @@ def test_the_launchpad_opens_with_an_example_that_is_accepted_as_is(demo: Demo, 
         "No errors",
     )
     launch = next(b for b in browser.driver.find_elements("tag name", "button") if b.text.strip() == "Launch Run")
-    wait_for(launch.is_enabled, 60, 0.5, what="the Launch Run button to be enabled (config validated)")
+    wait_until(launch.is_enabled, 60, 0.5, what="the Launch Run button to be enabled (config validated)")
     launch.click()
     (put,) = demo.dev.wait_for_runs(job_name="put_connector", timeout=120, what="the run Launch Run started")
 
@@ -224,8 +224,8 @@ def test_a_run_page_names_its_connector(demo: Demo, browser: Browser) -> None:
         return shown in body[0]
 
     try:
-        wait_for(tag_shown, 30, 0.5, what=f"the run's tag {shown!r}")
-    except AssertionError as exc:
+        wait_until(tag_shown, 30, 0.5, what=f"the run's tag {shown!r}")
+    except TimeoutError as exc:
         raise AssertionError(f"{exc}\n--- page text ---\n{body[0][-3000:] if body else ''}") from None
 
 
@@ -242,7 +242,7 @@ def test_the_rest_api_answers_on_its_port_with_the_demo_connector_running(demo: 
         tasks_running = [t["state"] for t in status["tasks"]] == ["RUNNING", "RUNNING"]
         return status if status["connector"]["state"] == "RUNNING" and tasks_running else None
 
-    status = wait_for(running, 120, 0.5, what="the demo connector and its two tasks RUNNING in the REST API")
+    status = wait_until(running, 120, 0.5, what="the demo connector and its two tasks RUNNING in the REST API")
     assert [t["id"] for t in status["tasks"]] == [0, 1]
     config = requests.get(f"{api}/connectors/{DEMO_CONNECTOR}/config", timeout=30).json()
     assert config["name"] == DEMO_CONNECTOR and config["topics.whitelist"] == DEMO_TOPIC, config

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.engine import forwarder, partitions, source_reader
 from replicator.engine.task import TaskExit
@@ -18,7 +19,7 @@ from replicator.state.store import Store
 from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, connector_properties, create_connector
-from .kafka_helpers import consume_all, create_topics, produce, wait_for
+from .kafka_helpers import consume_all, create_topics, produce
 from .replica_check import check_replica
 
 
@@ -62,13 +63,13 @@ def test_an_offset_is_never_committed_past_a_record_the_producer_refuses(
     create_connector(store, props, {0: [(unique, 0), (unique, 1)]})
 
     runner = TaskThread.start(store, unique)
-    reason = wait_for(lambda: _paused_on(store, unique, (unique, 0)), what="partition 0 paused by the refusal")
+    reason = wait_until(lambda: _paused_on(store, unique, (unique, 0)), what="partition 0 paused by the refusal")
     assert "offset 5" in reason and "MSG_SIZE_TOO_LARGE" in reason
-    wait_for(lambda: store.load_offsets(unique).get((unique, 1)) == 10, what="partition 1 keeps flowing")
-    wait_for(lambda: store.load_offsets(unique).get((unique, 0)) == 5, what="everything before the refusal committed")
+    wait_until(lambda: store.load_offsets(unique).get((unique, 1)) == 10, what="partition 1 keeps flowing")
+    wait_until(lambda: store.load_offsets(unique).get((unique, 0)) == 5, what="everything before the refusal committed")
     # The retry (after a 1 s backoff) re-reads offset 5 and is refused again; records after it were read in the same
     # batches and are never committed.
-    wait_for(lambda: _refusal_count(runner, unique) >= 2, timeout=30, what="the retry refused again")
+    wait_until(lambda: _refusal_count(runner, unique) >= 2, timeout=30, what="the retry refused again")
     assert store.load_offsets(unique)[(unique, 0)] == 5
     runner.finish()
     assert store.load_offsets(unique)[(unique, 0)] == 5
@@ -93,9 +94,9 @@ def test_an_offset_is_never_committed_past_a_record_the_broker_refuses(
     )
 
     runner = TaskThread.start(store, unique)
-    reason = wait_for(lambda: _paused_on(store, unique, (unique, 0)), what="the partition paused by the refusal")
+    reason = wait_until(lambda: _paused_on(store, unique, (unique, 0)), what="the partition paused by the refusal")
     assert "destination refused" in reason
-    wait_for(lambda: _refusal_count(runner, unique) >= 2, timeout=30, what="the retry refused again")
+    wait_until(lambda: _refusal_count(runner, unique) >= 2, timeout=30, what="the retry refused again")
     runner.finish()
     committed = store.load_offsets(unique).get((unique, 0), 0)
     assert committed <= 5
@@ -129,16 +130,16 @@ def test_a_refused_batch_that_stops_the_producer_pauses_only_its_partition(
     )
 
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: any("producer failed fatally" in e for e in runner.events), what="the producer stopped")
+    wait_until(lambda: any("producer failed fatally" in e for e in runner.events), what="the producer stopped")
     first_failure = time.monotonic()
-    wait_for(
+    wait_until(
         lambda: store.load_offsets(unique).get((flowing, 0)) == records,
         timeout=60,
         what="the other topic replicated in full through the producer replacements",
     )
     assert runner.thread is not None and runner.thread.is_alive(), runner.events[-5:]
     # Paused with its reason between its retries (each resume is refused again at once).
-    wait_for(
+    wait_until(
         lambda: "offset 0" in (_paused_on(store, unique, (refusing, 0)) or ""),
         timeout=60,
         what="the refused partition shown paused at offset 0",
@@ -178,7 +179,7 @@ def test_a_full_local_producer_queue_delays_records_but_loses_or_reorders_none(
     create_connector(store, props, {0: [(unique, 0), (unique, 1)]})
 
     runner = TaskThread.start(store, unique)
-    wait_for(
+    wait_until(
         lambda: store.load_offsets(unique) == {(unique, 0): 1000, (unique, 1): 1000},
         timeout=60,
         what="every offset committed",
@@ -224,7 +225,7 @@ def test_a_single_record_on_an_idle_source_is_forwarded_without_waiting_for_a_ba
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
     create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
+    wait_until(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
 
     produce(stack.source_bootstrap_servers, [{"topic": unique, "value": b"lonely"}])
     assert [r.value for r in consume_all(stack.destination_bootstrap_servers, unique, 1, expected=1)] == [b"lonely"]

@@ -11,6 +11,7 @@ from confluent_kafka.admin import AdminClient
 from sqlalchemy import text
 
 from mirus.cli.main import main
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import ConnectorConfig, validate_submission
 from replicator.discovery.monitor import KafkaMonitor
@@ -18,7 +19,7 @@ from replicator.discovery.offset_translation import sync_groups
 from replicator.state.store import Store
 
 from .engine_helpers import TaskThread, connector_properties
-from .kafka_helpers import cluster_id, consume_all, create_topics, produce, wait_for
+from .kafka_helpers import cluster_id, consume_all, create_topics, produce
 
 
 def _put(store: Store, properties: dict[str, object]) -> ConnectorConfig:
@@ -40,7 +41,7 @@ def _one_partition_flow(stack: StackEndpoints, store: Store, topic: str, records
 def _replicate_until(store: Store, connector: str, ends: dict[tuple[str, int], int]) -> None:
     runner = TaskThread.start(store, connector)
     try:
-        wait_for(
+        wait_until(
             lambda: all(store.load_offsets(connector).get(tp) == end for tp, end in ends.items()),
             timeout=60,
             what=f"{connector} replicated up to {ends}",
@@ -205,7 +206,7 @@ def test_a_destination_group_with_active_members_is_not_overwritten(
             member.poll(0.5)
             return _group_state(admin, group) == ConsumerGroupState.STABLE and bool(member.assignment())
 
-        wait_for(joined, timeout=60, interval=0, what="the destination member joined its group")
+        wait_until(joined, timeout=60, interval=0, what="the destination member joined its group")
         member.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
 
         code, out, err = _translate(stack, config.name, group, "--apply")
@@ -217,7 +218,7 @@ def test_a_destination_group_with_active_members_is_not_overwritten(
     finally:
         member.close()
 
-    wait_for(lambda: _group_state(admin, group) == ConsumerGroupState.EMPTY, timeout=60, what="group empty")
+    wait_until(lambda: _group_state(admin, group) == ConsumerGroupState.EMPTY, timeout=60, what="group empty")
     assert sync_groups(config, store, cluster_id(src), cluster_id(dst)) == {}
     assert _destination_offsets(admin, group) == {0: 12}
 

@@ -20,6 +20,7 @@ from dagster_pyspark import PySparkResource
 from pyspark.sql import SparkSession
 from sqlalchemy import Engine, text
 
+from mirus.waiting import wait_until
 from mirus_dagster.assets.lake import platform_lake
 from mirus_dagster.assets.reports import report_assets, report_path
 from mirus_dagster.assets.topology import destination_topics, source_topics
@@ -36,7 +37,7 @@ from reports.lake import BUCKET_COLUMNS, PART_FILE, SCHEMAS, export_hour, hour_d
 from reports.replication import latency_report, missing_partitions_report, throughput_lag_report
 
 from .engine_helpers import TaskThread, connector_properties, metric_row
-from .kafka_helpers import create_topics, produce, wait_for
+from .kafka_helpers import create_topics, produce
 
 MINUTE = 60_000
 HOUR_MS = 60 * MINUTE
@@ -151,7 +152,7 @@ def estate(
     produce(stack.source_bootstrap_servers, records)
 
     runner = TaskThread.start(store, u)
-    wait_for(
+    wait_until(
         lambda: store.load_offsets(u) == {(a, 0): 110, (a, 1): 110, (c, 0): 10},
         timeout=90,
         what="every replicated record committed",

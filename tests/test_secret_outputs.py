@@ -26,6 +26,7 @@ from sqlalchemy import Engine, MetaData, select
 
 from mirus.api.auth import ApiSettings
 from mirus.cli.main import main as mirus
+from mirus.waiting import wait_until
 from mirus_dagster.constants import CONNECTORS_ASSET
 from mirus_dagster.definitions import admin_jobs, kafka_monitor
 from mirus_dagster.settings import StackEndpoints
@@ -33,7 +34,7 @@ from replicator.configuration.connector import load
 from replicator.state.store import Store
 from tests.api_helpers import serve_api
 from tests.engine_helpers import connector_properties
-from tests.kafka_helpers import consume_all, create_topics, produce, wait_for
+from tests.kafka_helpers import consume_all, create_topics, produce
 from tests.test_sensors import InProcessRun, evaluate, requests_for, watched
 
 JOBS = {job.name: job for job in admin_jobs}
@@ -141,7 +142,7 @@ def test_a_referenced_secret_reaches_the_clients_and_no_output(
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    wait_for(lambda: b"replicating" in log_file.read_bytes(), what="the task process replicating")
+    wait_until(lambda: b"replicating" in log_file.read_bytes(), what="the task process replicating")
     task.send_signal(signal.SIGINT)
     assert task.wait(30) == 0
     runner = CliRunner()

@@ -11,6 +11,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine
 
+from mirus.waiting import wait_until
 from mirus_dagster.constants import (
     CONNECTOR_PARTITIONS,
     CONNECTORS_ASSET,
@@ -37,7 +38,7 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.discovery.watcher import MetadataWatcher, WatchRound
 from replicator.state.store import Store
 from tests.engine_helpers import connector_properties
-from tests.kafka_helpers import consume_all, create_topics, produce, wait_for
+from tests.kafka_helpers import consume_all, create_topics, produce
 
 JOBS = {job.name: job for job in admin_jobs}
 
@@ -195,7 +196,7 @@ def watched(store: Store, connector: str) -> WatchRound:
         done = watch(store)
         return done if connector in done.polled and connector not in done.errors else None
 
-    return wait_for(polled, what=f"a watcher round polling {connector}")  # type: ignore[return-value]
+    return wait_until(polled, what=f"a watcher round polling {connector}")  # type: ignore[return-value]
 
 
 class InProcessRun:
@@ -301,7 +302,7 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
 
     # Runs are live now: the monitor requests nothing more.
     live = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={TAG_CONNECTOR: unique})
-    wait_for(lambda: len(instance.get_runs(live)) == 2)
+    wait_until(lambda: len(instance.get_runs(live)) == 2)
     assert requests_for(evaluate(kafka_monitor, instance, resources, result.cursor), unique) == []
 
     # A topic created at the source is assigned and replicated by the running tasks, without a restart.
@@ -311,7 +312,7 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     cursor = result.cursor
     generation = store.get_connector(unique).assignment_generation
     watcher = MetadataWatcher(store)
-    wait_for(
+    wait_until(
         lambda: watcher.watch_once() and store.get_connector(unique).assignment_generation > generation,
         what="a new generation",
     )
@@ -411,10 +412,10 @@ def test_the_supervisor_restarts_a_failed_task(
     assert not InProcessRun(instance, resources, request).join().success
     assert put(instance, resources, properties).success
     # Assignment again (a watcher round can miss a slow broker: it is retried); the failed run is left alone.
-    wait_for(lambda: watched(store, unique) and store.read_assignment(unique), what="the task assigned again")
+    wait_until(lambda: watched(store, unique) and store.read_assignment(unique), what="the task assigned again")
     assert requests_for(evaluate(kafka_monitor, instance, resources, None), unique) == []  # left to the supervisor
 
-    restart = wait_for(
+    restart = wait_until(
         lambda: requests_for(evaluate(task_supervisor, instance, resources, None), unique),
         timeout=60,
         what="a restart after the first backoff",
@@ -481,7 +482,7 @@ def test_metadata_is_read_once_per_cluster_and_sensor_ticks_touch_no_cluster(
     assert kafka_clients == [] and not set(names) & set(second.polled)  # nothing changed: nobody is polled
     assert second.requests == first.requests
     create_topics(stack.source_bootstrap_servers, {f"{unique}-other": 1})  # a topic none of them selects
-    third = wait_for(lambda: (r := watcher.watch_once()).requests and r, what="a round")
+    third = wait_until(lambda: (r := watcher.watch_once()).requests and r, what="a round")
     assert not set(names) & set(third.polled), "a topic nobody selects made connectors poll"
 
     # Sensor ticks create no Kafka client at all: they only start runs.

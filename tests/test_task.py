@@ -14,6 +14,7 @@ from confluent_kafka import Producer
 from sqlalchemy import text
 
 from mirus.api.metrics import StoreCollector
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.engine.metrics import BUCKET_LABELS
 from replicator.engine.source_reader import TierLimits
@@ -22,7 +23,7 @@ from replicator.state.store import Store
 from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, connector_properties, create_connector, private_database
-from .kafka_helpers import Rec, Traffic, cluster_id, consume_all, create_topics, delete_topics, produce, wait_for
+from .kafka_helpers import Rec, Traffic, cluster_id, consume_all, create_topics, delete_topics, produce
 from .replica_check import check_replica
 
 
@@ -125,7 +126,7 @@ def test_provenance_headers_can_be_turned_off_and_cycles_are_never_written_back(
     create_connector(store, props, {0: [(unique, 0)]})
 
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: _committed(store, unique).get((unique, 0)) == 3, what="all three offsets committed")
+    wait_until(lambda: _committed(store, unique).get((unique, 0)) == 3, what="all three offsets committed")
     runner.finish()
 
     copied = consume_all(stack.destination_bootstrap_servers, unique, 1, expected=2)
@@ -180,9 +181,9 @@ def test_the_lease_heartbeats_every_heartbeat_interval_between_commits_further_a
     create_connector(store, properties, {0: [(unique, 0)]})
     task = TaskThread.start(store, unique)
     try:
-        wait_for(lambda: store.lease_of(unique, 0) is not None, timeout=60, what="the task claiming its lease")
+        wait_until(lambda: store.lease_of(unique, 0) is not None, timeout=60, what="the task claiming its lease")
         seen = set()
-        wait_for(
+        wait_until(
             lambda: seen.add(store.lease_of(unique, 0).heartbeat_at) or len(seen) >= 5,
             timeout=10,
             what="five heartbeats within ten seconds",
@@ -208,7 +209,7 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     # Consumers of at most two partitions: every tier spreads the three over two.
     limits = TierLimits(quiet_after_s=0.5, dormant_after_s=1.0, shard_partitions=2)
     runner = TaskThread.start(store, unique, reader_limits=limits)
-    wait_for(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
+    wait_until(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
     reader = runner.task.reader
     # A task starts every partition in the quiet tier (answered at a record's first byte): a start or a takeover
     # of thousands of partitions does not begin with thousands of eager fetches.
@@ -217,7 +218,7 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     consume_all(stack.destination_bootstrap_servers, unique, 3, expected=2)
     # Partitions 0 and 1 were read and stopped; partition 2 never had a record (its empty log's end is its place).
     # Each goes quiet, then dormant (a fetch every 5 s when idle).
-    wait_for(lambda: reader.held_in(reader.dormant) == 3, timeout=30, what="every partition in the dormant tier")
+    wait_until(lambda: reader.held_in(reader.dormant) == 3, timeout=30, what="every partition in the dormant tier")
     assert [s.held for s in reader.dormant.shards] == [2, 1]
     # Records on dormant partitions flow at once, and their partitions go back to eager fetching from the next offset.
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"b%d" % i} for i in range(50)])
@@ -225,7 +226,7 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     consume_all(stack.destination_bootstrap_servers, unique, 3, expected=57)
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"d%d" % i} for i in range(50)])
     copied = consume_all(stack.destination_bootstrap_servers, unique, 3, expected=107)
-    wait_for(
+    wait_until(
         lambda: reader.held_in(reader.quiet) + reader.held_in(reader.dormant) == 3,
         timeout=30,
         what="every partition quiet again",
@@ -251,7 +252,7 @@ def test_only_partitions_that_keep_flowing_move_to_eager_fetching(
         store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0), (unique, 1)]}
     )
     runner = TaskThread.start(store, unique, reader_limits=TierLimits(quiet_after_s=3.0))
-    wait_for(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
+    wait_until(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
     reader = runner.task.reader
     # One record is read where it is (quiet: answered at its first byte) ...
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 1, "value": b"one"}])
@@ -265,7 +266,7 @@ def test_only_partitions_that_keep_flowing_move_to_eager_fetching(
         producer.flush(10)
         return reader.shard[(unique, 0)].tier is reader.flowing
 
-    wait_for(flowing_after_one_more, timeout=30, interval=0.05, what="the partition with steady traffic flowing")
+    wait_until(flowing_after_one_more, timeout=30, interval=0.05, what="the partition with steady traffic flowing")
     assert reader.shard[(unique, 1)].tier is reader.quiet
     sent = next(trickle)
     copied = consume_all(stack.destination_bootstrap_servers, unique, 2, expected=1 + sent)
@@ -291,7 +292,9 @@ def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, un
 
     with open(tmp_path / "first.log", "w") as log:
         first = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-        wait_for(lambda: sum(_committed(store, unique).values()) > 0, timeout=60, interval=0.02, what="a first commit")
+        wait_until(
+            lambda: sum(_committed(store, unique).values()) > 0, timeout=60, interval=0.02, what="a first commit"
+        )
         first.send_signal(signal.SIGKILL)
         first.wait(10)
     committed_at_kill = _committed(store, unique)
@@ -301,7 +304,9 @@ def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, un
     with open(tmp_path / "second.log", "w") as log:
         second = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            wait_for(lambda: sum(_committed(store, unique).values()) == total, timeout=120, what="everything committed")
+            wait_until(
+                lambda: sum(_committed(store, unique).values()) == total, timeout=120, what="everything committed"
+            )
         finally:
             second.send_signal(signal.SIGINT)
             second.wait(30)
@@ -329,14 +334,14 @@ def test_a_second_instance_fences_the_first(stack: StackEndpoints, store: Store,
     )
 
     first = TaskThread.start(store, unique, owner="first")
-    wait_for(lambda: sum(_committed(store, unique).values()) == 100, what="first instance replicating")
+    wait_until(lambda: sum(_committed(store, unique).values()) == 100, what="first instance replicating")
     second = TaskThread.start(store, unique, owner="second")
 
     assert first.join() is TaskExit.FENCED
     produce(
         stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"n%d" % i} for i in range(50)]
     )
-    wait_for(lambda: sum(_committed(store, unique).values()) == 150, what="second instance replicating")
+    wait_until(lambda: sum(_committed(store, unique).values()) == 150, what="second instance replicating")
     lease = store.lease_of(unique, 0)
     assert lease is not None and (lease.owner, lease.epoch) == ("second", 2)
     with store.engine.connect() as conn:
@@ -356,17 +361,17 @@ def test_assignment_changes_apply_live(stack: StackEndpoints, store: Store, uniq
     create_connector(store, connector_properties(stack, unique, **{"topics.regex": f"{unique}-.*"}), {0: [(a, 0)]})
 
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: _committed(store, unique) == {(a, 0): 1}, what="first partition")
+    wait_until(lambda: _committed(store, unique) == {(a, 0): 1}, what="first partition")
     store.write_assignment(unique, {0: [(a, 0), (a, 1), (b, 0)]})
-    wait_for(lambda: _committed(store, unique) == {(a, 0): 1, (a, 1): 1, (b, 0): 1}, what="added partitions")
+    wait_until(lambda: _committed(store, unique) == {(a, 0): 1, (a, 1): 1, (b, 0): 1}, what="added partitions")
 
     store.write_assignment(unique, {0: [(b, 0)], 1: [(a, 0), (a, 1)]})
-    wait_for(
+    wait_until(
         lambda: all(s.task_id is None for tp, s in store.partition_statuses(unique).items() if tp[0] == a),
         what="partitions of topic a released",
     )
     produce(stack.source_bootstrap_servers, [{"topic": b, "value": b"y"}, {"topic": a, "partition": 0, "value": b"z"}])
-    wait_for(lambda: _committed(store, unique)[(b, 0)] == 2, what="remaining partition keeps flowing")
+    wait_until(lambda: _committed(store, unique)[(b, 0)] == 2, what="remaining partition keeps flowing")
     assert _committed(store, unique)[(a, 0)] == 1  # released: no longer replicated by this task
     assert runner.thread.is_alive() and not any("claimed" in e for e in runner.events[1:])  # never restarted
 
@@ -390,7 +395,7 @@ def test_a_deleted_destination_topic_pauses_only_its_partition(
     )
     produce(stack.source_bootstrap_servers, [{"topic": t, "value": b"1"} for t in (good, poisoned)])
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: _committed(store, unique) == {(good, 0): 1, (poisoned, 0): 1}, what="both replicating")
+    wait_until(lambda: _committed(store, unique) == {(good, 0): 1, (poisoned, 0): 1}, what="both replicating")
 
     delete_topics(stack.destination_bootstrap_servers, [poisoned])
 
@@ -400,15 +405,15 @@ def test_a_deleted_destination_topic_pauses_only_its_partition(
 
     # The task notices the missing destination itself. (Records written into the deletion window are refused by
     # Apache Kafka and pause the partition the same way; the test broker acknowledges them instead, so none are.)
-    status = wait_for(paused, what="poisoned partition paused")
+    status = wait_until(paused, what="poisoned partition paused")
     assert poisoned in status.reason and "does not exist" in status.reason
     produce(stack.source_bootstrap_servers, [{"topic": t, "value": b"2"} for t in (good, poisoned)])
     produce(stack.source_bootstrap_servers, [{"topic": good, "value": b"3"}])
-    wait_for(lambda: _committed(store, unique)[(good, 0)] == 3, what="the healthy partition keeps flowing")
+    wait_until(lambda: _committed(store, unique)[(good, 0)] == 3, what="the healthy partition keeps flowing")
     assert _committed(store, unique)[(poisoned, 0)] == 1
 
     create_topics(stack.destination_bootstrap_servers, {poisoned: 1})
-    wait_for(lambda: _committed(store, unique)[(poisoned, 0)] == 2, timeout=60, what="paused partition resumes")
+    wait_until(lambda: _committed(store, unique)[(poisoned, 0)] == 2, timeout=60, what="paused partition resumes")
     assert store.partition_statuses(unique)[(poisoned, 0)].state == "ACTIVE"
     runner.finish()
     assert [r.value for r in consume_all(stack.destination_bootstrap_servers, poisoned, 1, expected=1)] == [b"2"]
@@ -424,7 +429,7 @@ def test_the_commit_watchdog_fails_the_task_when_commits_stop(stack: StackEndpoi
     create_connector(store, props, {0: [(unique, 0)]})
     runner = TaskThread.start(store, unique)
     produce(stack.source_bootstrap_servers, [{"topic": unique, "value": b"1"}])
-    wait_for(lambda: _committed(store, unique) == {(unique, 0): 1}, what="first commit")
+    wait_until(lambda: _committed(store, unique) == {(unique, 0): 1}, what="first commit")
 
     with engine.begin() as conn:
         conn.execute(text("ALTER TABLE offsets RENAME TO offsets_gone"))
@@ -444,11 +449,11 @@ def test_a_new_config_version_and_a_restart_apply_in_place(stack: StackEndpoints
         stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"a%d" % i} for i in range(20)]
     )
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: sum(_committed(store, unique).values()) == 20, what="first version replicating")
+    wait_until(lambda: sum(_committed(store, unique).values()) == 20, what="first version replicating")
 
     # Version 2 renames the destination: the same run continues from the committed offsets into the new topic.
     store.put_connector(unique, {**props, "destination.topic.name.suffix": ".v2"}, 1)
-    wait_for(lambda: any("configuration version 2" in e for e in runner.events), what="clients rebuilt in place")
+    wait_until(lambda: any("configuration version 2" in e for e in runner.events), what="clients rebuilt in place")
     produce(
         stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"b%d" % i} for i in range(10)]
     )
@@ -456,8 +461,8 @@ def test_a_new_config_version_and_a_restart_apply_in_place(stack: StackEndpoints
     assert sorted(r.value for r in renamed) == sorted(b"b%d" % i for i in range(10))  # no replay of version 1
 
     store.request_restart(unique)
-    wait_for(lambda: sum("restarting clients in place" in e for e in runner.events) == 2, what="restart in place")
+    wait_until(lambda: sum("restarting clients in place" in e for e in runner.events) == 2, what="restart in place")
     produce(stack.source_bootstrap_servers, [{"topic": unique, "value": b"c"}])
-    wait_for(lambda: sum(_committed(store, unique).values()) == 31, what="replicating after the restart")
+    wait_until(lambda: sum(_committed(store, unique).values()) == 31, what="replicating after the restart")
     assert runner.thread.is_alive() and sum("claimed" in e for e in runner.events) == 1
     assert runner.finish() is TaskExit.STOPPED

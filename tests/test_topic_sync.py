@@ -26,6 +26,7 @@ from confluent_kafka.admin import (
 
 from mirus.faults.brokers import KafkaKit, tansu_broker
 from mirus.local.stack import free_port
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import validate_submission
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC
@@ -36,7 +37,7 @@ from replicator.state.store import Store
 from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, connector_properties
-from .kafka_helpers import consume_all, create_topics, produce, wait_for
+from .kafka_helpers import consume_all, create_topics, produce
 
 CONFIGS = {"retention.ms": "3600000", "max.message.bytes": "200000", "cleanup.policy": "delete"}
 
@@ -154,10 +155,10 @@ def test_a_grown_source_topic_keeps_every_record_in_its_own_partition(
     try:
         produce(src, [{"topic": unique, "partition": i % 2, "value": b"before-%d" % i} for i in range(20)])
         assert _grow(src, unique, 4) is None
-        wait_for(lambda: _partitions(src, unique) == 4, what="source grown to 4")
+        wait_until(lambda: _partitions(src, unique) == 4, what="source grown to 4")
         # Records for the new partitions are written before the monitor has seen them.
         produce(src, [{"topic": unique, "partition": i % 4, "value": b"after-%d" % i} for i in range(40)])
-        wait_for(
+        wait_until(
             lambda: _selected(monitor.poll(name).plan.replicate) == [(unique, p) for p in range(4)],
             what="monitor assigns 4 partitions",
         )
@@ -229,11 +230,11 @@ def test_a_pending_destination_growth_holds_up_no_other_connectors_discovery(
     _put(store, connector_properties(apache_kafka, grown, **{"topics.whitelist": grown, **quiet}))
     _put(store, connector_properties(stack, other, **{"topics.regex": f"{other}-.*", "monitor.poll.wait.ms": "600000"}))
     watcher = MetadataWatcher(store)
-    wait_for(
+    wait_until(
         lambda: watcher.watch_once() and _assigned(store, grown) == [(grown, 0), (grown, 1)], what="the topic assigned"
     )
     assert _grow(src, grown, 4) is None
-    wait_for(lambda: _partitions(src, grown) == 4, what="source grown to 4")
+    wait_until(lambda: _partitions(src, grown) == 4, what="source grown to 4")
     create_topics(stack.destination_bootstrap_servers, {f"{other}-new": 1})
     create_topics(stack.source_bootstrap_servers, {f"{other}-new": 1})
 
@@ -251,7 +252,7 @@ def test_a_pending_destination_growth_holds_up_no_other_connectors_discovery(
         )
         assert _assigned(store, grown) == [(grown, 0), (grown, 1)]
 
-    wait_for(
+    wait_until(
         lambda: watcher.watch_once() and _assigned(store, grown) == [(grown, p) for p in range(4)],
         what="the grown partitions assigned",
     )
@@ -335,6 +336,6 @@ def test_a_source_config_change_propagates(apache_kafka: StackEndpoints, store: 
         monitor.poll(name)
         return _configs(dst, unique)["retention.ms"].value == "7200000"
 
-    wait_for(propagated, timeout=30, interval=0.5, what="retention.ms at the destination")
+    wait_until(propagated, timeout=30, interval=0.5, what="retention.ms at the destination")
     assert _configs(dst, unique)["min.insync.replicas"].is_default
     assert store.flow(name).problems == {}

@@ -9,12 +9,13 @@ from collections.abc import Iterable
 from click.testing import CliRunner
 
 from mirus.cli.verify import verify
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.tools.verify import verify_replication
 from replicator.tools.verify_report import Mismatch, PartitionResult, Replay, VerifyReport
 from replicator.topics import provenance
 
-from .kafka_helpers import Rec, consume_all, create_topics, produce, wait_for
+from .kafka_helpers import Rec, consume_all, create_topics, produce
 from .replica_check import check_replica
 
 IDLE_S = 1.5
@@ -288,7 +289,7 @@ def test_verify_against_live_traffic_ends_at_the_snapshot_taken_at_start(stack: 
     )
     live = LiveReplication(stack, unique)
     try:
-        wait_for(lambda: live.produced >= 20, 30, what="live traffic")
+        wait_until(lambda: live.produced >= 20, 30, what="live traffic")
         result = CliRunner().invoke(
             verify,
             [
