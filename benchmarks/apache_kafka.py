@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mirus.local.stack import LocalStack  # noqa: E402
+from mirus.waiting import wait_until  # noqa: E402
 from mirus_dagster.settings import PlatformSettings  # noqa: E402
 from replicator.configuration.connector import validate_submission  # noqa: E402
 from replicator.state.database import make_engine, upgrade  # noqa: E402
@@ -211,15 +212,18 @@ def timed_copy(
     counter = Consumer({"bootstrap.servers": DESTINATION, "group.id": "bench-counter"})
     count = copied or (lambda: destination_count(counter, target, partitions))
     load = os.getloadavg()[0]
+
+    def copied_all() -> bool:
+        if count() >= records:
+            return True
+        if any(p.poll() is not None and p.returncode != 0 for p in procs):
+            raise RuntimeError(f"{copier} exited with {[p.returncode for p in procs]}")
+        return False
+
     start = time.perf_counter()
     procs = [start_process(argv, env) for argv in argvs]
     try:
-        while count() < records:
-            if time.perf_counter() - start > timeout_s:
-                raise TimeoutError(f"{copier}: not all {records} records at {target} after {timeout_s}s")
-            if any(p.poll() is not None and p.returncode != 0 for p in procs):
-                raise RuntimeError(f"{copier} exited with {[p.returncode for p in procs]}")
-            time.sleep(0.02)
+        wait_until(copied_all, timeout_s, 0.02, f"{copier}: all {records} records at {target}")
         wall = time.perf_counter() - start
     finally:
         for p in procs:

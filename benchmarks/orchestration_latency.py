@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mirus.local.devserver import DagsterDev, RunInfo, dagster_dev
 from mirus.local.stack import LocalStack
+from mirus.waiting import wait_until
 from mirus_dagster.constants import (
     ENV_REPORT_SCHEDULE,
     PUT_CONNECTOR_JOB,
@@ -62,11 +63,7 @@ TAGS = {TAG_CONNECTOR: CONNECTOR, TAG_TASK: "0"}
 def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=30)
-    deadline = time.monotonic() + 30
-    while topic not in admin.list_topics(timeout=5).topics:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"topic {topic} not visible after 30s")
-        time.sleep(0.05)
+    wait_until(lambda: topic in admin.list_topics(timeout=5).topics, 30, 0.05, f"topic {topic} to be visible")
 
 
 def destination_reader(bootstrap: str, topic: str) -> Consumer:
