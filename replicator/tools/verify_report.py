@@ -186,7 +186,16 @@ class VerifyReport:
             )
         )
         lines = _table(header, rows)
+        if details := self._details():
+            lines += ["", "details:", *(f"  {d}" for d in details)]
+        lines += ["", "destination topics:", *self._destination_lines()]
+        if self.notes:
+            lines += ["", "notes:", *(f"  - {n}" for n in self.notes)]
+        lines += ["", f"result: {self.verdict} ({self.elapsed_s:.1f}s)"]
+        return "\n".join(lines)
 
+    def _details(self) -> list[str]:
+        """What went wrong in each partition, with a sample of the offsets."""
         details: list[str] = []
         for p in self.partitions:
             name = f"{p.source_topic}[{p.source_partition}]"
@@ -205,10 +214,11 @@ class VerifyReport:
                 details.append(
                     f"{name}: {p.after_snapshot} copies of records produced after the check started (not checked)"
                 )
-        if details:
-            lines += ["", "details:", *(f"  {d}" for d in details)]
+        return details
 
-        lines += ["", "destination topics:"]
+    def _destination_lines(self) -> list[str]:
+        """A line per destination topic: its records, and how they were matched to the source's."""
+        lines: list[str] = []
         for d in self.destinations:
             if not d.exists:
                 lines.append(f"  {d.topic}: does not exist")
@@ -218,10 +228,7 @@ class VerifyReport:
                 f"{d.records - d.content_matched - d.unmatched}, matched by content {d.content_matched}, "
                 f"unmatched {d.unmatched}, foreign {d.foreign}"
             )
-        if self.notes:
-            lines += ["", "notes:", *(f"  - {n}" for n in self.notes)]
-        lines += ["", f"result: {self.verdict} ({self.elapsed_s:.1f}s)"]
-        return "\n".join(lines)
+        return lines
 
 
 def _sample(items: list[Any], count: int) -> str:
