@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, Row, text
 
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load
 from replicator.configuration.masking import mask_properties
@@ -352,26 +352,36 @@ def _state_tables(engine: Engine, configs: Mapping[str, ConnectorConfig | str]) 
             .mappings()
             .all()
         )
-    connector_rows = []
-    for name, state, version, tasks_max, props in connectors:
-        config = configs.get(name)
-        parsed = config if isinstance(config, ConnectorConfig) else None
-        connector_rows.append(
-            {
-                "connector": name,
-                "state": state,
-                "version": version,
-                "tasks_max": tasks_max,
-                "source_alias": parsed.source_alias if parsed else None,
-                "target_alias": parsed.target_alias if parsed else None,
-                "destination_topic_checking": parsed.destination_topic_checking if parsed else None,
-                "partition_matching": parsed.partition_matching if parsed else None,
-                "config_error": None if parsed else str(config),
-                "config": json.dumps(mask_properties(props)),
-            }
-        )
+    return {
+        "connectors": [_connector_row(stored, configs.get(stored.name)) for stored in connectors],
+        "connector_routes": _routes(sorted(seen_topics), configs),
+        "assignments": [dict(r) for r in assignments],
+        "partition_status": [dict(r) for r in statuses],
+    }
+
+
+def _connector_row(stored: Row[Any], config: ConnectorConfig | str | None) -> dict[str, Any]:
+    """The connector's row: its stored state and, if its configuration loads, the settings the reports read."""
+    name, state, version, tasks_max, props = stored
+    parsed = config if isinstance(config, ConnectorConfig) else None
+    return {
+        "connector": name,
+        "state": state,
+        "version": version,
+        "tasks_max": tasks_max,
+        "source_alias": parsed.source_alias if parsed else None,
+        "target_alias": parsed.target_alias if parsed else None,
+        "destination_topic_checking": parsed.destination_topic_checking if parsed else None,
+        "partition_matching": parsed.partition_matching if parsed else None,
+        "config_error": None if parsed else str(config),
+        "config": json.dumps(mask_properties(props)),
+    }
+
+
+def _routes(seen_topics: list[tuple[str, str]], configs: Mapping[str, ConnectorConfig | str]) -> list[dict[str, Any]]:
+    """Each source topic seen that its connector selects, with its destination topic and whether it is a cycle."""
     routes = []
-    for name, topic in sorted(seen_topics):
+    for name, topic in seen_topics:
         config = configs.get(name)
         if isinstance(config, ConnectorConfig) and config.selector.matches(topic):
             routes.append(
@@ -382,12 +392,7 @@ def _state_tables(engine: Engine, configs: Mapping[str, ConnectorConfig | str]) 
                     "cycle": config.namer.is_cycle(topic),
                 }
             )
-    return {
-        "connectors": connector_rows,
-        "connector_routes": routes,
-        "assignments": [dict(r) for r in assignments],
-        "partition_status": [dict(r) for r in statuses],
-    }
+    return routes
 
 
 # -- writing Parquet ------------------------------------------------------------------------------------------
