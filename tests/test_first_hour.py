@@ -22,7 +22,7 @@ import pytest
 import requests
 import yaml
 
-from mirus.local.devserver import DagsterDev
+from mirus.local.devserver import DagsterDev, RunInfo
 from mirus.local.stack import LocalStack, port_is_free
 from mirus.waiting import wait_until
 from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_TOPIC, TAG_CONNECTOR
@@ -104,6 +104,13 @@ def browser(chromium: None) -> Iterator[Browser]:
     started.quit()
 
 
+def replicator_runs(demo: Demo, connector: str, count: int, timeout: float = 120, what: str = "") -> list[RunInfo]:
+    """The connector's started replicator runs, once there are at least `count`."""
+    return demo.dev.wait_for_runs(
+        {CONNECTOR: connector}, statuses={"STARTED"}, count=count, job_name="replicator", timeout=timeout, what=what
+    )
+
+
 def page_text(browser: Browser, url: str, *expected: str, timeout: float = 90) -> str:
     """Open `url` and wait until the page shows every `expected` text; the page's text."""
     browser.driver.get(url)
@@ -139,14 +146,7 @@ def test_the_start_is_quiet_and_names_the_ui_once_it_answers(demo: Demo) -> None
 
 
 def test_the_connectors_page_lists_the_demo_connector_running_with_its_tasks(demo: Demo, browser: Browser) -> None:
-    demo.dev.wait_for_runs(
-        {CONNECTOR: DEMO_CONNECTOR},
-        statuses={"STARTED"},
-        count=2,
-        job_name="replicator",
-        timeout=120,
-        what="both demo tasks running",
-    )
+    replicator_runs(demo, DEMO_CONNECTOR, 2, what="both demo tasks running")
     text = page_text(
         browser,
         f"{demo.dev.url}/assets/connectors",
@@ -186,14 +186,7 @@ def test_the_launchpad_opens_with_an_example_that_is_accepted_as_is(demo: Demo, 
     record = demo.store.get_connector(EXAMPLE_CONNECTOR)
     assert record.state == "RUNNING"
     # The example replicates on the demo clusters: its tasks are started by the monitor.
-    demo.dev.wait_for_runs(
-        {CONNECTOR: EXAMPLE_CONNECTOR},
-        statuses={"STARTED"},
-        count=2,
-        job_name="replicator",
-        timeout=120,
-        what="the example connector's two tasks running",
-    )
+    replicator_runs(demo, EXAMPLE_CONNECTOR, 2, what="the example connector's two tasks running")
 
 
 def test_the_readme_example_is_the_launchpad_example_for_the_default_clusters() -> None:
@@ -207,9 +200,7 @@ def test_the_readme_example_is_the_launchpad_example_for_the_default_clusters() 
 
 
 def test_a_run_page_names_its_connector(demo: Demo, browser: Browser) -> None:
-    (run, *_) = demo.dev.wait_for_runs(
-        {CONNECTOR: DEMO_CONNECTOR}, statuses={"STARTED"}, job_name="replicator", timeout=60
-    )
+    (run, *_) = replicator_runs(demo, DEMO_CONNECTOR, 1, timeout=60)
     task = f"{DEMO_CONNECTOR}-{run.tags['mirus/task']}"
     # The run's own events name the connector's task (an owner's "replicating …", a standby's "standing by …"), and
     # so do its tags.
@@ -253,9 +244,7 @@ def test_the_rest_api_answers_on_its_port_with_the_demo_connector_running(demo: 
 
 def test_verify_on_the_running_demo_ends_with_a_verdict(demo: Demo) -> None:
     """The demo's traffic never stops: the check is bounded by the source's end offsets taken at its start."""
-    demo.dev.wait_for_runs(
-        {CONNECTOR: DEMO_CONNECTOR}, statuses={"STARTED"}, count=2, job_name="replicator", timeout=120
-    )
+    replicator_runs(demo, DEMO_CONNECTOR, 2)
     env = {**os.environ, **demo.endpoints.as_env()}
     result = subprocess.run(
         [sys.executable, "-m", "mirus.cli.main", "verify", "--topic", f"{DEMO_TOPIC}:{DEMO_TOPIC}.mirror"],
@@ -278,14 +267,7 @@ def test_ctrl_c_ends_replicator_runs_canceled_after_committing_and_says_what_it_
     commit (that termination commits everything delivered is proven in tests/test_dagster_dev.py; here the embedded
     stack holding the offsets stops too)."""
     # Both demo tasks, each with its owner and its standby, and whatever else replicates (the launchpad's example).
-    demo.dev.wait_for_runs(
-        {CONNECTOR: DEMO_CONNECTOR},
-        statuses={"STARTED"},
-        count=4,
-        job_name="replicator",
-        timeout=120,
-        what="the demo's owners and standbys",
-    )
+    replicator_runs(demo, DEMO_CONNECTOR, 4, what="the demo's owners and standbys")
     running = demo.dev.runs({"mirus/kind": "replicator"}, job_name="replicator", statuses=["STARTED"])
     tasks = {(r.tags[CONNECTOR], int(r.tags["mirus/task"])) for r in running}
     assert {task for connector, task in tasks if connector == DEMO_CONNECTOR} == {0, 1}, tasks
