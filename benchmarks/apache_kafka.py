@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mirus.local.stack import LocalStack  # noqa: E402
+from mirus.waiting import wait_until  # noqa: E402
 from mirus_dagster.settings import PlatformSettings  # noqa: E402
 from replicator.configuration.connector import validate_submission  # noqa: E402
 from replicator.state.database import make_engine, upgrade  # noqa: E402
@@ -79,8 +80,14 @@ def preload(topic: str, records: int, partitions: int) -> None:
 
 
 def load(bootstrap: str, topic: str, records: int, partitions: int, size: int) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
-                         "queue.buffering.max.messages": 500000})  # fmt: skip
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.num.messages": 10000,
+            "queue.buffering.max.messages": 500000,
+        }
+    )
     value = b"x" * size
     for i in range(records):
         while True:
@@ -126,9 +133,15 @@ def platform_database() -> Iterator[Store]:
         return
     state = Path(os.environ.get("TMPDIR", "/tmp")) / f"mirus-bench-{os.getpid()}"
     stack = LocalStack(
-        settings.model_copy(update={"state_dir": state, "source_bootstrap_servers": SOURCE,
-                                    "destination_bootstrap_servers": DESTINATION, "postgres_port": free_port()})
-    )  # fmt: skip
+        settings.model_copy(
+            update={
+                "state_dir": state,
+                "source_bootstrap_servers": SOURCE,
+                "destination_bootstrap_servers": DESTINATION,
+                "postgres_port": free_port(),
+            }
+        )
+    )
     endpoints = stack.up()
     try:
         engine = make_engine(endpoints.database_url)
@@ -143,10 +156,17 @@ def put_engine_connector(
     store: Store, name: str, topic: str, suffix: str, partitions: int, tasks: int, **extra: object
 ) -> None:
     """A connector with default settings copying `topic` to `topic + suffix`, its partitions spread over tasks."""
-    config = validate_submission({
-        "name": name, "consumer.bootstrap.servers": SOURCE, "destination.consumer.bootstrap.servers": DESTINATION,
-        "topics.whitelist": topic, "destination.topic.name.suffix": suffix, "tasks.max": tasks, **extra,
-    })  # fmt: skip
+    config = validate_submission(
+        {
+            "name": name,
+            "consumer.bootstrap.servers": SOURCE,
+            "destination.consumer.bootstrap.servers": DESTINATION,
+            "topics.whitelist": topic,
+            "destination.topic.name.suffix": suffix,
+            "tasks.max": tasks,
+            **extra,
+        }
+    )
     store.put_connector(name, config.raw, tasks)
     store.write_assignment(name, {t: [(topic, p) for p in range(partitions) if p % tasks == t] for t in range(tasks)})
 
@@ -171,28 +191,39 @@ def start_process(argv: list[str], env: dict[str, str], niceness: int = 0) -> su
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.setpriority(os.PRIO_PROCESS, 0, niceness)
 
-    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=prepare)  # fmt: skip
+    return subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=prepare
+    )
 
 
 def timed_copy(
-    copier: str, argvs: list[list[str]], target: str, partitions: int, records: int, env: dict[str, str],
-    stop_signal: int = signal.SIGINT, timeout_s: float = 300.0, copied: Callable[[], int] | None = None,
-) -> Run:  # fmt: skip
+    copier: str,
+    argvs: list[list[str]],
+    target: str,
+    partitions: int,
+    records: int,
+    env: dict[str, str],
+    stop_signal: int = signal.SIGINT,
+    timeout_s: float = 300.0,
+    copied: Callable[[], int] | None = None,
+) -> Run:
     """Start the copier's processes; wall = start until `target` holds `records` (or `copied()` reaches it: a
     transactional copy's commit markers count in high watermarks); CPU-s of all its processes."""
     counter = Consumer({"bootstrap.servers": DESTINATION, "group.id": "bench-counter"})
     count = copied or (lambda: destination_count(counter, target, partitions))
     load = os.getloadavg()[0]
+
+    def copied_all() -> bool:
+        if count() >= records:
+            return True
+        if any(p.poll() is not None and p.returncode != 0 for p in procs):
+            raise RuntimeError(f"{copier} exited with {[p.returncode for p in procs]}")
+        return False
+
     start = time.perf_counter()
     procs = [start_process(argv, env) for argv in argvs]
     try:
-        while count() < records:
-            if time.perf_counter() - start > timeout_s:
-                raise TimeoutError(f"{copier}: not all {records} records at {target} after {timeout_s}s")
-            if any(p.poll() is not None and p.returncode != 0 for p in procs):
-                raise RuntimeError(f"{copier} exited with {[p.returncode for p in procs]}")
-            time.sleep(0.02)
+        wait_until(copied_all, timeout_s, 0.02, f"{copier}: all {records} records at {target}")
         wall = time.perf_counter() - start
     finally:
         for p in procs:
@@ -215,15 +246,25 @@ def median(values: list[float]) -> float:
 
 def naive_copy(source: str, destination: str, topic: str, target: str, records: int, partitions: int) -> None:
     """A hand-written copier tuned as a user would tune it (no offsets, metrics or headers; flush at the end)."""
-    consumer = Consumer({
-        "bootstrap.servers": source, "group.id": "bench-naive", "enable.auto.commit": False,
-        "fetch.max.bytes": 50 * 1024 * 1024, "queued.min.messages": 200_000,
-    })  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": source,
+            "group.id": "bench-naive",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 50 * 1024 * 1024,
+            "queued.min.messages": 200_000,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    producer = Producer({
-        "bootstrap.servers": destination, "enable.idempotence": True, "linger.ms": 5,
-        "batch.size": 1024 * 1024, "queue.buffering.max.messages": 1_000_000,
-    })  # fmt: skip
+    producer = Producer(
+        {
+            "bootstrap.servers": destination,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "batch.size": 1024 * 1024,
+            "queue.buffering.max.messages": 1_000_000,
+        }
+    )
     produce: Callable[..., None] = producer.produce
     copied = 0
     while copied < records:
@@ -232,8 +273,14 @@ def naive_copy(source: str, destination: str, topic: str, target: str, records: 
                 continue
             while True:
                 try:
-                    produce(target, msg.value(), msg.key(), msg.partition(), timestamp=msg.timestamp()[1],
-                            headers=msg.headers())  # fmt: skip
+                    produce(
+                        target,
+                        msg.value(),
+                        msg.key(),
+                        msg.partition(),
+                        timestamp=msg.timestamp()[1],
+                        headers=msg.headers(),
+                    )
                     break
                 except BufferError:
                     producer.poll(0.05)

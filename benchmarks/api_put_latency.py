@@ -26,6 +26,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mirus.local.stack import LocalStack
+from mirus.waiting import wait_until
 from mirus_dagster.settings import PlatformSettings
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import Store
@@ -39,6 +40,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        requests.get(url, timeout=1)
+    except requests.ConnectionError:
+        return False
+    return True
 
 
 def main() -> None:
@@ -61,15 +70,7 @@ def main() -> None:
             argv = [sys.executable, "-m", "mirus.cli.main", "api", "--port", str(api_port)]
             api = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             url = f"http://127.0.0.1:{api_port}"
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    requests.get(url, timeout=1)
-                    break
-                except requests.ConnectionError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("mirus api did not answer within 60 s") from None
-                    time.sleep(0.1)
+            wait_until(lambda: _answers(url), 60, 0.1, "mirus api to answer")
 
             config = {
                 "name": NAME,

@@ -86,11 +86,16 @@ def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
 
 
 def connector(store: Store, ep: StackEndpoints, name: str, regex: str, tasks: int) -> ConnectorConfig:
-    config = validate_submission({
-        "name": name, "tasks.max": tasks, "topics.regex": regex, "destination.topic.name.suffix": ".mirror",
-        "consumer.bootstrap.servers": ep.source_bootstrap_servers,
-        "destination.consumer.bootstrap.servers": ep.destination_bootstrap_servers,
-    })  # fmt: skip
+    config = validate_submission(
+        {
+            "name": name,
+            "tasks.max": tasks,
+            "topics.regex": regex,
+            "destination.topic.name.suffix": ".mirror",
+            "consumer.bootstrap.servers": ep.source_bootstrap_servers,
+            "destination.consumer.bootstrap.servers": ep.destination_bootstrap_servers,
+        }
+    )
     store.put_connector(name, config.raw, config.tasks_max)
     return config
 
@@ -109,8 +114,9 @@ def postgres_costs(store: Store, pid: int | None) -> None:
     samples = [MetricRow(0, f"{tag}-{t}", now, now, 1000, 100_000, 1, 50, 5000, 1000, histogram, 0) for t in range(20)]
     for partitions in (20, 1000, 10_000):
         lags = {(f"{tag}-{p % 20}", p // 20): 1 for p in range(partitions)}
-        figures = timed(lambda i, n=lags: store.record_metrics(tag, MetricInterval(samples, {tp: i for tp in n}, now)),
-                        10, pid)  # fmt: skip
+        figures = timed(
+            lambda i, n=lags: store.record_metrics(tag, MetricInterval(samples, {tp: i for tp in n}, now)), 10, pid
+        )
         print(f"  metric interval of 20 topics, {partitions:>5} changed partition lags: {figures}")
     store.delete_connector(tag)
 
@@ -184,8 +190,10 @@ def sensor_costs(store: Store, ep: StackEndpoints, database_url: str, counts: li
             supervisor_ms = median_ms(
                 lambda _i: task_supervisor(dg.build_sensor_context(instance=instance, resources=resources)), 3
             )
-            print(f"  {count:>3} connectors (+{others} others in the store): kafka_monitor tick {monitor_ms:7.0f} ms, "
-                  f"task_supervisor tick {supervisor_ms:5.0f} ms")  # fmt: skip
+            print(
+                f"  {count:>3} connectors (+{others} others in the store): kafka_monitor tick {monitor_ms:7.0f} ms, "
+                f"task_supervisor tick {supervisor_ms:5.0f} ms"
+            )
 
 
 def rss(proc: psutil.Process) -> int:
@@ -203,8 +211,9 @@ def task_memory(store: Store, ep: StackEndpoints, database_url: str, records: in
     topic = f"mem{int(time.time())}"
     create_topics(ep.source_bootstrap_servers, [topic], 4)
     create_topics(ep.destination_bootstrap_servers, [f"{topic}.mirror"], 4)
-    producer = Producer({"bootstrap.servers": ep.source_bootstrap_servers, "linger.ms": 20,
-                         "queue.buffering.max.messages": 500000})  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": ep.source_bootstrap_servers, "linger.ms": 20, "queue.buffering.max.messages": 500000}
+    )
     for i in range(records):
         while True:
             try:
@@ -219,8 +228,19 @@ def task_memory(store: Store, ep: StackEndpoints, database_url: str, records: in
         run_config = Path(home) / "run.yaml"
         run_config.write_text(json.dumps({"ops": {"replicate": {"config": {"connector": config.name, "task_id": 0}}}}))
         env = {**os.environ, "MIRUS_DATABASE_URL": database_url, "DAGSTER_HOME": home}
-        argv = [sys.executable, "-m", "dagster", "job", "execute", "-m", "mirus_dagster.definitions",
-                "-j", "replicator", "-c", str(run_config)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "dagster",
+            "job",
+            "execute",
+            "-m",
+            "mirus_dagster.definitions",
+            "-j",
+            "replicator",
+            "-c",
+            str(run_config),
+        ]
         run = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         proc = psutil.Process(run.pid)
         before = peak = 0
@@ -243,9 +263,11 @@ def task_memory(store: Store, ep: StackEndpoints, database_url: str, records: in
                 run.terminate()
                 run.wait(30)
     mb = 1024 * 1024
-    print(f"Replicator run (dagster job execute, {records:,} x 100 B over 4 partitions): "
-          f"RSS {before / mb:.0f} MB when the task starts, peak {peak / mb:.0f} MB while copying "
-          f"at {records / seconds:,.0f} records/s")  # fmt: skip
+    print(
+        f"Replicator run (dagster job execute, {records:,} x 100 B over 4 partitions): "
+        f"RSS {before / mb:.0f} MB when the task starts, peak {peak / mb:.0f} MB while copying "
+        f"at {records / seconds:,.0f} records/s"
+    )
 
 
 def main() -> None:

@@ -46,6 +46,7 @@ from benchmarks.orchestration_latency import (
     report,
     standby_waiting,
 )
+from mirus.waiting import wait_until
 from mirus_dagster.constants import ENV_DATABASE_URL
 from replicator.configuration.connector import validate_submission
 from replicator.discovery.watcher import MetadataWatcher, WatchRound
@@ -63,11 +64,7 @@ def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
         batch = names[i : i + 20]
         for future in admin.create_topics([NewTopic(t, topics[t], 1) for t in batch]).values():
             future.result(timeout=120)
-    deadline = time.monotonic() + 120
-    while not set(names) <= set(admin.list_topics(timeout=30).topics):
-        if time.monotonic() > deadline:
-            raise RuntimeError("topics not visible after 120s")
-        time.sleep(0.2)
+    wait_until(lambda: set(names) <= set(admin.list_topics(timeout=30).topics), 120, 0.2, "the topics to be visible")
 
 
 class Rounds:
@@ -107,14 +104,6 @@ def committed_transactions(store: Store) -> int:
         return int(conn.scalar(text("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")))
 
 
-def wait(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--connectors", type=int, default=100)
@@ -138,18 +127,25 @@ def main() -> None:
             for bootstrap in (src, dst):
                 create_topics(bootstrap, {name: per_topic for name in names})
             for name in names:
-                config = validate_submission({
-                    "name": name, "connector.class": "com.salesforce.mirus.MirusSourceConnector",
-                    "consumer.bootstrap.servers": src, "destination.consumer.bootstrap.servers": dst,
-                    "topics.regex": f"{name}(-new.*)?",
-                })  # fmt: skip
+                config = validate_submission(
+                    {
+                        "name": name,
+                        "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+                        "consumer.bootstrap.servers": src,
+                        "destination.consumer.bootstrap.servers": dst,
+                        "topics.regex": f"{name}(-new.*)?",
+                    }
+                )
                 store.put_connector(config.name, config.raw, config.tasks_max)
             watcher = MetadataWatcher(store)
             started = time.monotonic()
             rounds = Rounds(watcher)
-            wait(lambda: all(store.read_assignment(n) for n in names), 600, "every connector assigned")
-            print(f"first assignment of {args.connectors} connectors / {per_topic * args.connectors} partitions: "
-                  f"{time.monotonic() - started:.1f} s (load {load()})", flush=True)  # fmt: skip
+            wait_until(lambda: all(store.read_assignment(n) for n in names), 600, 0.05, "every connector assigned")
+            print(
+                f"first assignment of {args.connectors} connectors / {per_topic * args.connectors} partitions: "
+                f"{time.monotonic() - started:.1f} s (load {load()})",
+                flush=True,
+            )
 
             subject = names[0]
             log = Path(state) / "tasks.log"
@@ -159,9 +155,10 @@ def main() -> None:
             try:
                 first_record(reader, lambda msg: True, 120)
                 processes.append(task_process(endpoints.database_url, subject, log))
-                wait(lambda: standby_waiting(store), 120, "a standby")
-                print(f"connector {subject} replicating ({per_topic} partitions), owner and standby processes",
-                      flush=True)  # fmt: skip
+                wait_until(lambda: standby_waiting(store), 120, 0.05, "a standby")
+                print(
+                    f"connector {subject} replicating ({per_topic} partitions), owner and standby processes", flush=True
+                )
 
                 watched_from = time.monotonic()
                 commits_from = committed_transactions(store)
@@ -200,7 +197,7 @@ def main() -> None:
                     resumed.append(first_record(reader, after_kill, 120) - clock)
                     print(f"  kill {i + 1}: {resumed[-1]:.1f} s (load {load()})", flush=True)
                     processes.append(task_process(endpoints.database_url, subject, log))  # the next standby
-                    wait(lambda: standby_waiting(store), 120, "a new standby")
+                    wait_until(lambda: standby_waiting(store), 120, 0.05, "a new standby")
                 watched = rounds.since(watched_from)
             finally:
                 traffic.stop()
@@ -212,13 +209,17 @@ def main() -> None:
             for r in watched:
                 requests.update(r.requests)
             seconds = [r.seconds for r in watched]
-            print(f"\nwatcher: {len(watched)} rounds in {elapsed:.0f} s over {args.connectors} connectors; round "
-                  f"median {statistics.median(seconds):.2f} s, max {max(seconds):.2f} s; connectors polled (a "
-                  f"change seen) {sum(len(r.polled) for r in watched)}")  # fmt: skip
+            print(
+                f"\nwatcher: {len(watched)} rounds in {elapsed:.0f} s over {args.connectors} connectors; round "
+                f"median {statistics.median(seconds):.2f} s, max {max(seconds):.2f} s; connectors polled (a "
+                f"change seen) {sum(len(r.polled) for r in watched)}"
+            )
             for cluster, count in sorted(requests.items()):
                 print(f"  metadata requests to {cluster}: {count / elapsed:.2f}/s")
-            print(f"  Postgres transactions committed: {commits / elapsed:.1f}/s (the watcher, connector 0's owner and "
-                  "standby, this script's checks)")  # fmt: skip
+            print(
+                f"  Postgres transactions committed: {commits / elapsed:.1f}/s (the watcher, connector 0's owner and "
+                "standby, this script's checks)"
+            )
             print()
             report("(a) new topic -> first record", created, 2.0)
             report("(b) kill -9 -> resumed replication", resumed, 3.0)

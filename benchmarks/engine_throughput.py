@@ -42,15 +42,26 @@ def create(bootstrap: str, topic: str, partitions: int) -> None:
 
 
 def engine_copy(
-    store: Store, source: str, destination: str, topic: str, target: str, records: int, partitions: int,
+    store: Store,
+    source: str,
+    destination: str,
+    topic: str,
+    target: str,
+    records: int,
+    partitions: int,
     provenance: bool,
-) -> None:  # fmt: skip
+) -> None:
     name = f"bench-{target}"
-    config = validate_submission({
-        "name": name, "consumer.bootstrap.servers": source, "destination.consumer.bootstrap.servers": destination,
-        "topics.whitelist": topic, "destination.topic.name.suffix": target.removeprefix(topic),
-        "provenance.headers.enabled": provenance,
-    })  # fmt: skip
+    config = validate_submission(
+        {
+            "name": name,
+            "consumer.bootstrap.servers": source,
+            "destination.consumer.bootstrap.servers": destination,
+            "topics.whitelist": topic,
+            "destination.topic.name.suffix": target.removeprefix(topic),
+            "provenance.headers.enabled": provenance,
+        }
+    )
     store.put_connector(name, config.raw, 1)
     store.write_assignment(name, {0: [(topic, p) for p in range(partitions)]})
     task = ReplicationTask(store, name, 0, "benchmark")
@@ -65,8 +76,10 @@ def measure(label: str, fn, records: int) -> tuple[float, float]:  # type: ignor
     wall, cpu = time.perf_counter(), cpu_seconds()
     fn()
     wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
-    print(f"{label:<30} {records / wall:>10,.0f} records/s  {wall:7.2f} s wall  "
-          f"{cpu / (records / 1e6):6.2f} CPU-s per million records")  # fmt: skip
+    print(
+        f"{label:<30} {records / wall:>10,.0f} records/s  {wall:7.2f} s wall  "
+        f"{cpu / (records / 1e6):6.2f} CPU-s per million records"
+    )
     return wall, cpu
 
 
@@ -99,8 +112,9 @@ def main() -> None:
             )
             store = Store(engine)
             for label, target, headers in (
-                ("engine", f"{topic}.engine", True), ("engine, no provenance headers", f"{topic}.engine-plain", False)
-            ):  # fmt: skip
+                ("engine", f"{topic}.engine", True),
+                ("engine, no provenance headers", f"{topic}.engine-plain", False),
+            ):
                 eng, eng_cpu = measure(
                     label, lambda t=target, h=headers: engine_copy(store, src, dst, topic, t, n, args.partitions, h), n
                 )

@@ -82,8 +82,14 @@ def load(topic: str, rate: int, seconds: float) -> None:
 
 
 def reader(bootstrap: str, topic: str) -> Consumer:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"latency-{topic}", "enable.auto.commit": False,
-                         "fetch.wait.max.ms": 100})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"latency-{topic}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     return consumer
 
@@ -104,8 +110,14 @@ def measure(consumer: Consumer, expected: int, timeout_s: float) -> list[tuple[i
 def percentiles(latencies: list[int]) -> dict[str, float]:
     ordered = sorted(latencies)
     pick = lambda q: ordered[min(int(q * len(ordered)), len(ordered) - 1)]  # noqa: E731
-    return {"p50": pick(0.5), "p99": pick(0.99), "p99.9": pick(0.999), "max": ordered[-1], "n": len(ordered),
-            "mean": sum(ordered) / len(ordered)}  # fmt: skip
+    return {
+        "p50": pick(0.5),
+        "p99": pick(0.99),
+        "p99.9": pick(0.999),
+        "max": ordered[-1],
+        "n": len(ordered),
+        "mean": sum(ordered) / len(ordered),
+    }
 
 
 def engine_metric(store: Store, connector: str) -> str:
@@ -122,9 +134,15 @@ def engine_metric(store: Store, connector: str) -> str:
 
 
 def one_run(
-    store: Store, env: dict[str, str], copier: str, rate: int, seconds: float, tag: str, engine: dict[str, str],
+    store: Store,
+    env: dict[str, str],
+    copier: str,
+    rate: int,
+    seconds: float,
+    tag: str,
+    engine: dict[str, str],
     baseline: str | None = None,
-) -> tuple[str, dict[str, float]]:  # fmt: skip
+) -> tuple[str, dict[str, float]]:
     """One copier at one rate: the printed line and its percentiles; `engine`: connector properties the engine's
     connector gets beside its defaults; `baseline`: the checkout `engine-baseline` runs from."""
     topic = f"lat-{tag}-{copier}-{rate}"
@@ -154,8 +172,9 @@ def one_run(
         if not pinged:
             raise TimeoutError(f"{copier} did not forward a first record within 120 s")
         load_avg = os.getloadavg()[0]
-        loader = kit.start_process([sys.executable, __file__, "load", topic, str(rate), str(seconds)], env,
-                                   niceness=MEASURING_NICENESS)  # fmt: skip
+        loader = kit.start_process(
+            [sys.executable, __file__, "load", topic, str(rate), str(seconds)], env, niceness=MEASURING_NICENESS
+        )
         seen = measure(consumer, int(rate * seconds), seconds + 60)
         loader.wait(60)
     finally:
@@ -170,13 +189,17 @@ def one_run(
     first = min(created for created, _ in seen)
     kept = [arrived - created for created, arrived in seen if created >= first + WARMUP_S * 1000]
     stats = percentiles(kept)
-    line = (f"{rate:>7,}/s {copier:<12} p50 {stats['p50']:>5.0f}  p99 {stats['p99']:>5.0f}  "
-            f"p99.9 {stats['p99.9']:>5.0f}  max {stats['max']:>5.0f} ms  (mean {stats['mean']:.0f}; "
-            f"{stats['n']:,} records; load avg {load_avg:.1f}; copier {cpu:.1f} CPU-s)")  # fmt: skip
+    line = (
+        f"{rate:>7,}/s {copier:<12} p50 {stats['p50']:>5.0f}  p99 {stats['p99']:>5.0f}  "
+        f"p99.9 {stats['p99.9']:>5.0f}  max {stats['max']:>5.0f} ms  (mean {stats['mean']:.0f}; "
+        f"{stats['n']:,} records; load avg {load_avg:.1f}; copier {cpu:.1f} CPU-s)"
+    )
     if copier.startswith("engine"):
         every = percentiles([arrived - created for created, arrived in pinged + seen])
-        line += (f"\n{'':>22}all records, external: mean {every['mean']:.0f} ms, max {every['max']:.0f} ms; "
-                 f"engine's own metric: {engine_metric(store, topic)}")  # fmt: skip
+        line += (
+            f"\n{'':>22}all records, external: mean {every['mean']:.0f} ms, max {every['max']:.0f} ms; "
+            f"engine's own metric: {engine_metric(store, topic)}"
+        )
     kit.delete_topics(SOURCE, [topic])
     if target != topic or copier == "mirrormaker":
         kit.delete_topics(DESTINATION, [target])
@@ -192,8 +215,10 @@ def summary(runs: dict[tuple[int, str], list[dict[str, float]]]) -> str:
     for (rate, copier), stats in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][1] != "direct", kv[0][1])):
         med = {k: median(s[k] for s in stats) for k in ("p50", "p99", "p99.9", "max")}
         each = " / ".join(f"{s['p99']:.0f}" for s in stats)
-        lines.append(f"{rate:>7,}/s {copier:<12} {med['p50']:>5.0f} {med['p99']:>5.0f} {med['p99.9']:>6.0f} "
-                     f"{med['max']:>5.0f}   {each}")  # fmt: skip
+        lines.append(
+            f"{rate:>7,}/s {copier:<12} {med['p50']:>5.0f} {med['p99']:>5.0f} {med['p99.9']:>6.0f} "
+            f"{med['max']:>5.0f}   {each}"
+        )
     return "\n".join(lines)
 
 
@@ -205,8 +230,11 @@ def main() -> None:
     parser.add_argument(
         "--copiers", default="engine,mirrormaker", help="also: engine-baseline (the engine of --baseline)"
     )
-    parser.add_argument("--baseline", help="another checkout of the project (a commit to compare with, side by side): "
-                                           "engine-baseline runs the engine from there")  # fmt: skip
+    parser.add_argument(
+        "--baseline",
+        help="another checkout of the project (a commit to compare with, side by side): "
+        "engine-baseline runs the engine from there",
+    )
     parser.add_argument(
         "--engine-property",
         action="append",
@@ -229,8 +257,9 @@ def main() -> None:
             for rate in [int(x) for x in args.rates.split(",")]:
                 order = copiers if (r + rate // 1000) % 2 == 0 else copiers[::-1]
                 for copier in ["direct", *order]:
-                    line, stats = one_run(store, env, copier, rate, args.seconds, f"{tag}-{r}", engine_properties,
-                                          args.baseline)  # fmt: skip
+                    line, stats = one_run(
+                        store, env, copier, rate, args.seconds, f"{tag}-{r}", engine_properties, args.baseline
+                    )
                     print(line, flush=True)
                     runs.setdefault((rate, copier), []).append(stats)
         print(summary(runs), flush=True)

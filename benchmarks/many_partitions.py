@@ -41,8 +41,9 @@ def create_wide_topics(prefix: str, topics: int, partitions: int) -> list[str]:
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
-        while not all(len(getattr(admin.list_topics(n, timeout=60).topics.get(n), "partitions", {})) == count
-                      for n in names):  # fmt: skip
+        while not all(
+            len(getattr(admin.list_topics(n, timeout=60).topics.get(n), "partitions", {})) == count for n in names
+        ):
             time.sleep(1)
     producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 50})
     for name in names:
@@ -73,18 +74,26 @@ def main() -> None:
 
     with kit.platform_database() as store:
         name = f"{prefix}-connector"
-        config = validate_submission({
-            "name": name, "consumer.bootstrap.servers": SOURCE, "destination.consumer.bootstrap.servers": DESTINATION,
-            "topics.regex": f"{prefix}-.*", "tasks.max": args.tasks,
-        })  # fmt: skip
+        config = validate_submission(
+            {
+                "name": name,
+                "consumer.bootstrap.servers": SOURCE,
+                "destination.consumer.bootstrap.servers": DESTINATION,
+                "topics.regex": f"{prefix}-.*",
+                "tasks.max": args.tasks,
+            }
+        )
         store.put_connector(name, config.raw, args.tasks)
         monitor = KafkaMonitor(store)
         for cycle in range(4):
             t = time.perf_counter()
             result = monitor.poll(name)
             owned = {task: len(tps) for task, tps in result.tasks.items()}
-            print(f"monitor cycle {cycle + 1}: {time.perf_counter() - t:.2f} s (new generation: {result.changed}; "
-                  f"partitions per task {owned}; load average {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+            print(
+                f"monitor cycle {cycle + 1}: {time.perf_counter() - t:.2f} s (new generation: {result.changed}; "
+                f"partitions per task {owned}; load average {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
 
         env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
         mine = set(result.tasks[0])
@@ -104,8 +113,10 @@ def main() -> None:
             cpu = task.cpu_times()
             time.sleep(20)
             busy = sum(task.cpu_times()[:2]) - sum(cpu[:2])
-            print(f"  idle: resident memory {task.memory_info().rss / 2**20:.0f} MiB, CPU {busy / 20:.0%} of a core "
-                  f"(load average {os.getloadavg()[0]:.1f})")  # fmt: skip
+            print(
+                f"  idle: resident memory {task.memory_info().rss / 2**20:.0f} MiB, CPU {busy / 20:.0%} of a core "
+                f"(load average {os.getloadavg()[0]:.1f})"
+            )
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(120)

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mirus.local.devserver import DagsterDev, RunInfo, dagster_dev
 from mirus.local.stack import LocalStack
+from mirus.waiting import wait_until
 from mirus_dagster.constants import (
     ENV_REPORT_SCHEDULE,
     PUT_CONNECTOR_JOB,
@@ -62,16 +63,19 @@ TAGS = {TAG_CONNECTOR: CONNECTOR, TAG_TASK: "0"}
 def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=30)
-    deadline = time.monotonic() + 30
-    while topic not in admin.list_topics(timeout=5).topics:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"topic {topic} not visible after 30s")
-        time.sleep(0.05)
+    wait_until(lambda: topic in admin.list_topics(timeout=5).topics, 30, 0.05, f"topic {topic} to be visible")
 
 
 def destination_reader(bootstrap: str, topic: str) -> Consumer:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-latency", "enable.auto.commit": False,
-                         "enable.partition.eof": False, "fetch.wait.max.ms": 10})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-latency",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "fetch.wait.max.ms": 10,
+        }
+    )
     consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
     return consumer
 
@@ -165,14 +169,17 @@ def new_topic_latency(dev: DagsterDev, store: Store, endpoints: StackEndpoints, 
     with store.engine.connect() as conn:
         assigned = conn.exec_driver_sql(
             "SELECT extract(epoch FROM min(created_at)) FROM assignments WHERE connector = %(c)s AND partitions @> "
-            "%(p)s::jsonb", {"c": CONNECTOR, "p": f'[["{topic}", 0]]'},
-        ).scalar()  # fmt: skip
+            "%(p)s::jsonb",
+            {"c": CONNECTOR, "p": f'[["{topic}", 0]]'},
+        ).scalar()
         claimed = conn.exec_driver_sql(
             "SELECT extract(epoch FROM updated_at) FROM partition_status WHERE connector = %(c)s AND topic = %(t)s",
             {"c": CONNECTOR, "t": topic},
         ).scalar()
-    breakdown = (f"topic visible + generation written by the watcher +{float(assigned) - started_wall:.1f}s, "
-                 f"partition claimed by the running task +{float(claimed) - started_wall:.1f}s")  # fmt: skip
+    breakdown = (
+        f"topic visible + generation written by the watcher +{float(assigned) - started_wall:.1f}s, "
+        f"partition claimed by the running task +{float(claimed) - started_wall:.1f}s"
+    )
     return latency, breakdown
 
 
@@ -263,10 +270,12 @@ def main() -> None:
                 create_topic(dst, flow)
                 create_topic(src, flow)
                 properties = {
-                    "name": CONNECTOR, "connector.class": "com.salesforce.mirus.MirusSourceConnector",
-                    "consumer.bootstrap.servers": src, "destination.consumer.bootstrap.servers": dst,
+                    "name": CONNECTOR,
+                    "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+                    "consumer.bootstrap.servers": src,
+                    "destination.consumer.bootstrap.servers": dst,
                     "topics.regex": f"{prefix}-.*",
-                }  # fmt: skip
+                }
                 put = dev.client.submit_job_execution(
                     PUT_CONNECTOR_JOB, run_config={"ops": {STORE_CONNECTOR_OP: {"config": {"properties": properties}}}}
                 )
@@ -285,8 +294,11 @@ def main() -> None:
                         created.append(latency)
                         print(f"  topic {i + 1}: {latency:.1f} s  ({breakdown}; load {load()})", flush=True)
 
-                    print(f"\n(b) kill -9 of the replicator run -> resumed replication (50 records/s), "
-                          f"{args.kills} times", flush=True)  # fmt: skip
+                    print(
+                        f"\n(b) kill -9 of the replicator run -> resumed replication (50 records/s), "
+                        f"{args.kills} times",
+                        flush=True,
+                    )
                     resumed: list[float] = []
                     for i in range(args.kills):
                         latency, breakdown = kill_latency(dev, store, traffic, reader)

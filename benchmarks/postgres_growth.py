@@ -55,24 +55,38 @@ def run(engine: Engine, partitions: int, hours: int, every_s: int, retention_hou
     ends = [now - timedelta(seconds=s) for s in range(0, hours * 3600, every_s)]
     for end in ends:
         for task in range(partitions // TASK_PARTITIONS):
-            topics = [f"topic-{(task * TASK_PARTITIONS + p) // TOPIC_PARTITIONS:05d}"
-                      for p in range(0, TASK_PARTITIONS, TOPIC_PARTITIONS)]  # fmt: skip
+            topics = [
+                f"topic-{(task * TASK_PARTITIONS + p) // TOPIC_PARTITIONS:05d}"
+                for p in range(0, TASK_PARTITIONS, TOPIC_PARTITIONS)
+            ]
             samples = [
-                MetricRow(task_id=task, topic=topic, interval_start=end - timedelta(seconds=ENGINE_INTERVAL_S),
-                          interval_end=end, records=6 * TOPIC_PARTITIONS, bytes=6_000 * TOPIC_PARTITIONS,
-                          latency_min_ms=3, latency_max_ms=2_000, latency_sum_ms=3_071 * TOPIC_PARTITIONS,
-                          latency_count=6 * TOPIC_PARTITIONS, latency_histogram=histogram, lag=12 * TOPIC_PARTITIONS)
+                MetricRow(
+                    task_id=task,
+                    topic=topic,
+                    interval_start=end - timedelta(seconds=ENGINE_INTERVAL_S),
+                    interval_end=end,
+                    records=6 * TOPIC_PARTITIONS,
+                    bytes=6_000 * TOPIC_PARTITIONS,
+                    latency_min_ms=3,
+                    latency_max_ms=2_000,
+                    latency_sum_ms=3_071 * TOPIC_PARTITIONS,
+                    latency_count=6 * TOPIC_PARTITIONS,
+                    latency_histogram=histogram,
+                    lag=12 * TOPIC_PARTITIONS,
+                )
                 for topic in topics
-            ]  # fmt: skip
+            ]
             lags = {(topic, p): 12 for topic in topics for p in range(TOPIC_PARTITIONS)}
             store.record_metrics(f"c{task // 10:02d}", MetricInterval(samples, lags, end))
     written = time.monotonic() - started
     rows, size = _table_bytes(engine)
     per_row = size / rows
     topics = partitions // TOPIC_PARTITIONS
-    print(f"wrote {rows:,} rows ({topics:,} topics of {partitions:,} partitions x {len(ends)} intervals) in "
-          f"{written:.1f}s ({rows / written:,.0f} rows/s); table + indexes {size / 1e6:.0f} MB = "
-          f"{per_row:.0f} bytes/row")  # fmt: skip
+    print(
+        f"wrote {rows:,} rows ({topics:,} topics of {partitions:,} partitions x {len(ends)} intervals) in "
+        f"{written:.1f}s ({rows / written:,.0f} rows/s); table + indexes {size / 1e6:.0f} MB = "
+        f"{per_row:.0f} bytes/row"
+    )
     day_rows = topics * 86_400 // ENGINE_INTERVAL_S
     kept_rows = int(topics * retention_hours * 3600 / ENGINE_INTERVAL_S)
     print(
@@ -97,8 +111,10 @@ def run(engine: Engine, partitions: int, hours: int, every_s: int, retention_hou
     result = prune(engine, lake, timedelta(hours=retention_hours), now=now)
     prune_s = time.monotonic() - started
     rows_after, size_after = _table_bytes(engine)
-    print(f"pruned {result.metric_samples_deleted:,} rows in {prune_s:.1f}s; {rows_after:,} rows remain "
-          f"(table {size_after / 1e6:.0f} MB until autovacuum reuses the space)")  # fmt: skip
+    print(
+        f"pruned {result.metric_samples_deleted:,} rows in {prune_s:.1f}s; {rows_after:,} rows remain "
+        f"(table {size_after / 1e6:.0f} MB until autovacuum reuses the space)"
+    )
 
 
 def main() -> None:
@@ -113,9 +129,13 @@ def main() -> None:
     if url is None:
         # "External" clusters that are never contacted: only the embedded Postgres starts.
         settings = PlatformSettings.from_env().model_copy(
-            update={"state_dir": Path(tempfile.mkdtemp(prefix="mirus-growth-")), "postgres_port": free_port(),
-                    "source_bootstrap_servers": "unused:9092", "destination_bootstrap_servers": "unused:9092"}
-        )  # fmt: skip
+            update={
+                "state_dir": Path(tempfile.mkdtemp(prefix="mirus-growth-")),
+                "postgres_port": free_port(),
+                "source_bootstrap_servers": "unused:9092",
+                "destination_bootstrap_servers": "unused:9092",
+            }
+        )
         local = LocalStack(settings)
         url = local.up().database_url
     engine = make_engine(url)

@@ -75,17 +75,23 @@ def generate(lake: Path, samples: int, partitions: int, end: datetime) -> tuple[
         cumulative[:, -1] = records
         lag = np.where(profile[:n] == 2, rng.integers(10_000, 100_000, size=n), rng.integers(0, 50, size=n))
         columns = {
-            "id": np.arange(written + 1, written + n + 1, dtype=np.int64), "connector": connector[:n],
-            "task_id": np.zeros(n, np.int32), "topic": topic[:n],
-            "partition": partition[:n], "destination_topic": destination[:n],
+            "id": np.arange(written + 1, written + n + 1, dtype=np.int64),
+            "connector": connector[:n],
+            "task_id": np.zeros(n, np.int32),
+            "topic": topic[:n],
+            "partition": partition[:n],
+            "destination_topic": destination[:n],
             "interval_start": pa.array([interval_end - timedelta(seconds=INTERVAL_S)] * n, pa.timestamp("us", "UTC")),
             "interval_end": pa.array([interval_end] * n, pa.timestamp("us", "UTC")),
-            "records": records, "bytes": records * 200, "latency_min_ms": np.full(n, 5, np.int64),
+            "records": records,
+            "bytes": records * 200,
+            "latency_min_ms": np.full(n, 5, np.int64),
             "latency_max_ms": np.where(profile[:n] == 2, 9_000_000, 60_000).astype(np.int64),
-            "latency_sum_ms": records * np.array([40, 4_000, 2_000_000])[profile[:n]], "latency_count": records,
+            "latency_sum_ms": records * np.array([40, 4_000, 2_000_000])[profile[:n]],
+            "latency_count": records,
             "lag": lag.astype(np.int64),
             **{column: cumulative[:, j] for j, column in enumerate(BUCKET_COLUMNS)},
-        }  # fmt: skip
+        }
         hour = hour_floor(interval_end - timedelta(microseconds=1))
         if hour not in writers:
             hour_dir(lake, "metric_samples", hour).mkdir(parents=True, exist_ok=True)
@@ -112,19 +118,43 @@ def _snapshots_and_state(lake: Path, partitions: int, at: datetime) -> None:
         for cluster, snapshot_id in (("source", 2 * c), ("destination", 2 * c + 1)):
             for i, t in enumerate(mine):
                 count = PARTITIONS_PER_TOPIC if cluster == "source" or i else PARTITIONS_PER_TOPIC // 2
-                snapshots.append({"snapshot_id": snapshot_id, "connector": name, "cluster": cluster, "taken_at": at,
-                                  "error": None, "topic": t if cluster == "source" else f"{t}.mirror",
-                                  "partitions": count})  # fmt: skip
-        routes += [{"connector": name, "source_topic": t, "destination_topic": f"{t}.mirror", "cycle": False}
-                   for t in mine]  # fmt: skip
-        connectors.append({"connector": name, "state": "RUNNING", "version": 1, "tasks_max": 8, "source_alias": "s",
-                           "target_alias": "t", "destination_topic_checking": True, "partition_matching": True,
-                           "config_error": None, "config": "{}"})  # fmt: skip
+                snapshots.append(
+                    {
+                        "snapshot_id": snapshot_id,
+                        "connector": name,
+                        "cluster": cluster,
+                        "taken_at": at,
+                        "error": None,
+                        "topic": t if cluster == "source" else f"{t}.mirror",
+                        "partitions": count,
+                    }
+                )
+        routes += [
+            {"connector": name, "source_topic": t, "destination_topic": f"{t}.mirror", "cycle": False} for t in mine
+        ]
+        connectors.append(
+            {
+                "connector": name,
+                "state": "RUNNING",
+                "version": 1,
+                "tasks_max": 8,
+                "source_alias": "s",
+                "target_alias": "t",
+                "destination_topic_checking": True,
+                "partition_matching": True,
+                "config_error": None,
+                "config": "{}",
+            }
+        )
     directory = hour_dir(lake, "metadata_snapshots", at)
     directory.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(snapshots, schema=SCHEMAS["metadata_snapshots"]), directory / PART_FILE)
-    for table, rows in (("connectors", connectors), ("connector_routes", routes), ("assignments", []),
-                        ("partition_status", [])):  # fmt: skip
+    for table, rows in (
+        ("connectors", connectors),
+        ("connector_routes", routes),
+        ("assignments", []),
+        ("partition_status", []),
+    ):
         state_path(lake, table).parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMAS[table]), state_path(lake, table))
 

@@ -62,7 +62,7 @@ def fill(engine: Engine, partitions: int, every_s: int, from_s: int, to_s: int) 
                 " FROM generate_series(0, 9) AS g, generate_series(:lo, :hi, :step) AS s"
             ),
             {"c": CONNECTOR, "per": per_topic, "h": HISTOGRAM, "lo": to_s, "hi": from_s - 1, "step": every_s},
-        )  # fmt: skip
+        )
         conn.execute(
             text(
                 "INSERT INTO metric_totals AS t (connector, topic, records, bytes, latency_sum_ms, latency_count,"
@@ -74,7 +74,7 @@ def fill(engine: Engine, partitions: int, every_s: int, from_s: int, to_s: int) 
                 " latency_count = t.latency_count + excluded.latency_count"
             ),
             {"c": CONNECTOR, "r": 6 * per_topic * len(range(to_s, from_s, every_s)), "h": HISTOGRAM},
-        )  # fmt: skip
+        )
         conn.execute(
             text(
                 "INSERT INTO partition_lags (connector, topic, lags, measured_at)"
@@ -110,9 +110,16 @@ def run(engine: Engine, partitions: int, every_s: int, hours: list[float], round
         conn.execute(text("DELETE FROM metric_totals WHERE connector = :c"), {"c": CONNECTOR})
         conn.execute(text("DELETE FROM partition_lags WHERE connector = :c"), {"c": CONNECTOR})
     topics = ",".join(f"topic-{g}" for g in range(TOPICS))
-    store.put_connector(CONNECTOR, {"name": CONNECTOR, "topics.whitelist": topics,
-                                    "consumer.bootstrap.servers": "127.0.0.1:1",
-                                    "destination.consumer.bootstrap.servers": "127.0.0.1:2"}, 1)  # fmt: skip
+    store.put_connector(
+        CONNECTOR,
+        {
+            "name": CONNECTOR,
+            "topics.whitelist": topics,
+            "consumer.bootstrap.servers": "127.0.0.1:1",
+            "destination.consumer.bootstrap.servers": "127.0.0.1:2",
+        },
+        1,
+    )
     print(f"{partitions:,} partitions in {TOPICS} topics, a sample per topic every {every_s} s")
     print(f"{'hours kept':>10} {'samples':>12} {'scrape now (ms)':>16} {'previous queries (ms)':>22}")
     filled_s = 0
@@ -131,8 +138,9 @@ def run(engine: Engine, partitions: int, every_s: int, hours: list[float], round
                     now.append(timed_scrape(store))
                 else:
                     before.append(timed_previous(engine))
-        print(f"{h:>10g} {samples:>12,} {statistics.median(now) * 1000:>16.1f}"
-              f" {statistics.median(before) * 1000:>22.1f}")  # fmt: skip
+        print(
+            f"{h:>10g} {samples:>12,} {statistics.median(now) * 1000:>16.1f} {statistics.median(before) * 1000:>22.1f}"
+        )
 
 
 def main() -> None:
@@ -148,9 +156,11 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="mirus-scrape-") as state:
         settings = PlatformSettings(
-            state_dir=Path(state), postgres_port=free_port(), source_bootstrap_servers="unused:1",
+            state_dir=Path(state),
+            postgres_port=free_port(),
+            source_bootstrap_servers="unused:1",
             destination_bootstrap_servers="unused:2",
-        )  # fmt: skip
+        )
         local = LocalStack(settings)
         endpoints = local.up()
         try:

@@ -24,14 +24,24 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", default="1", help="engine runs with these tasks.max values, e.g. 1,2,4")
-    parser.add_argument("--copiers", default="mirrormaker,naive,engine",
-                        help="also: engine-plain (the engine with provenance headers off), engine-eos "
-                             "(exactly.once.support=required), engine-baseline (the engine of --baseline)")  # fmt: skip
-    parser.add_argument("--baseline", help="another checkout of the project (a commit to compare with, side by side): "
-                                           "engine-baseline runs the engine from there")  # fmt: skip
-    parser.add_argument("--until", choices=("destination", "committed"), default="destination",
-                        help="an engine run ends when the destination holds every record, or when Postgres holds "
-                             "every offset (engine-eos always: commit markers count in high watermarks)")  # fmt: skip
+    parser.add_argument(
+        "--copiers",
+        default="mirrormaker,naive,engine",
+        help="also: engine-plain (the engine with provenance headers off), engine-eos "
+        "(exactly.once.support=required), engine-baseline (the engine of --baseline)",
+    )
+    parser.add_argument(
+        "--baseline",
+        help="another checkout of the project (a commit to compare with, side by side): "
+        "engine-baseline runs the engine from there",
+    )
+    parser.add_argument(
+        "--until",
+        choices=("destination", "committed"),
+        default="destination",
+        help="an engine run ends when the destination holds every record, or when Postgres holds "
+        "every offset (engine-eos always: commit markers count in high watermarks)",
+    )
     args = kit.parse_args(parser)
 
     copiers = []
@@ -59,8 +69,10 @@ def main() -> None:
                     tasks = int(copier.partition("x")[2] or 1)
                     kind = copier.split()[0].removeprefix("engine-") if "-" in copier else "engine"
                     name, target = f"{topic}-{kind}{tasks}", f"{topic}.{kind}{tasks}"
-                    extra = {"plain": {"provenance.headers.enabled": "false"},
-                             "eos": {"exactly.once.support": "required"}}.get(kind, {})  # fmt: skip
+                    extra = {
+                        "plain": {"provenance.headers.enabled": "false"},
+                        "eos": {"exactly.once.support": "required"},
+                    }.get(kind, {})
                     kit.put_engine_connector(store, name, topic, target.removeprefix(topic), parts, tasks, **extra)
                     argvs, stop = kit.engine_argv(name, tasks), signal.SIGINT
                     if kind == "baseline":
@@ -74,8 +86,11 @@ def main() -> None:
                 committed = (lambda c=name: sum(store.load_offsets(c).values())) if by_commits else None
                 run = kit.timed_copy(copier, argvs, target, parts, n, env, stop, copied=committed)
                 runs[copier].append(run)
-                print(f"round {r + 1} {copier:<12} {run.wall_s:6.2f} s wall {run.cpu_s:6.2f} CPU-s "
-                      f"(load average {run.load:.2f})", flush=True)  # fmt: skip
+                print(
+                    f"round {r + 1} {copier:<12} {run.wall_s:6.2f} s wall {run.cpu_s:6.2f} CPU-s "
+                    f"(load average {run.load:.2f})",
+                    flush=True,
+                )
             kit.delete_topics(DESTINATION, targets)
             kit.delete_topics(SOURCE, [topic])
 

@@ -57,8 +57,10 @@ class ReplicatorTaskConfig(dg.Config):
     task_id: int = Field(ge=0, description="Task number within the connector (0 .. tasks.max - 1).")
 
 
-@dg.op(name=REPLICATE_OP, description="Replicate one task's source partitions until the task is removed, paused, "
-       "deleted or fenced.")  # fmt: skip
+@dg.op(
+    name=REPLICATE_OP,
+    description="Replicate one task's source partitions until the task is removed, paused, deleted or fenced.",
+)
 def replicate(context: dg.OpExecutionContext, config: ReplicatorTaskConfig, platform: PlatformDatabase) -> None:
     owner = f"{socket.gethostname()}:{os.getpid()}:{context.run_id}"
     # Termination arrives as DagsterExecutionInterruptedError between bytecodes; the task's `finally` flushes,
@@ -102,13 +104,18 @@ def replicator() -> None:
 def build_watcher_job(flow_event: FlowEvent) -> dg.JobDefinition:
     """One long-running run watching every connector's clusters (started and kept alive by the monitor sensor)."""
 
-    @dg.op(name=WATCH_OP, description="Every second, read each cluster's metadata once and write new assignment "
-           "generations for the connectors whose topics or partitions changed.")  # fmt: skip
+    @dg.op(
+        name=WATCH_OP,
+        description="Every second, read each cluster's metadata once and write new assignment "
+        "generations for the connectors whose topics or partitions changed.",
+    )
     def watch_metadata(context: dg.OpExecutionContext, platform: PlatformDatabase) -> None:
         def changed(result: MonitorResult) -> None:
-            context.log.info(f"{result.connector}: generation {result.generation}, {len(result.plan.replicate)} "
-                             f"partitions over {len(result.tasks)} tasks; missing at destination: "
-                             f"{len(result.plan.missing_destination)}")  # fmt: skip
+            context.log.info(
+                f"{result.connector}: generation {result.generation}, {len(result.plan.replicate)} "
+                f"partitions over {len(result.tasks)} tasks; missing at destination: "
+                f"{len(result.plan.missing_destination)}"
+            )
             context.log_event(flow_event(result.connector, result))
 
         def error(connector: str, message: str | None) -> None:
@@ -179,8 +186,10 @@ def _fail(message: str) -> dg.Failure:
 
 
 def _put_connector_job(connectors_event: ConnectorsEvent) -> dg.JobDefinition:
-    @dg.op(name=STORE_CONNECTOR_OP, description="Validate and store a connector configuration (a new version if "
-           "the connector exists).")  # fmt: skip
+    @dg.op(
+        name=STORE_CONNECTOR_OP,
+        description="Validate and store a connector configuration (a new version if the connector exists).",
+    )
     def store_connector(context: dg.OpExecutionContext, config: PutConnectorConfig, platform: PlatformDatabase) -> None:
         store = platform.store()
         try:

@@ -48,9 +48,11 @@ class TopicPartitions:
 
 # Errors that concern one topic; any other error fails the whole request (the cluster is unreachable).
 TOPIC_ERRORS = {
-    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
     KafkaError.TOPIC_EXCEPTION,
-}  # fmt: skip
+}
 
 
 def topic_partitions(admin: AdminClient, topics: Iterable[str]) -> dict[str, TopicPartitions]:

@@ -18,8 +18,21 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullForm
 _SIZE = (9.0, 3.6)
 _DPI = 90
 # Latency ticks an operator reads at a glance (ms): 10ms … 1d, Mirus's bucket bounds among them.
-_DURATION_TICKS = (10, 100, 1_000, 10_000, 60_000, 300_000, 600_000, 1_800_000, 3_600_000, 21_600_000, 43_200_000,
-                   86_400_000, 604_800_000)  # fmt: skip
+_DURATION_TICKS = (
+    10,
+    100,
+    1_000,
+    10_000,
+    60_000,
+    300_000,
+    600_000,
+    1_800_000,
+    3_600_000,
+    21_600_000,
+    43_200_000,
+    86_400_000,
+    604_800_000,
+)
 
 
 def duration_label(ms: float, _pos: object = None) -> str:
@@ -61,8 +74,12 @@ def latency_chart(rows: Sequence[Mapping[str, object]]) -> bytes:
         _empty(ax, "no replicated records in the window")
         return _png(fig)
     times = [r["time"] for r in rows]
-    for column, label, style in (("max_ms", "max", ":"), ("p99_ms", "p99", "-"), ("p95_ms", "p95", "-"),
-                                 ("p50_ms", "p50", "-")):  # fmt: skip
+    for column, label, style in (
+        ("max_ms", "max", ":"),
+        ("p99_ms", "p99", "-"),
+        ("p95_ms", "p95", "-"),
+        ("p50_ms", "p50", "-"),
+    ):
         # matplotlib's stubs want floats for x; it plots datetimes.
         ax.plot(times, [max(float(r[column]), 1.0) for r in rows], style, marker=".", label=label)  # type: ignore[arg-type]
     ax.set_yscale("log")

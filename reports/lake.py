@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, Row, text
 
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load
 from replicator.configuration.masking import mask_properties
@@ -45,38 +45,82 @@ TIMESTAMP = pa.timestamp("us", tz="UTC")
 BUCKET_COLUMNS: tuple[str, ...] = (*(f"le_{b}" for b in LATENCY_BUCKETS_MS), "le_inf")
 
 SCHEMAS: dict[str, pa.Schema] = {
-    "metric_samples": pa.schema([
-        ("id", pa.int64()), ("connector", pa.string()), ("task_id", pa.int32()), ("topic", pa.string()),
-        # Samples are per topic: null. Hours exported before (migration 0006) hold a row per partition, whose lags
-        # the throughput report must sum per partition; one schema reads both.
-        ("partition", pa.int32()),
-        ("destination_topic", pa.string()), ("interval_start", TIMESTAMP), ("interval_end", TIMESTAMP),
-        ("records", pa.int64()), ("bytes", pa.int64()), ("latency_min_ms", pa.int64()),
-        ("latency_max_ms", pa.int64()), ("latency_sum_ms", pa.int64()), ("latency_count", pa.int64()),
-        ("lag", pa.int64()), *((c, pa.int64()) for c in BUCKET_COLUMNS),
-    ]),
-    "metadata_snapshots": pa.schema([
-        ("snapshot_id", pa.int64()), ("connector", pa.string()), ("cluster", pa.string()), ("taken_at", TIMESTAMP),
-        ("error", pa.string()), ("topic", pa.string()), ("partitions", pa.int32()),
-    ]),
-    "connectors": pa.schema([
-        ("connector", pa.string()), ("state", pa.string()), ("version", pa.int32()), ("tasks_max", pa.int32()),
-        ("source_alias", pa.string()), ("target_alias", pa.string()), ("destination_topic_checking", pa.bool_()),
-        ("partition_matching", pa.bool_()), ("config_error", pa.string()), ("config", pa.string()),
-    ]),
-    "connector_routes": pa.schema([
-        ("connector", pa.string()), ("source_topic", pa.string()), ("destination_topic", pa.string()),
-        ("cycle", pa.bool_()),
-    ]),
-    "assignments": pa.schema([
-        ("connector", pa.string()), ("generation", pa.int64()), ("task_id", pa.int32()), ("topic", pa.string()),
-        ("partition", pa.int32()),
-    ]),
-    "partition_status": pa.schema([
-        ("connector", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("task_id", pa.int32()),
-        ("state", pa.string()), ("reason", pa.string()), ("updated_at", TIMESTAMP),
-    ]),
-}  # fmt: skip
+    "metric_samples": pa.schema(
+        [
+            ("id", pa.int64()),
+            ("connector", pa.string()),
+            ("task_id", pa.int32()),
+            ("topic", pa.string()),
+            # Samples are per topic: null. Hours exported before (migration 0006) hold a row per partition, whose lags
+            # the throughput report must sum per partition; one schema reads both.
+            ("partition", pa.int32()),
+            ("destination_topic", pa.string()),
+            ("interval_start", TIMESTAMP),
+            ("interval_end", TIMESTAMP),
+            ("records", pa.int64()),
+            ("bytes", pa.int64()),
+            ("latency_min_ms", pa.int64()),
+            ("latency_max_ms", pa.int64()),
+            ("latency_sum_ms", pa.int64()),
+            ("latency_count", pa.int64()),
+            ("lag", pa.int64()),
+            *((c, pa.int64()) for c in BUCKET_COLUMNS),
+        ]
+    ),
+    "metadata_snapshots": pa.schema(
+        [
+            ("snapshot_id", pa.int64()),
+            ("connector", pa.string()),
+            ("cluster", pa.string()),
+            ("taken_at", TIMESTAMP),
+            ("error", pa.string()),
+            ("topic", pa.string()),
+            ("partitions", pa.int32()),
+        ]
+    ),
+    "connectors": pa.schema(
+        [
+            ("connector", pa.string()),
+            ("state", pa.string()),
+            ("version", pa.int32()),
+            ("tasks_max", pa.int32()),
+            ("source_alias", pa.string()),
+            ("target_alias", pa.string()),
+            ("destination_topic_checking", pa.bool_()),
+            ("partition_matching", pa.bool_()),
+            ("config_error", pa.string()),
+            ("config", pa.string()),
+        ]
+    ),
+    "connector_routes": pa.schema(
+        [
+            ("connector", pa.string()),
+            ("source_topic", pa.string()),
+            ("destination_topic", pa.string()),
+            ("cycle", pa.bool_()),
+        ]
+    ),
+    "assignments": pa.schema(
+        [
+            ("connector", pa.string()),
+            ("generation", pa.int64()),
+            ("task_id", pa.int32()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+        ]
+    ),
+    "partition_status": pa.schema(
+        [
+            ("connector", pa.string()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("task_id", pa.int32()),
+            ("state", pa.string()),
+            ("reason", pa.string()),
+            ("updated_at", TIMESTAMP),
+        ]
+    ),
+}
 
 
 def hour_floor(moment: datetime) -> datetime:
@@ -153,28 +197,48 @@ def prune(engine: Engine, lake: Path, retention: timedelta, now: datetime | None
     now = now or datetime.now(UTC)
     cutoff = now - retention
     with engine.begin() as conn:
-        old_hours = [h for (h,) in conn.execute(text(
-            "SELECT DISTINCT date_trunc('hour', interval_end AT TIME ZONE 'UTC') FROM metric_samples"
-            " WHERE interval_end < :cutoff"), {"cutoff": cutoff})]  # fmt: skip
+        old_hours = [
+            h
+            for (h,) in conn.execute(
+                text(
+                    "SELECT DISTINCT date_trunc('hour', interval_end AT TIME ZONE 'UTC') FROM metric_samples"
+                    " WHERE interval_end < :cutoff"
+                ),
+                {"cutoff": cutoff},
+            )
+        ]
         sealed = [h.replace(tzinfo=UTC) for h in old_hours if is_sealed(lake, "metric_samples", h.replace(tzinfo=UTC))]
         awaiting = sorted(f"{h:%Y-%m-%d-%H}:00" for h in old_hours if h.replace(tzinfo=UTC) not in sealed)
         deleted = 0
         if sealed:
-            deleted = conn.execute(text(
-                "DELETE FROM metric_samples WHERE interval_end < :cutoff"
-                " AND date_trunc('hour', interval_end AT TIME ZONE 'UTC') = ANY(:hours)"),
-                {"cutoff": cutoff, "hours": [h.replace(tzinfo=None) for h in sealed]}).rowcount  # fmt: skip
-        snapshot_hours = [h.replace(tzinfo=UTC) for (h,) in conn.execute(text(
-            "SELECT DISTINCT date_trunc('hour', taken_at AT TIME ZONE 'UTC') FROM metadata_snapshots"
-            " WHERE taken_at < :cutoff"), {"cutoff": cutoff})]  # fmt: skip
+            deleted = conn.execute(
+                text(
+                    "DELETE FROM metric_samples WHERE interval_end < :cutoff"
+                    " AND date_trunc('hour', interval_end AT TIME ZONE 'UTC') = ANY(:hours)"
+                ),
+                {"cutoff": cutoff, "hours": [h.replace(tzinfo=None) for h in sealed]},
+            ).rowcount
+        snapshot_hours = [
+            h.replace(tzinfo=UTC)
+            for (h,) in conn.execute(
+                text(
+                    "SELECT DISTINCT date_trunc('hour', taken_at AT TIME ZONE 'UTC') FROM metadata_snapshots"
+                    " WHERE taken_at < :cutoff"
+                ),
+                {"cutoff": cutoff},
+            )
+        ]
         sealed_snapshots = [h.replace(tzinfo=None) for h in snapshot_hours if is_sealed(lake, "metadata_snapshots", h)]
         snapshots_deleted = 0
         if sealed_snapshots:
-            snapshots_deleted = conn.execute(text(
-                "DELETE FROM metadata_snapshots WHERE taken_at < :cutoff"
-                " AND date_trunc('hour', taken_at AT TIME ZONE 'UTC') = ANY(:hours)"
-                " AND id NOT IN (SELECT max(id) FROM metadata_snapshots GROUP BY connector, cluster)"),
-                {"cutoff": cutoff, "hours": sealed_snapshots}).rowcount  # fmt: skip
+            snapshots_deleted = conn.execute(
+                text(
+                    "DELETE FROM metadata_snapshots WHERE taken_at < :cutoff"
+                    " AND date_trunc('hour', taken_at AT TIME ZONE 'UTC') = ANY(:hours)"
+                    " AND id NOT IN (SELECT max(id) FROM metadata_snapshots GROUP BY connector, cluster)"
+                ),
+                {"cutoff": cutoff, "hours": sealed_snapshots},
+            ).rowcount
         remaining = conn.execute(text("SELECT count(*) FROM metric_samples")).scalar_one()
     return PruneResult(deleted, snapshots_deleted, remaining, awaiting)
 
@@ -185,9 +249,12 @@ def prune(engine: Engine, lake: Path, retention: timedelta, now: datetime | None
 def _connector_configs(engine: Engine) -> dict[str, ConnectorConfig | str]:
     """Each connector's current configuration, or why it cannot be parsed here (e.g. an unresolvable secret)."""
     with engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT c.name, cc.config FROM connectors c"
-            " JOIN connector_configs cc ON cc.connector = c.name AND cc.version = c.version"))  # fmt: skip
+        rows = conn.execute(
+            text(
+                "SELECT c.name, cc.config FROM connectors c"
+                " JOIN connector_configs cc ON cc.connector = c.name AND cc.version = c.version"
+            )
+        )
         out: dict[str, ConnectorConfig | str] = {}
         for name, props in rows:
             try:
@@ -215,9 +282,10 @@ def _metric_batches(
     """The hour's samples (those with an id above `after`, if given) as Arrow tables, built column by column."""
     query = text(
         "SELECT id, connector, task_id, topic, NULL::integer AS partition, interval_start, interval_end, records,"
-        " bytes, latency_min_ms, latency_max_ms, latency_sum_ms, latency_count, lag, " + _histogram_columns() +
-        " FROM metric_samples WHERE interval_end >= :start AND interval_end < :end AND id > :after ORDER BY id"
-    )  # fmt: skip
+        " bytes, latency_min_ms, latency_max_ms, latency_sum_ms, latency_count, lag, "
+        + _histogram_columns()
+        + " FROM metric_samples WHERE interval_end >= :start AND interval_end < :end AND id > :after ORDER BY id"
+    )
     destination: dict[tuple[str, str], str | None] = {}
 
     def destination_of(connector: str, topic: str) -> str | None:
@@ -253,47 +321,78 @@ def _snapshot_batches(engine: Engine, start: datetime, end: datetime) -> Iterato
 
 def _state_tables(engine: Engine, configs: Mapping[str, ConnectorConfig | str]) -> dict[str, list[dict[str, Any]]]:
     with engine.connect() as conn:
-        connectors = conn.execute(text(
-            "SELECT c.name, c.state, c.version, c.tasks_max, cc.config FROM connectors c"
-            " JOIN connector_configs cc ON cc.connector = c.name AND cc.version = c.version ORDER BY c.name"
-        )).all()  # fmt: skip
-        seen_topics = conn.execute(text(
-            "SELECT DISTINCT connector, jsonb_object_keys(topics) FROM metadata_snapshots"
-            " WHERE cluster = 'source' AND connector IS NOT NULL"
-        )).all()  # fmt: skip
-        assignments = conn.execute(text(
-            "SELECT a.connector, a.generation, a.task_id, p->>0 AS topic, (p->>1)::int AS partition"
-            " FROM assignments a JOIN connectors c ON c.name = a.connector AND c.assignment_generation = a.generation"
-            " CROSS JOIN LATERAL jsonb_array_elements(a.partitions) p"
-        )).mappings().all()  # fmt: skip
-        statuses = conn.execute(text(
-            "SELECT connector, topic, partition, task_id, state, reason, updated_at FROM partition_status"
-        )).mappings().all()  # fmt: skip
-    connector_rows = []
-    for name, state, version, tasks_max, props in connectors:
-        config = configs.get(name)
-        parsed = config if isinstance(config, ConnectorConfig) else None
-        connector_rows.append({
-            "connector": name, "state": state, "version": version, "tasks_max": tasks_max,
-            "source_alias": parsed.source_alias if parsed else None,
-            "target_alias": parsed.target_alias if parsed else None,
-            "destination_topic_checking": parsed.destination_topic_checking if parsed else None,
-            "partition_matching": parsed.partition_matching if parsed else None,
-            "config_error": None if parsed else str(config), "config": json.dumps(mask_properties(props)),
-        })  # fmt: skip
-    routes = []
-    for name, topic in sorted(seen_topics):
-        config = configs.get(name)
-        if isinstance(config, ConnectorConfig) and config.selector.matches(topic):
-            routes.append({"connector": name, "source_topic": topic,
-                           "destination_topic": config.namer.destination_topic(topic),
-                           "cycle": config.namer.is_cycle(topic)})  # fmt: skip
+        connectors = conn.execute(
+            text(
+                "SELECT c.name, c.state, c.version, c.tasks_max, cc.config FROM connectors c"
+                " JOIN connector_configs cc ON cc.connector = c.name AND cc.version = c.version ORDER BY c.name"
+            )
+        ).all()
+        seen_topics = conn.execute(
+            text(
+                "SELECT DISTINCT connector, jsonb_object_keys(topics) FROM metadata_snapshots"
+                " WHERE cluster = 'source' AND connector IS NOT NULL"
+            )
+        ).all()
+        assignments = (
+            conn.execute(
+                text(
+                    "SELECT a.connector, a.generation, a.task_id, p->>0 AS topic, (p->>1)::int AS partition"
+                    " FROM assignments a JOIN connectors c ON c.name = a.connector"
+                    " AND c.assignment_generation = a.generation"
+                    " CROSS JOIN LATERAL jsonb_array_elements(a.partitions) p"
+                )
+            )
+            .mappings()
+            .all()
+        )
+        statuses = (
+            conn.execute(
+                text("SELECT connector, topic, partition, task_id, state, reason, updated_at FROM partition_status")
+            )
+            .mappings()
+            .all()
+        )
     return {
-        "connectors": connector_rows,
-        "connector_routes": routes,
+        "connectors": [_connector_row(stored, configs.get(stored.name)) for stored in connectors],
+        "connector_routes": _routes(sorted(seen_topics), configs),
         "assignments": [dict(r) for r in assignments],
         "partition_status": [dict(r) for r in statuses],
     }
+
+
+def _connector_row(stored: Row[Any], config: ConnectorConfig | str | None) -> dict[str, Any]:
+    """The connector's row: its stored state and, if its configuration loads, the settings the reports read."""
+    name, state, version, tasks_max, props = stored
+    parsed = config if isinstance(config, ConnectorConfig) else None
+    return {
+        "connector": name,
+        "state": state,
+        "version": version,
+        "tasks_max": tasks_max,
+        "source_alias": parsed.source_alias if parsed else None,
+        "target_alias": parsed.target_alias if parsed else None,
+        "destination_topic_checking": parsed.destination_topic_checking if parsed else None,
+        "partition_matching": parsed.partition_matching if parsed else None,
+        "config_error": None if parsed else str(config),
+        "config": json.dumps(mask_properties(props)),
+    }
+
+
+def _routes(seen_topics: list[tuple[str, str]], configs: Mapping[str, ConnectorConfig | str]) -> list[dict[str, Any]]:
+    """Each source topic seen that its connector selects, with its destination topic and whether it is a cycle."""
+    routes = []
+    for name, topic in seen_topics:
+        config = configs.get(name)
+        if isinstance(config, ConnectorConfig) and config.selector.matches(topic):
+            routes.append(
+                {
+                    "connector": name,
+                    "source_topic": topic,
+                    "destination_topic": config.namer.destination_topic(topic),
+                    "cycle": config.namer.is_cycle(topic),
+                }
+            )
+    return routes
 
 
 # -- writing Parquet ------------------------------------------------------------------------------------------
@@ -340,8 +439,13 @@ def _write(
             os.replace(tmp, directory / PART_FILE)
         for path in stale:  # increments are inside the full export now
             path.unlink()
-        manifest = {"table": table, "hour": f"{hour:%Y-%m-%dT%H}", "rows": rows, "max_id": max_id or 0,
-                    "full_export_at": now.isoformat()}  # fmt: skip
+        manifest = {
+            "table": table,
+            "hour": f"{hour:%Y-%m-%dT%H}",
+            "rows": rows,
+            "max_id": max_id or 0,
+            "full_export_at": now.isoformat(),
+        }
     (directory / MANIFEST_FILE).write_text(json.dumps({**manifest, "exported_at": now.isoformat()}))
     return manifest["rows"]
 

@@ -54,10 +54,12 @@ _EXISTING = "connector IN (SELECT name FROM connectors)"
 
 def topic_totals(store: Store) -> list[TopicTotals]:
     with store.engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT connector, topic, records, bytes, latency_sum_ms, latency_count, latency_histogram"
-            f" FROM metric_totals WHERE {_EXISTING} ORDER BY connector, topic"
-        )).all()  # fmt: skip
+        rows = conn.execute(
+            text(
+                "SELECT connector, topic, records, bytes, latency_sum_ms, latency_count, latency_histogram"
+                f" FROM metric_totals WHERE {_EXISTING} ORDER BY connector, topic"
+            )
+        ).all()
     return [
         TopicTotals(c, t, int(r), int(b), int(ls), int(lc), {k: int(v) for k, v in h.items()})
         for c, t, r, b, ls, lc, h in rows
@@ -80,9 +82,11 @@ def recent_topics(store: Store, window_s: float) -> list[RecentTopic]:
 def partition_lags(store: Store) -> list[PartitionLag]:
     """The latest known lag of every partition (brokers with unusable high watermarks report none)."""
     with store.engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT l.connector, l.topic, u.n - 1, u.lag"
-            " FROM partition_lags l, unnest(l.lags) WITH ORDINALITY AS u(lag, n)"
-            f" WHERE u.lag IS NOT NULL AND {_EXISTING} ORDER BY l.connector, l.topic, u.n"
-        )).all()  # fmt: skip
+        rows = conn.execute(
+            text(
+                "SELECT l.connector, l.topic, u.n - 1, u.lag"
+                " FROM partition_lags l, unnest(l.lags) WITH ORDINALITY AS u(lag, n)"
+                f" WHERE u.lag IS NOT NULL AND {_EXISTING} ORDER BY l.connector, l.topic, u.n"
+            )
+        ).all()
     return [PartitionLag(c, t, p, int(lag)) for c, t, p, lag in rows]

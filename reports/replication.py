@@ -31,8 +31,13 @@ from replicator.engine.metrics import LATENCY_BUCKETS_MS, MIRUS_BUCKETS_MS
 from reports.lake import BUCKET_COLUMNS, PART_GLOB, SCHEMAS, hourly_files, state_path
 
 PERCENTILES = {"p50_ms": 0.5, "p95_ms": 0.95, "p99_ms": 0.99}
-MIRUS_BUCKET_NAMES = {300_000: "le_5m", 600_000: "le_10m", 1_800_000: "le_30m", 3_600_000: "le_60m",
-                      43_200_000: "le_12h"}  # fmt: skip
+MIRUS_BUCKET_NAMES = {
+    300_000: "le_5m",
+    600_000: "le_10m",
+    1_800_000: "le_30m",
+    3_600_000: "le_60m",
+    43_200_000: "le_12h",
+}
 REASON_TOPIC_MISSING = "destination topic missing"
 REASON_FEWER_PARTITIONS = "destination topic has fewer partitions"
 REASON_PAUSED = "paused by the task"
@@ -100,11 +105,15 @@ def _latency_aggregates(samples: DataFrame, *keys: str) -> DataFrame:
         )
     )
     return summed.selectExpr(
-        *keys, "`count`", "min_ms", "max_ms", "CAST(sum_ms AS DOUBLE) / `count` AS avg_ms",
+        *keys,
+        "`count`",
+        "min_ms",
+        "max_ms",
+        "CAST(sum_ms AS DOUBLE) / `count` AS avg_ms",
         *(f"CAST({_percentile_sql(q)} AS DOUBLE) AS {name}" for name, q in PERCENTILES.items()),
         *(f"`le_{bound}` AS {MIRUS_BUCKET_NAMES[bound]}" for bound in MIRUS_BUCKETS_MS),
         f"`count` - `le_{MIRUS_BUCKETS_MS[-1]}` AS more",
-    )  # fmt: skip
+    )
 
 
 def latency_report(spark: SparkSession, lake: Path, start: datetime, end: datetime) -> DataFrame:
@@ -185,10 +194,11 @@ def _snapshot_timeline(snapshots: DataFrame, events: DataFrame) -> DataFrame:
         timeline = timeline.join(mine, ["connector", "taken_at"], "left")
     ordered = "PARTITION BY connector ORDER BY taken_at ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW"
     return timeline.selectExpr(
-        "connector", "taken_at",
+        "connector",
+        "taken_at",
         f"last(source_id, true) OVER ({ordered}) AS source_id",
         f"last(destination_id, true) OVER ({ordered}) AS destination_id",
-    )  # fmt: skip
+    )
 
 
 def _partition_states(snapshots: DataFrame, timeline: DataFrame, routes: DataFrame, connectors: DataFrame) -> DataFrame:
@@ -302,11 +312,16 @@ def throughput_lag_report(spark: SparkSession, lake: Path, start: datetime, end:
     )
     seconds = F.least(F.lit(float(step_s)), F.unix_seconds(F.lit(end)) - F.unix_seconds("time"))
     return per_step.select(
-        "connector", "topic", "time", "records", "bytes",
+        "connector",
+        "topic",
+        "time",
+        "records",
+        "bytes",
         (F.col("records") / seconds).alias("records_per_s"),
         (F.col("bytes") / seconds).alias("bytes_per_s"),
-        "lag", "max_lag",
-    ).orderBy("connector", "topic", "time")  # fmt: skip
+        "lag",
+        "max_lag",
+    ).orderBy("connector", "topic", "time")
 
 
 @dataclass(frozen=True)
@@ -324,11 +339,15 @@ def throughput_summary(report: DataFrame, end: datetime, lagging: int = 8) -> Th
     topics = [
         r.asDict()
         for r in report.groupBy("connector", "topic")
-        .agg(F.max_by("lag", "time").alias("lag"), F.max("max_lag").alias("max_lag"),
-             F.max_by("records_per_s", "time").alias("records_per_s"), F.max("time").alias("time"))
+        .agg(
+            F.max_by("lag", "time").alias("lag"),
+            F.max("max_lag").alias("max_lag"),
+            F.max_by("records_per_s", "time").alias("records_per_s"),
+            F.max("time").alias("time"),
+        )
         .orderBy(F.col("max_lag").desc_nulls_last(), "connector", "topic")
         .collect()
-    ]  # fmt: skip
+    ]
     last_hour = report.where(F.col("time") >= F.lit(end - timedelta(hours=1))).agg(F.sum("records")).first()[0]
     rates: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
     for r in report.groupBy("connector", "time").agg(F.sum("records_per_s").alias("rate")).orderBy("time").collect():

@@ -10,10 +10,10 @@ import uvicorn
 
 from mirus.api.app import create_app
 from mirus.api.auth import ApiSettings
+from mirus.waiting import wait_until
 from replicator.state.store import Store
 
 from .conftest import free_port
-from .kafka_helpers import wait_for
 
 
 @contextmanager
@@ -25,7 +25,7 @@ def serve_api(store: Store, settings: ApiSettings, destination: str | None = Non
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True, name=f"api-{port}")
     thread.start()
-    wait_for(lambda: server.started, timeout=30, what="the API to listen")
+    wait_until(lambda: server.started, timeout=30, what="the API to listen")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -20,10 +20,17 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 DEBIAN_PACKAGES = ("chromium", "chromium-driver")
 # Root needs --no-sandbox; the rest keeps Chromium from reaching out to the network at start (there is none).
 CHROMIUM_FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--window-size=1600,1000",
-)  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1600,1000",
+)
 
 
 class BrowserSetupError(RuntimeError):

@@ -52,16 +52,29 @@ def metric_row(topic: str, end: datetime, records: int, histogram: dict[str, int
     counters.add(records, records * 10)
     counters.add_latencies(1_000, [950] * records)
     return MetricRow(
-        task_id=0, topic=topic, interval_start=end - timedelta(seconds=10), interval_end=end, records=records,
-        bytes=records * 10, latency_min_ms=50, latency_max_ms=50, latency_sum_ms=50 * records, latency_count=records,
-        latency_histogram=histogram or counters.cumulative_histogram(), lag=7,
-    )  # fmt: skip
+        task_id=0,
+        topic=topic,
+        interval_start=end - timedelta(seconds=10),
+        interval_end=end,
+        records=records,
+        bytes=records * 10,
+        latency_min_ms=50,
+        latency_max_ms=50,
+        latency_sum_ms=50 * records,
+        latency_count=records,
+        latency_histogram=histogram or counters.cumulative_histogram(),
+        lag=7,
+    )
 
 
 def insert_partition_sample(conn: Connection, connector: str, partition: int, row: MetricRow) -> None:
     """A sample as stored before migration 0006, one per partition."""
-    values = {**asdict(row), "connector": connector, "partition": partition,
-              "latency_histogram": json.dumps(row.latency_histogram)}  # fmt: skip
+    values = {
+        **asdict(row),
+        "connector": connector,
+        "partition": partition,
+        "latency_histogram": json.dumps(row.latency_histogram),
+    }
     placeholders = ", ".join(
         "CAST(:latency_histogram AS jsonb)" if k == "latency_histogram" else f":{k}" for k in values
     )
@@ -91,9 +104,15 @@ class TaskThread:
 
     @classmethod
     def start(
-        cls, store: Store, connector: str, task_id: int = 0, owner: str = "test", *, owned: bool = False,
+        cls,
+        store: Store,
+        connector: str,
+        task_id: int = 0,
+        owner: str = "test",
+        *,
+        owned: bool = False,
         reader_limits: TierLimits = DEFAULT_LIMITS,
-    ) -> TaskThread:  # fmt: skip
+    ) -> TaskThread:
         task = ReplicationTask(store, connector, task_id, owner, metrics_interval_s=1.0, reader_limits=reader_limits)
         runner = cls(task=task, owned=owned)
         runner.task.on_event = runner.events.append

@@ -41,8 +41,13 @@ def invalid_cases(base: Mapping[str, Any]) -> Iterator[InvalidCase]:
             continue
         wrong: list[tuple[str, object]] = [("a list", [1]), ("an object", {"a": 1}), ("null", None)]
         if spec.kind is Kind.INT:
-            wrong += [("not a number", "twelve"), ("a fraction", "1.5"), ("a boolean", True), ("too big", 2**40),
-                      ("empty", "")]  # fmt: skip
+            wrong += [
+                ("not a number", "twelve"),
+                ("a fraction", "1.5"),
+                ("a boolean", True),
+                ("too big", 2**40),
+                ("empty", ""),
+            ]
             if spec.minimum is not None:
                 wrong.append(("below its minimum", spec.minimum - 1))
             if spec.maximum is not None:
@@ -69,8 +74,9 @@ def invalid_cases(base: Mapping[str, Any]) -> Iterator[InvalidCase]:
         {**base, "topics.whitelist": long_topic, "destination.topic.name.suffix": ".mirror-copy"},
         "destination.topic.name.suffix",
     )
-    yield InvalidCase("topics.whitelist: a name past 249 characters", {**base, "topics.whitelist": "t" * 250},
-                      "topics.whitelist")  # fmt: skip
+    yield InvalidCase(
+        "topics.whitelist: a name past 249 characters", {**base, "topics.whitelist": "t" * 250}, "topics.whitelist"
+    )
     yield InvalidCase("topics.whitelist: an illegal name", {**base, "topics.whitelist": "a b"}, "topics.whitelist")
     mm2 = {k: v for k, v in base.items() if not k.startswith("destination.topic.name.")}
     yield InvalidCase(
@@ -81,8 +87,7 @@ def invalid_cases(base: Mapping[str, Any]) -> Iterator[InvalidCase]:
     for prop in ("topics.regex", "topics"):
         yield InvalidCase(f"{prop}: 100,000 characters", {**base, prop: HUGE}, prop)
         yield InvalidCase(f"{prop}: unbalanced", {**base, prop: "orders(.*"}, prop)
-    yield InvalidCase("topics.regex.list: 100,000 characters", {**base, "topics.regex.list": HUGE},
-                      "topics.regex.list")  # fmt: skip
+    yield InvalidCase("topics.regex.list: 100,000 characters", {**base, "topics.regex.list": HUGE}, "topics.regex.list")
 
     # Client settings.
     for prefix in ("consumer.", "destination.consumer.", "source.cluster.", "target.cluster."):
@@ -99,12 +104,20 @@ def invalid_cases(base: Mapping[str, Any]) -> Iterator[InvalidCase]:
         ):
             props = {**base, prop: value}
             if prefix in ("source.cluster.", "target.cluster."):
-                props.pop("consumer.bootstrap.servers" if prefix == "source.cluster." else
-                          "destination.consumer.bootstrap.servers", None)  # fmt: skip
+                props.pop(
+                    "consumer.bootstrap.servers"
+                    if prefix == "source.cluster."
+                    else "destination.consumer.bootstrap.servers",
+                    None,
+                )
             yield InvalidCase(f"{prop}: {what}", props, prop)
     for value in ("sideways", "", "EARLIEST!"):
-        yield _with(base, f"consumer.auto.offset.reset: {value!r}", "consumer.auto.offset.reset",
-                    consumer__auto__offset__reset=value)  # fmt: skip
+        yield _with(
+            base,
+            f"consumer.auto.offset.reset: {value!r}",
+            "consumer.auto.offset.reset",
+            consumer__auto__offset__reset=value,
+        )
     for prop, value in (
         ("consumer.no.such.setting", "1"),
         ("producer.linger.ms", "-5"),
@@ -115,17 +128,31 @@ def invalid_cases(base: Mapping[str, Any]) -> Iterator[InvalidCase]:
         yield InvalidCase(f"{prop}: {value}", {**base, prop: value}, prop)
 
     # References: the allowlist, and values that would be shown.
-    for prop in ("consumer.client.id", "destination.topic.name.suffix", "consumer.bootstrap.servers", "name",
-                 "tasks.max", "consumer.sasl.password"):  # fmt: skip
+    for prop in (
+        "consumer.client.id",
+        "destination.topic.name.suffix",
+        "consumer.bootstrap.servers",
+        "name",
+        "tasks.max",
+        "consumer.sasl.password",
+    ):
         for reference in ("${file:/etc/shadow:root}", "${env:HOME}", "${file:/etc/passwd}", "${env:PATH}"):
             yield InvalidCase(f"{prop}: {reference}", {**base, prop: reference}, prop)
     for reference in ("${vault:kafka/pw}", "${env:}", "${file::key}", "${env:MIRUS_SECRET_NOT_SET_ANYWHERE}"):
-        yield InvalidCase(f"consumer.sasl.password: {reference}", {**base, "consumer.sasl.password": reference},
-                          "consumer.sasl.password")  # fmt: skip
+        yield InvalidCase(
+            f"consumer.sasl.password: {reference}",
+            {**base, "consumer.sasl.password": reference},
+            "consumer.sasl.password",
+        )
 
     # Literal secrets and unknown names.
-    for prop in ("consumer.sasl.password", "producer.ssl.key.password", "destination.consumer.sasl.jaas.config",
-                 "producer.ssl.key.pem", "consumer.sasl.oauthbearer.client.secret"):  # fmt: skip
+    for prop in (
+        "consumer.sasl.password",
+        "producer.ssl.key.password",
+        "destination.consumer.sasl.jaas.config",
+        "producer.ssl.key.pem",
+        "consumer.sasl.oauthbearer.client.secret",
+    ):
         yield InvalidCase(f"{prop}: given in clear", {**base, prop: "typed-in-clear"}, prop)
     for prop in ("topic.whitelist", "tasks.maxx", "consumer", "foo", "destination.topic.name.sufix"):
         yield InvalidCase(f"unknown property {prop}", {**base, prop: "1"}, prop)

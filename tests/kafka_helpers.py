@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from mirus.waiting import wait_until
+
 
 @dataclass(frozen=True)
 class Rec:
@@ -28,21 +30,14 @@ class Rec:
     @classmethod
     def of(cls, msg: Message) -> Rec:
         return cls(
-            msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-            tuple(msg.headers() or ()), msg.timestamp()[1],
-        )  # fmt: skip
-
-
-def wait_for(condition: Callable[[], object], timeout: float = 30.0, interval: float = 0.1, what: str = "") -> object:
-    """Poll `condition` until it returns a truthy value; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        time.sleep(interval)
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            msg.key(),
+            msg.value(),
+            tuple(msg.headers() or ()),
+            msg.timestamp()[1],
+        )
 
 
 def create_topics(bootstrap: str, topics: dict[str, int], config: dict[str, str] | None = None) -> None:
@@ -50,7 +45,7 @@ def create_topics(bootstrap: str, topics: dict[str, int], config: dict[str, str]
     futures = admin.create_topics([NewTopic(t, n, 1, config=config or {}) for t, n in topics.items()])
     for future in futures.values():
         future.result(timeout=30)
-    wait_for(lambda: all(t in admin.list_topics(timeout=5).topics for t in topics), what=f"topics {list(topics)}")
+    wait_until(lambda: all(t in admin.list_topics(timeout=5).topics for t in topics), what=f"topics {list(topics)}")
 
 
 def delete_topics(bootstrap: str, topics: Iterable[str]) -> None:
@@ -180,9 +175,13 @@ def consume_all(
     guarantee to catch up. Watermarks are never used to count: some Kafka-protocol brokers report them wrongly.
     """
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "tests-reader", "enable.auto.commit": False,
-         "enable.partition.eof": False},
-    )  # fmt: skip
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "tests-reader",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        },
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     records: list[Rec] = []
     seen: set[object] = set()

@@ -16,8 +16,8 @@ import psycopg2
 from sqlalchemy.engine import make_url
 
 from mirus.local.stack import free_port, log_tail
+from mirus.waiting import wait_until
 from tests.debian import ensure_debian_packages
-from tests.kafka_helpers import wait_for
 
 PGBOUNCER = Path("/usr/sbin/pgbouncer")
 SYSTEM_USER = "postgres"  # PgBouncer refuses to run as root; the package creates this user
@@ -66,14 +66,20 @@ def start_pgbouncer(database_url: str, directory: Path) -> PgBouncer:
         if process.poll() is not None:
             raise AssertionError(f"pgbouncer exited with {process.returncode}:\n{log_tail(log)}")
         try:
-            psycopg2.connect(host="127.0.0.1", port=port, user=server.username, password=server.password,
-                             dbname=server.database, connect_timeout=2).close()  # fmt: skip
+            psycopg2.connect(
+                host="127.0.0.1",
+                port=port,
+                user=server.username,
+                password=server.password,
+                dbname=server.database,
+                connect_timeout=2,
+            ).close()
         except psycopg2.OperationalError:
             return False
         return True
 
     try:
-        wait_for(answers, timeout=30, what=f"pgbouncer answering on port {port}")
+        wait_until(answers, timeout=30, what=f"pgbouncer answering on port {port}")
     except BaseException:
         bouncer.stop()
         raise

@@ -34,10 +34,15 @@ def read_topic(
 ) -> list[Rec]:
     """Every record of `topic` from the beginning until `done(records)` holds or `timeout` passes, then whatever
     arrives in one more second (duplicates after the last needed record must be seen too)."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": "tests-replica-check", "enable.auto.commit": False,
-        "enable.partition.eof": False, "isolation.level": isolation,
-    })  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "tests-replica-check",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "isolation.level": isolation,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     records: list[Rec] = []
     deadline = time.monotonic() + timeout

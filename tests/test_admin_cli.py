@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy import Engine
 
 from mirus.cli.main import main
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.engine.task import TaskExit
@@ -22,7 +23,7 @@ from replicator.state.store import Store
 
 from .conftest import free_port
 from .engine_helpers import TaskThread, connector_properties
-from .kafka_helpers import consume_all, create_topics, produce, wait_for
+from .kafka_helpers import consume_all, create_topics, produce
 
 
 @pytest.fixture
@@ -40,8 +41,9 @@ def mirus(stack: StackEndpoints, tmp_path: Path):  # type: ignore[no-untyped-def
     return run
 
 
-def test_connectors_commands_share_the_launchpad_validation(mirus, stack: StackEndpoints, store: Store, unique: str,
-                                                             tmp_path: Path) -> None:  # fmt: skip
+def test_connectors_commands_share_the_launchpad_validation(
+    mirus, stack: StackEndpoints, store: Store, unique: str, tmp_path: Path
+) -> None:
     properties = tmp_path / "connector.properties"
     properties.write_text(
         f"name={unique}\nconnector.class=com.salesforce.mirus.MirusSourceConnector\ntopics.whitelist={unique}\n"
@@ -58,8 +60,9 @@ def test_connectors_commands_share_the_launchpad_validation(mirus, stack: StackE
     shown = json.loads(mirus("connectors", "get", unique).output)
     assert shown["config"] == config and shown["state"] == "RUNNING"
 
-    refused = mirus("connectors", "put", input=json.dumps({**config, "tasks.max": "0", "consumer.sasl.password": "pw"}),
-                    ok=False)  # fmt: skip
+    refused = mirus(
+        "connectors", "put", input=json.dumps({**config, "tasks.max": "0", "consumer.sasl.password": "pw"}), ok=False
+    )
     assert refused.exit_code == 1 and "nothing was stored" in refused.output
     assert "tasks.max" in refused.output and "consumer.sasl.password" in refused.output
     assert store.get_connector(unique).version == 2
@@ -77,8 +80,9 @@ def test_connectors_commands_share_the_launchpad_validation(mirus, stack: StackE
 
 
 @pytest.mark.parametrize("fmt", ["csv", "json"])
-def test_offsets_export_reset_import_round_trip(mirus, stack: StackEndpoints, store: Store, unique: str,
-                                                tmp_path: Path, fmt: str) -> None:  # fmt: skip
+def test_offsets_export_reset_import_round_trip(
+    mirus, stack: StackEndpoints, store: Store, unique: str, tmp_path: Path, fmt: str
+) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: 3})
     create_topics(stack.destination_bootstrap_servers, {unique: 3})
     produce(
@@ -88,7 +92,7 @@ def test_offsets_export_reset_import_round_trip(mirus, stack: StackEndpoints, st
     mirus("connectors", "put", input=json.dumps(properties))
     KafkaMonitor(store).poll(unique)
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: store.load_offsets(unique) == {(unique, p): 10 for p in range(3)}, what="offsets committed")
+    wait_until(lambda: store.load_offsets(unique) == {(unique, p): 10 for p in range(3)}, what="offsets committed")
 
     exported = mirus("offsets", "describe", unique, "--format", fmt).output
     if fmt == "csv":
@@ -144,8 +148,9 @@ def test_import_group_seeds_offsets_from_a_mirrormaker_consumer_group(
         stack.source_bootstrap_servers, [{"topic": topic, "partition": i % 2, "value": b"%d" % i} for i in range(20)]
     )
     # What MirrorMaker left behind: its group's committed positions (assign() + commit, no group membership needed).
-    consumer = Consumer({"bootstrap.servers": stack.source_bootstrap_servers, "group.id": group,
-                         "enable.auto.commit": False})  # fmt: skip
+    consumer = Consumer(
+        {"bootstrap.servers": stack.source_bootstrap_servers, "group.id": group, "enable.auto.commit": False}
+    )
     consumer.assign([TopicPartition(topic, 0, 0), TopicPartition(topic, 1, 0)])
     consumer.commit(offsets=[TopicPartition(topic, 0, 7), TopicPartition(topic, 1, 4)], asynchronous=False)
     consumer.close()
@@ -168,8 +173,9 @@ def test_import_group_seeds_offsets_from_a_mirrormaker_consumer_group(
     runner = TaskThread.start(store, unique)
     copied = consume_all(stack.destination_bootstrap_servers, f"{topic}.mirror", 2, expected=20 - 7 - 4)
     runner.finish()
-    assert sorted(int(r.value) for r in copied) == sorted([i for i in range(20) if (i % 2 == 0 and i // 2 >= 7)
-                                                           or (i % 2 == 1 and i // 2 >= 4)])  # fmt: skip
+    assert sorted(int(r.value) for r in copied) == sorted(
+        [i for i in range(20) if (i % 2 == 0 and i // 2 >= 7) or (i % 2 == 1 and i // 2 >= 4)]
+    )
 
     unknown_group = mirus("offsets", "import-group", unique, f"{group}-never", ok=False)
     assert unknown_group.exit_code == 1 and "no committed offsets" in unknown_group.output
@@ -178,10 +184,14 @@ def test_import_group_seeds_offsets_from_a_mirrormaker_consumer_group(
 def test_mirus_api_runs_on_its_own_with_host_and_port(stack: StackEndpoints, db_engine: Engine, tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, **stack.as_env(), "MIRUS_STATE_DIR": str(tmp_path), "MIRUS_API_HOST": "127.0.0.1"}
-    proc = subprocess.Popen([sys.executable, "-m", "mirus.cli.main", "api", "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mirus.cli.main", "api", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/"), timeout=60, what="mirus api to answer")
+        wait_until(lambda: _answers(f"http://127.0.0.1:{port}/"), timeout=60, what="mirus api to answer")
         assert isinstance(requests.get(f"http://127.0.0.1:{port}/connectors").json(), list)
         assert "mirus_connector_tasks" in requests.get(f"http://127.0.0.1:{port}/metrics").text
     finally:

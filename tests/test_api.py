@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
 from mirus.api.auth import ApiSettings
+from mirus.waiting import wait_until
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET
 from mirus_dagster.definitions import kafka_monitor
 from mirus_dagster.settings import StackEndpoints
@@ -23,7 +24,7 @@ from replicator.state.store import Store
 
 from .api_helpers import serve_api
 from .engine_helpers import TaskThread, connector_properties
-from .kafka_helpers import consume_all, create_topics, produce, wait_for
+from .kafka_helpers import consume_all, create_topics, produce
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +63,15 @@ def test_the_mirus_quick_start_works_unchanged_and_pause_stops_the_flow(
 
     put = requests.put(f"{api}/connectors/{name}/config", json=quick_start_config(stack, name, topic))
     assert put.status_code == 201, put.text
-    assert put.json() == {"name": name, "config": quick_start_config(stack, name, topic), "tasks": [],
-                          "type": "source"}  # fmt: skip
+    assert put.json() == {"name": name, "config": quick_start_config(stack, name, topic), "tasks": [], "type": "source"}
     assert name in requests.get(f"{api}/connectors").json()
     status = requests.get(f"{api}/connectors/{name}/status").json()
-    assert status == {"name": name, "connector": {"state": "RUNNING", "worker_id": status["connector"]["worker_id"]},
-                      "tasks": [], "type": "source"}  # fmt: skip
+    assert status == {
+        "name": name,
+        "connector": {"state": "RUNNING", "worker_id": status["connector"]["worker_id"]},
+        "tasks": [],
+        "type": "source",
+    }
 
     # "Create source and destination topics test and test.mirror"; the monitor finds them and assigns a task.
     create_topics(stack.source_bootstrap_servers, {topic: 1})
@@ -81,7 +85,7 @@ def test_the_mirus_quick_start_works_unchanged_and_pause_stops_the_flow(
         return next(t for t in tasks if t["id"] == owner)
 
     runner = TaskThread.start(store, name, owner)
-    wait_for(lambda: task_status()["state"] == "RUNNING", what=f"task {owner} RUNNING")
+    wait_until(lambda: task_status()["state"] == "RUNNING", what=f"task {owner} RUNNING")
     assert task_status()["worker_id"] == "test"
 
     produce(stack.source_bootstrap_servers, values(20, topic))
@@ -132,11 +136,15 @@ def test_every_connector_route_speaks_kafka_connect(api: str, stack: StackEndpoi
 
     tasks = requests.get(f"{api}/connectors/{name}/tasks").json()
     assert [t["id"] for t in tasks] == [{"connector": name, "task": 0}]
-    assert tasks[0]["config"]["partitions"] == f'[{{"topic": "{unique}", "partition": 0}}, ' \
-                                               f'{{"topic": "{unique}", "partition": 1}}]'  # fmt: skip
+    assert (
+        tasks[0]["config"]["partitions"] == f'[{{"topic": "{unique}", "partition": 0}}, '
+        f'{{"topic": "{unique}", "partition": 1}}]'
+    )
     assert requests.get(f"{api}/connectors/{name}/tasks/0/status").json() == {
-        "id": 0, "state": "UNASSIGNED", "worker_id": ""
-    }  # fmt: skip
+        "id": 0,
+        "state": "UNASSIGNED",
+        "worker_id": "",
+    }
     assert requests.get(f"{api}/connectors/{name}/topics").json() == {name: {"topics": [unique]}}
 
     before = store.connector_head(name).restart_requested_at
@@ -175,8 +183,12 @@ def test_every_connector_route_speaks_kafka_connect(api: str, stack: StackEndpoi
 def test_kip_875_offsets_change_only_while_paused(api: str, stack: StackEndpoints, store: Store, unique: str) -> None:
     config = connector_properties(stack, unique, **{"topics.whitelist": unique})
     assert requests.put(f"{api}/connectors/{unique}/config", json=config).status_code == 201
-    patch = {"offsets": [{"partition": {"topic": unique, "partition": 0}, "offset": {"offset": 7}},
-                         {"partition": {"topic": unique, "partition": 1}, "offset": {"offset": 3}}]}  # fmt: skip
+    patch = {
+        "offsets": [
+            {"partition": {"topic": unique, "partition": 0}, "offset": {"offset": 7}},
+            {"partition": {"topic": unique, "partition": 1}, "offset": {"offset": 3}},
+        ]
+    }
 
     running = requests.patch(f"{api}/connectors/{unique}/offsets", json=patch)
     assert running.status_code == 400 and "pause" in running.json()["message"]
@@ -192,10 +204,12 @@ def test_kip_875_offsets_change_only_while_paused(api: str, stack: StackEndpoint
     altered = requests.patch(f"{api}/connectors/{unique}/offsets", json=patch)
     assert altered.status_code == 200, altered.text
     assert altered.json() == {"message": "The offsets for this connector have been altered successfully"}
-    assert requests.get(f"{api}/connectors/{unique}/offsets").json() == {"offsets": [
-        {"partition": {"topic": unique, "partition": 0}, "offset": {"offset": 7}},
-        {"partition": {"topic": unique, "partition": 1}, "offset": {"offset": 3}},
-    ]}  # fmt: skip
+    assert requests.get(f"{api}/connectors/{unique}/offsets").json() == {
+        "offsets": [
+            {"partition": {"topic": unique, "partition": 0}, "offset": {"offset": 7}},
+            {"partition": {"topic": unique, "partition": 1}, "offset": {"offset": 3}},
+        ]
+    }
     forget = {"offsets": [{"partition": {"topic": unique, "partition": 1}, "offset": None}]}
     assert requests.patch(f"{api}/connectors/{unique}/offsets", json=forget).status_code == 200
     assert store.load_offsets(unique) == {(unique, 0): 7}
@@ -211,15 +225,23 @@ def test_kip_875_offsets_change_only_while_paused(api: str, stack: StackEndpoint
 
 def test_errors_have_kafka_connect_status_codes_and_bodies(api: str, stack: StackEndpoints, unique: str) -> None:
     for method, path in [
-        ("GET", "/connectors/nope"), ("GET", "/connectors/nope/config"), ("GET", "/connectors/nope/status"),
-        ("GET", "/connectors/nope/tasks"), ("GET", "/connectors/nope/offsets"), ("PUT", "/connectors/nope/pause"),
-        ("PUT", "/connectors/nope/resume"), ("POST", "/connectors/nope/restart"), ("DELETE", "/connectors/nope"),
-        ("POST", "/connectors/nope/tasks/0/restart"), ("DELETE", "/connectors/nope/offsets"),
-    ]:  # fmt: skip
+        ("GET", "/connectors/nope"),
+        ("GET", "/connectors/nope/config"),
+        ("GET", "/connectors/nope/status"),
+        ("GET", "/connectors/nope/tasks"),
+        ("GET", "/connectors/nope/offsets"),
+        ("PUT", "/connectors/nope/pause"),
+        ("PUT", "/connectors/nope/resume"),
+        ("POST", "/connectors/nope/restart"),
+        ("DELETE", "/connectors/nope"),
+        ("POST", "/connectors/nope/tasks/0/restart"),
+        ("DELETE", "/connectors/nope/offsets"),
+    ]:
         response = requests.request(method, api + path)
         assert (response.status_code, response.json()) == (
-            404, {"error_code": 404, "message": "Connector nope not found"}
-        ), path  # fmt: skip
+            404,
+            {"error_code": 404, "message": "Connector nope not found"},
+        ), path
     assert requests.get(f"{api}/no/such/route").json()["error_code"] == 404
     assert requests.post(f"{api}/connectors/nope/config").json()["error_code"] == 405
 
@@ -257,11 +279,15 @@ def test_secrets_never_appear_in_responses(
     secrets.write_text("key.password=s3cr3t-value\n")
     monkeypatch.setenv(ENV_ALLOWED_PATHS, str(tmp_path))  # the deployment allows its secrets directory
     monkeypatch.setenv("MIRUS_TEST_TRUSTSTORE_PASSWORD", "other-s3cr3t")
-    config = connector_properties(stack, unique, **{
-        "topics.whitelist": unique,
-        "consumer.ssl.key.password": f"${{file:{secrets}:key.password}}",
-        "destination.consumer.ssl.key.password": "${env:MIRUS_TEST_TRUSTSTORE_PASSWORD}",
-    })  # fmt: skip
+    config = connector_properties(
+        stack,
+        unique,
+        **{
+            "topics.whitelist": unique,
+            "consumer.ssl.key.password": f"${{file:{secrets}:key.password}}",
+            "destination.consumer.ssl.key.password": "${env:MIRUS_TEST_TRUSTSTORE_PASSWORD}",
+        },
+    )
     assert requests.put(f"{api}/connectors/{unique}/config", json=config).status_code == 201
     bodies = [
         requests.get(f"{api}/connectors/{unique}").text,
@@ -355,7 +381,7 @@ def test_metrics_move_with_real_traffic_and_cover_task_states(
     produce(
         stack.source_bootstrap_servers, [{"topic": topic, "partition": i % 2, "value": b"x" * 100} for i in range(30)]
     )
-    wait_for(lambda: _samples(api).get(m("mirus_replicated_records_total", **dest)) == 30, what="30 records counted")
+    wait_until(lambda: _samples(api).get(m("mirus_replicated_records_total", **dest)) == 30, what="30 records counted")
     first = _samples(api)
     assert first[m("mirus_replicated_bytes_total", **dest)] == 3000
     assert first[m("mirus_replication_latency_seconds_count", **dest)] == 30
@@ -373,7 +399,7 @@ def test_metrics_move_with_real_traffic_and_cover_task_states(
     assert first[m("mirus_task_restart_attempts_total", connector=name, task="0")] == 0
 
     produce(stack.source_bootstrap_servers, [{"topic": topic, "partition": 1, "value": b"y" * 10} for _ in range(12)])
-    wait_for(lambda: _samples(api).get(m("mirus_replicated_records_total", **dest)) == 42, what="42 records counted")
+    wait_until(lambda: _samples(api).get(m("mirus_replicated_records_total", **dest)) == 42, what="42 records counted")
     assert _samples(api)[m("mirus_replicated_bytes_total", **dest)] == 3120
 
     store.record_restart(name, 0)
@@ -391,8 +417,12 @@ def test_a_connector_put_over_the_api_shows_in_dagster(
     config = connector_properties(stack, unique, **{"topics.whitelist": unique})
     assert requests.put(f"{api}/connectors/{unique}/config", json=config).status_code == 201
     result = kafka_monitor(dg.build_sensor_context(instance=instance, resources=resources))
-    added = [n for r in result.dynamic_partitions_requests if isinstance(r, dg.AddDynamicPartitionsRequest)
-             for n in r.partition_keys]  # fmt: skip
+    added = [
+        n
+        for r in result.dynamic_partitions_requests
+        if isinstance(r, dg.AddDynamicPartitionsRequest)
+        for n in r.partition_keys
+    ]
     assert unique in added
     events = [e for e in result.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET)]
     assert events and unique in events[-1].metadata["configs (secrets masked)"].data
@@ -407,6 +437,10 @@ def test_a_connector_put_over_the_api_shows_in_dagster(
     requests.delete(f"{api}/connectors/{unique}")
     instance.add_dynamic_partitions(CONNECTOR_PARTITIONS, [unique])
     result = kafka_monitor(dg.build_sensor_context(instance=instance, cursor=result.cursor, resources=resources))
-    removed = [n for r in result.dynamic_partitions_requests if isinstance(r, dg.DeleteDynamicPartitionsRequest)
-               for n in r.partition_keys]  # fmt: skip
+    removed = [
+        n
+        for r in result.dynamic_partitions_requests
+        if isinstance(r, dg.DeleteDynamicPartitionsRequest)
+        for n in r.partition_keys
+    ]
     assert unique in removed

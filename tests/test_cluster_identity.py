@@ -3,12 +3,13 @@ loop, and provenance headers name the source cluster by id."""
 
 from __future__ import annotations
 
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.state.store import Store
 from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, create_connector
-from .kafka_helpers import cluster_id, consume_all, create_topics, produce, wait_for
+from .kafka_helpers import cluster_id, consume_all, create_topics, produce
 
 
 def _identity_connector(name: str, source: str, destination: str, topic: str) -> dict[str, str]:
@@ -32,10 +33,12 @@ def test_bidirectional_identity_pair_without_aliases_does_not_loop(
     topic, partitions, per_side = unique, 2, 300
     create_topics(a, {topic: partitions})
     create_topics(b, {topic: partitions})
-    a_to_b = create_connector(store, _identity_connector(f"{unique}-ab", a, b, topic),
-                              {0: [(topic, p) for p in range(partitions)]})  # fmt: skip
-    b_to_a = create_connector(store, _identity_connector(f"{unique}-ba", b, a, topic),
-                              {0: [(topic, p) for p in range(partitions)]})  # fmt: skip
+    a_to_b = create_connector(
+        store, _identity_connector(f"{unique}-ab", a, b, topic), {0: [(topic, p) for p in range(partitions)]}
+    )
+    b_to_a = create_connector(
+        store, _identity_connector(f"{unique}-ba", b, a, topic), {0: [(topic, p) for p in range(partitions)]}
+    )
     assert a_to_b.source_alias == b_to_a.source_alias and a_to_b.target_alias == b_to_a.target_alias
     runners = [TaskThread.start(store, a_to_b.name), TaskThread.start(store, b_to_a.name)]
     try:
@@ -46,21 +49,27 @@ def test_bidirectional_identity_pair_without_aliases_does_not_loop(
         # Both sides hold every record once; then each connector must have read its source to the end (which
         # includes the copies it received from the other side): only then can no further copy be produced.
         for bootstrap in (a, b):
-            wait_for(lambda bs=bootstrap: len(consume_all(bs, topic, partitions, expected=0, timeout=5)) >= total,
-                     timeout=60, what=f"{total} records on {bootstrap}")  # fmt: skip
+            wait_until(
+                lambda bs=bootstrap: len(consume_all(bs, topic, partitions, expected=0, timeout=5)) >= total,
+                timeout=60,
+                what=f"{total} records on {bootstrap}",
+            )
 
         def read_to_end(connector: str) -> bool:
             committed = store.load_offsets(connector)
             return sum(committed.get((topic, p), 0) for p in range(partitions)) == total
 
         for connector in (a_to_b.name, b_to_a.name):
-            wait_for(lambda c=connector: read_to_end(c), timeout=60, what=f"{connector} committed all {total}")
+            wait_until(lambda c=connector: read_to_end(c), timeout=60, what=f"{connector} committed all {total}")
         # Several more task cycles (a commit, with its lease heartbeat, every 200 ms) with nothing new: flat.
         for _ in range(5):
             beats = {c: store.lease_of(c, 0).heartbeat_at for c in (a_to_b.name, b_to_a.name)}
             for connector, beat in beats.items():
-                wait_for(lambda c=connector, b=beat: store.lease_of(c, 0).heartbeat_at > b, timeout=60,
-                         what=f"a further commit cycle of {connector}")  # fmt: skip
+                wait_until(
+                    lambda c=connector, b=beat: store.lease_of(c, 0).heartbeat_at > b,
+                    timeout=60,
+                    what=f"a further commit cycle of {connector}",
+                )
                 assert read_to_end(connector)
     finally:
         for runner in runners:

@@ -19,6 +19,9 @@ def test_code_is_ruff_clean() -> None:
 def test_dagster_definitions_validate_from_the_workspace() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "dagster", "definitions", "validate", "-w", str(ROOT / "workspace.yaml")],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr

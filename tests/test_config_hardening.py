@@ -44,8 +44,10 @@ def refused_by_the_launchpad(
     name = str(properties.get("name"))
     result = JOBS["put_connector"].execute_in_process(
         run_config={"ops": {"store_connector": {"config": {"properties": properties}}}},
-        instance=instance, resources=resources, raise_on_error=False,
-    )  # fmt: skip
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+    )
     assert not result.success
     failure = result.get_step_failure_events()[0].event_specific_data.error.message  # type: ignore[union-attr]
     store = Store(db_engine)
@@ -62,10 +64,15 @@ def existing(
 ) -> dict:
     """A stored connector: every refused update below must leave it exactly as it is."""
     good = base(stack, unique)
-    assert JOBS["put_connector"].execute_in_process(
-        run_config={"ops": {"store_connector": {"config": {"properties": good}}}},
-        instance=instance, resources=resources,
-    ).success  # fmt: skip
+    assert (
+        JOBS["put_connector"]
+        .execute_in_process(
+            run_config={"ops": {"store_connector": {"config": {"properties": good}}}},
+            instance=instance,
+            resources=resources,
+        )
+        .success
+    )
     return good
 
 
@@ -127,9 +134,11 @@ def test_a_suffix_that_makes_names_longer_than_kafka_allows_is_refused(refuse: R
 
 
 def test_references_in_visible_properties_are_refused(refuse: Refuse) -> None:
-    for prop, reference in (("consumer.client.id", "${file:/etc/shadow:root}"),
-                            ("destination.topic.name.suffix", "${env:HOME}"),
-                            ("destination.topic.name.suffix", "${env:MIRUS_SECRET_X}")):  # fmt: skip
+    for prop, reference in (
+        ("consumer.client.id", "${file:/etc/shadow:root}"),
+        ("destination.topic.name.suffix", "${env:HOME}"),
+        ("destination.topic.name.suffix", "${env:MIRUS_SECRET_X}"),
+    ):
         message = refuse(**{prop: reference})
         refusals = ("only accepted in secret properties", "not inside a directory allowed", "not an allowed variable")
         assert prop in message and any(r in message for r in refusals), message

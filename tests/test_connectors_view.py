@@ -10,6 +10,7 @@ import dagster as dg
 import pytest
 from sqlalchemy import Engine
 
+from mirus.waiting import wait_until
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET, TAG_CONNECTOR
 from mirus_dagster.definitions import kafka_monitor
 from mirus_dagster.sensors.monitor import MonitorCursor
@@ -17,7 +18,7 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.state.records import ConnectorRecord
 from replicator.state.store import Store
 from tests.engine_helpers import connector_properties
-from tests.kafka_helpers import create_topics, wait_for
+from tests.kafka_helpers import create_topics
 from tests.test_sensors import InProcessRun, admin, evaluate, put, requests_for, watched
 
 
@@ -38,16 +39,18 @@ def test_the_view_shows_running_tasks_with_their_run_and_heartbeat_as_soon_as_th
     create_topics(stack.source_bootstrap_servers, {unique: 3})
     create_topics(stack.destination_bootstrap_servers, {unique: 3})
     # Without heartbeats, whose source topic would add a partition to every connector.
-    properties = connector_properties(stack, unique, **{
-        "topics.whitelist": unique, "tasks.max": "2", "emit.heartbeats.enabled": "false", "task.standby.runs": "0"
-    })  # fmt: skip
+    properties = connector_properties(
+        stack,
+        unique,
+        **{"topics.whitelist": unique, "tasks.max": "2", "emit.heartbeats.enabled": "false", "task.standby.runs": "0"},
+    )
     assert put(instance, resources, properties).success
     watched(Store(db_engine), unique)
     first = evaluate(kafka_monitor, instance, resources, None)
     runs = [InProcessRun(instance, resources, r) for r in requests_for(first, unique)]
     try:
         store = Store(db_engine)
-        wait_for(lambda: all(store.lease_of(unique, t) for t in (0, 1)), 60, what="both tasks to claim their lease")
+        wait_until(lambda: all(store.lease_of(unique, t) for t in (0, 1)), 60, what="both tasks to claim their lease")
 
         # The next tick records the change at once: the tasks claimed their leases.
         view = connectors_view(evaluate(kafka_monitor, instance, resources, first.cursor))

@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from sqlalchemy import Engine
 
 from mirus.local.devserver import DagsterDev, RunInfo, dagster_dev
+from mirus.waiting import wait_until
 from mirus_dagster.constants import (
     ENV_REPORT_SCHEDULE,
     KIND_REPLICATOR,
@@ -43,7 +44,7 @@ from replicator.state.records import ConnectorState
 from replicator.state.store import Store
 from replicator.topics import provenance
 from tests.engine_helpers import connector_properties
-from tests.kafka_helpers import Traffic, create_topics, produce, wait_for
+from tests.kafka_helpers import Traffic, create_topics, produce
 from tests.replica_check import check_replica
 
 LIVE = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
@@ -52,9 +53,12 @@ LIVE = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
 def record(topic: str, partition: int, i: int, phase: str) -> dict:
     """Producer.produce() arguments: a key, a value and user headers that must arrive unchanged."""
     return {
-        "topic": topic, "partition": partition, "key": f"{phase}-k{i}".encode(), "value": f"{phase}-v{i}".encode(),
+        "topic": topic,
+        "partition": partition,
+        "key": f"{phase}-k{i}".encode(),
+        "value": f"{phase}-v{i}".encode(),
         "headers": [("phase", phase.encode()), ("seq", str(i).encode())],
-    }  # fmt: skip
+    }
 
 
 def assert_copied(stack: StackEndpoints, topic: str, partitions: int, count: int) -> None:
@@ -68,8 +72,14 @@ class Replicated:
     """Reads the destination as it fills: per source partition, the next source offset seen there (provenance)."""
 
     def __init__(self, bootstrap: str, topics: Mapping[str, int]) -> None:
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tests-dagster-dev",
-                                  "enable.auto.commit": False, "enable.partition.eof": False})  # fmt: skip
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "tests-dagster-dev",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+            }
+        )
         self.consumer.assign([TopicPartition(t, p, 0) for t, n in topics.items() for p in range(n)])
         self.next: dict[SourcePartition, int] = {}
 
@@ -111,7 +121,7 @@ def traffic_through(
             platform.stack.source_bootstrap_servers, platform.topics, rate=200, record=partial(record, phase=phase)
         )
         try:
-            wait_for(lambda: replicated.beyond(copied, partitions), 60, what=f"traffic flowing through task {task}")
+            wait_until(lambda: replicated.beyond(copied, partitions), 60, what=f"traffic flowing through task {task}")
             yield replicated, traffic, partitions
         finally:
             traffic.stop()
@@ -144,10 +154,13 @@ def owner_and_standby(platform: Platform, task: int) -> tuple[RunInfo, RunInfo]:
 def wait_for_new_run(dev: DagsterDev, connector: str, task: int, previous: set[str]) -> RunInfo:
     """The task's next replicator run once it is STARTED (a run id not in `previous`, same `mirus/task` tag)."""
     (run,) = dev.wait_for_runs(
-        {TAG_CONNECTOR: connector, TAG_TASK: str(task)}, statuses={"STARTED"},
-        where=lambda r: r.run_id not in previous, job_name=REPLICATOR_JOB, timeout=90,
+        {TAG_CONNECTOR: connector, TAG_TASK: str(task)},
+        statuses={"STARTED"},
+        where=lambda r: r.run_id not in previous,
+        job_name=REPLICATOR_JOB,
+        timeout=90,
         what=f"a new started run of task {connector}-{task}",
-    )  # fmt: skip
+    )
     return run
 
 
@@ -158,9 +171,13 @@ def assert_replicated(stack: StackEndpoints, topics: Mapping[str, int], traffic:
     for topic, partitions in topics.items():
         written = sum(traffic.acked[(topic, p)] + 1 for p in range(partitions))  # offsets from 0, all acknowledged
         check_replica(
-            stack.source_bootstrap_servers, topic, stack.destination_bootstrap_servers,
-            partitions=partitions, written=written, timeout=90,
-        ).assert_at_least_once()  # fmt: skip
+            stack.source_bootstrap_servers,
+            topic,
+            stack.destination_bootstrap_servers,
+            partitions=partitions,
+            written=written,
+            timeout=90,
+        ).assert_at_least_once()
         total += written
     return total
 
@@ -201,9 +218,12 @@ def platform(stack: StackEndpoints, db_engine: Engine, tmp_path_factory: pytest.
 def test_the_monitor_starts_an_owner_and_a_standby_per_task_and_records_are_replicated(platform: Platform) -> None:
     dev, name = platform.dev, platform.name
     started = dev.until(
-        lambda: (runs := live_runs_by_task(dev, name)).keys() == {0, 1} and all(len(r) == 2 for r in runs.values())
-        and runs, 90, "two runs for each of tasks 0 and 1",
-    )  # fmt: skip
+        lambda: (
+            (runs := live_runs_by_task(dev, name)).keys() == {0, 1} and all(len(r) == 2 for r in runs.values()) and runs
+        ),
+        90,
+        "two runs for each of tasks 0 and 1",
+    )
     for run in (r for runs in started.values() for r in runs):
         assert run.tags[TAG_SENSOR] == MONITOR_SENSOR and run.tags[TAG_KIND] == KIND_REPLICATOR, run.tags
     (watcher,) = dev.wait_for_runs(job_name=WATCHER_JOB, statuses={"STARTED"}, timeout=60)
@@ -236,10 +256,11 @@ def test_a_run_killed_with_sigkill_is_taken_over_by_its_standby_and_replaced_wit
     with traffic_through(platform, 0, "kill") as (replicated, traffic, partitions):
         kill_point = traffic.snapshot()
         dev.kill_run_worker(victim.run_id)
-        wait_for(
-            lambda: replicated.beyond(kill_point, partitions), 60,
+        wait_until(
+            lambda: replicated.beyond(kill_point, partitions),
+            60,
             what="records produced after the kill to be replicated by the standby",
-        )  # fmt: skip
+        )
         lease = platform.store.lease_of(name, 0)
         assert lease is not None and lease.owner is not None and lease.owner.endswith(standby.run_id)
         dev.wait_for_status(victim.run_id, {"FAILURE"}, timeout=60)
@@ -248,10 +269,13 @@ def test_a_run_killed_with_sigkill_is_taken_over_by_its_standby_and_replaced_wit
         # At once whichever rule the supervisor's tick saw first (sensors/decisions.py): a first failure has no
         # backoff, the standby replicating rules one out, and so does a victim that replicated until it was killed.
         reason = restarted.tags[TAG_REASON]
-        assert reason.startswith((
-            "restart: failed 1 ", "restart: standby missing (the task replicates)",
-            "restart: the failed run was replicating until it ended",
-        )), reason  # fmt: skip
+        assert reason.startswith(
+            (
+                "restart: failed 1 ",
+                "restart: standby missing (the task replicates)",
+                "restart: the failed run was replicating until it ended",
+            )
+        ), reason
     written = assert_replicated(platform.stack, platform.topics, traffic)
     assert written > sum(platform.topics.values()) * 10, written
 
@@ -272,19 +296,25 @@ def test_a_terminated_run_commits_ends_canceled_and_is_started_again(platform: P
         assert resumed.tags[TAG_SENSOR] == MONITOR_SENSOR, resumed.tags
         assert resumed.tags[TAG_REASON] == "assigned, last run canceled", resumed.tags
         resume_point = traffic.snapshot()
-        wait_for(
-            lambda: replicated.beyond(resume_point, partitions), 60,
+        wait_until(
+            lambda: replicated.beyond(resume_point, partitions),
+            60,
             what="records produced after the termination to be replicated by the standby",
-        )  # fmt: skip
+        )
     assert_replicated(platform.stack, platform.topics, traffic)
 
 
 def test_pause_ends_every_replicator_run_and_none_starts_while_paused(platform: Platform) -> None:
     dev, name = platform.dev, platform.name
     running = dev.until(
-        lambda: (runs := live_runs_by_task(dev, name)).keys() == {0, 1} and all(len(r) == 2 for r in runs.values())
-        and {r.run_id: r for rs in runs.values() for r in rs}, 90, "owner and standby runs of both tasks",
-    )  # fmt: skip
+        lambda: (
+            (runs := live_runs_by_task(dev, name)).keys() == {0, 1}
+            and all(len(r) == 2 for r in runs.values())
+            and {r.run_id: r for rs in runs.values() for r in rs}
+        ),
+        90,
+        "owner and standby runs of both tasks",
+    )
     pause = dev.client.submit_job_execution(
         admin_job_name("pause"), run_config={"ops": {admin_op_name("pause"): {"config": {"name": name}}}}
     )
@@ -295,8 +325,9 @@ def test_pause_ends_every_replicator_run_and_none_starts_while_paused(platform: 
     paused_at = max(dev.run(r.run_id).end_time or 0.0 for r in running.values())
     dev.until(
         lambda: all(len(dev.sensor_ticks(s, after=paused_at)) >= 3 for s in (MONITOR_SENSOR, SUPERVISOR_SENSOR)),
-        60, "three ticks of each sensor after the pause",
-    )  # fmt: skip
+        60,
+        "three ticks of each sensor after the pause",
+    )
     runs = dev.runs({TAG_CONNECTOR: name}, job_name=REPLICATOR_JOB)
     assert {r.run_id for r in runs} == after_pause, "a replicator run was started while the connector is paused"
     assert not [r for r in runs if r.status in LIVE]

@@ -64,8 +64,10 @@ def launcher(instance: dict[str, Any]) -> dict[str, Any]:
 def schema_check(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec", str(path)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def environment(service: dict[str, Any]) -> dict[str, str]:

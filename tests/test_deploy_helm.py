@@ -47,9 +47,11 @@ FULLNAME = "mirus-dagster"
 SECRET_MOUNT = "/etc/mirus/secrets"  # where ${file:...} references in connector configs point
 # Values the chart passes to Kubernetes as they are, and the Kubernetes definition each one is.
 KUBERNETES_TYPED = {
-    "resources": "ResourceRequirements", "envSecrets": "SecretEnvSource", "volumes": "Volume",
+    "resources": "ResourceRequirements",
+    "envSecrets": "SecretEnvSource",
+    "volumes": "Volume",
     "volumeMounts": "VolumeMount",
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +97,13 @@ def rendered_run_launcher(values: dict[str, Any]) -> dict[str, Any]:
         config["env_secrets"] = [s["name"] for s in k8s["envSecrets"] if "name" in s]
     if k8s.get("envConfigMaps"):
         config["env_config_maps"] = [c["name"] for c in k8s["envConfigMaps"] if "name" in c]
-    for key, target in (("envVars", "env_vars"), ("volumeMounts", "volume_mounts"), ("volumes", "volumes"),
-                        ("labels", "labels"), ("resources", "resources")):  # fmt: skip
+    for key, target in (
+        ("envVars", "env_vars"),
+        ("volumeMounts", "volume_mounts"),
+        ("volumes", "volumes"),
+        ("labels", "labels"),
+        ("resources", "resources"),
+    ):
         if k8s.get(key):
             config[target] = k8s[key]
     return config
@@ -107,9 +114,13 @@ def rendered_run_coordinator(values: dict[str, Any]) -> dict[str, Any]:
     coordinator = values["dagsterDaemon"]["runCoordinator"]
     assert coordinator["enabled"] and coordinator["type"] == "QueuedRunCoordinator"
     queued = coordinator["config"]["queuedRunCoordinator"]
-    names = {"maxConcurrentRuns": "max_concurrent_runs", "tagConcurrencyLimits": "tag_concurrency_limits",
-             "dequeueIntervalSeconds": "dequeue_interval_seconds", "dequeueUseThreads": "dequeue_use_threads",
-             "dequeueNumWorkers": "dequeue_num_workers"}  # fmt: skip
+    names = {
+        "maxConcurrentRuns": "max_concurrent_runs",
+        "tagConcurrencyLimits": "tag_concurrency_limits",
+        "dequeueIntervalSeconds": "dequeue_interval_seconds",
+        "dequeueUseThreads": "dequeue_use_threads",
+        "dequeueNumWorkers": "dequeue_num_workers",
+    }
     unknown = set(queued) - set(names)
     assert not unknown, f"keys the chart does not render: {unknown}"
     return {names[key]: value for key, value in queued.items()}
@@ -158,13 +169,18 @@ def test_the_rendered_instance_loads_with_dagsters_instance_schema(values: dict[
     monitoring, sensors = daemon["runMonitoring"], daemon["sensors"]
     instance = {
         "run_launcher": {"module": "dagster_k8s", "class": "K8sRunLauncher", "config": rendered_run_launcher(values)},
-        "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator",
-                            "config": rendered_run_coordinator(values)},
-        "run_monitoring": {"enabled": monitoring["enabled"],
-                           "poll_interval_seconds": monitoring["pollIntervalSeconds"]},
+        "run_coordinator": {
+            "module": "dagster._core.run_coordinator",
+            "class": "QueuedRunCoordinator",
+            "config": rendered_run_coordinator(values),
+        },
+        "run_monitoring": {
+            "enabled": monitoring["enabled"],
+            "poll_interval_seconds": monitoring["pollIntervalSeconds"],
+        },
         "sensors": {"use_threads": sensors["useThreads"], "num_workers": sensors["numWorkers"]},
         "telemetry": {"enabled": values["telemetry"]["enabled"]},
-    }  # fmt: skip
+    }
     (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(instance))
     config, _ = dagster_instance_config(str(tmp_path))
     assert config["run_monitoring"]["poll_interval_seconds"] == monitoring["pollIntervalSeconds"]
@@ -199,11 +215,18 @@ def test_a_replicator_run_becomes_a_valid_kubernetes_job_with_its_resources_and_
     config = process_config(K8sRunLauncher.config_type(), rendered_run_launcher(values)).value
     assert config is not None
     kubeconfig = tmp_path / "kubeconfig"  # loadInclusterConfig needs a pod; an equivalent offline client config
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}], "users": [{"name": "u", "user": {}}],
-    }))  # fmt: skip
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "users": [{"name": "u", "user": {}}],
+            }
+        )
+    )
     batch = RecordingBatchApi()
     launcher = K8sRunLauncher(
         **{**config, "load_incluster_config": False, "kubeconfig_file": str(kubeconfig)}, k8s_client_batch_api=batch
@@ -211,16 +234,19 @@ def test_a_replicator_run_becomes_a_valid_kubernetes_job_with_its_resources_and_
     image = f"{user_deployment(values)['image']['repository']}:{user_deployment(values)['image']['tag']}"
     origin = JobPythonOrigin(
         "replicator",
-        RepositoryPythonOrigin(sys.executable, ModuleCodePointer("mirus_dagster.definitions", "defs", None),
-                               container_image=image),
-    )  # fmt: skip
+        RepositoryPythonOrigin(
+            sys.executable, ModuleCodePointer("mirus_dagster.definitions", "defs", None), container_image=image
+        ),
+    )
     request = run_request("orders-mirror", 3, "assigned, never ran")
     with dg.instance_for_test() as instance:
         launcher.register_instance(instance)
         run = instance.create_run_for_job(
-            replicator, run_config=request.run_config, tags={**replicator.tags, **request.tags},
+            replicator,
+            run_config=request.run_config,
+            tags={**replicator.tags, **request.tags},
             job_code_origin=origin,
-        )  # fmt: skip
+        )
         launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
 
     [(namespace, job)] = batch.jobs

@@ -102,8 +102,9 @@ def test_the_scheduler_runs_a_named_duty_once_per_interval() -> None:
 def test_each_committer_writes_what_its_mode_makes_durable(
     stack: StackEndpoints, store: Store, unique: str, committer: type[Committer]
 ) -> None:
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
-                     {0: [(unique, 0), (unique, 1)]})  # fmt: skip
+    create_connector(
+        store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0), (unique, 1)]}
+    )
     task = ReplicationTask(store, unique, 0, "test")
     task.lease = store.claim_task(unique, 0, "test")
     acknowledged, untouched = PartitionState((unique, 0), 0, unique, "a"), PartitionState((unique, 1), 5, unique, "a")

@@ -17,11 +17,12 @@ from mirus.faults.brokers import tansu_broker
 from mirus.faults.harness import EMBEDDED_FAULTS, FaultPlan, FaultReport, FaultRun
 from mirus.faults.proxy import TcpProxy
 from mirus.local.stack import free_port
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.state.store import Store
 
 from .engine_helpers import TaskThread, connector_properties, create_connector
-from .kafka_helpers import consume_all, create_topics, produce, wait_for
+from .kafka_helpers import consume_all, create_topics, produce
 
 
 def test_a_cut_proxy_stops_every_client_because_the_broker_advertises_it(tmp_path: Path, unique: str) -> None:
@@ -45,7 +46,7 @@ def test_a_cut_proxy_stops_every_client_because_the_broker_advertises_it(tmp_pat
             assert outcomes[0] == "before:None"
             assert outcomes[1].startswith("during:") and "timed out" in outcomes[1]
             assert outcomes[2] == "after:None"
-            wait_for(lambda: proxy.connections > 0, what="connections through the proxy")
+            wait_until(lambda: proxy.connections > 0, what="connections through the proxy")
             assert [r.value for r in consume_all(proxy.address, unique, 1, expected=2)] == [b"before", b"after"]
         finally:
             broker.stop()
@@ -68,18 +69,27 @@ def test_a_task_started_while_the_destination_is_unreachable_waits_to_know_its_p
                 [{"topic": unique, "partition": i % 2, "key": b"k%d" % i, "value": b"%d" % i} for i in range(60)],
             )
             store = Store(db_engine)
-            create_connector(store, connector_properties(stack, unique, **{
-                "topics.whitelist": f"{unique},{idle}", "destination.topic.name.suffix": ".copy",
-                "destination.consumer.bootstrap.servers": proxy.address,
-            }), {0: [(idle, 0)]})  # fmt: skip
+            create_connector(
+                store,
+                connector_properties(
+                    stack,
+                    unique,
+                    **{
+                        "topics.whitelist": f"{unique},{idle}",
+                        "destination.topic.name.suffix": ".copy",
+                        "destination.consumer.bootstrap.servers": proxy.address,
+                    },
+                ),
+                {0: [(idle, 0)]},
+            )
             task = TaskThread.start(store, unique)
-            wait_for(lambda: any(e.startswith("replicating") for e in task.events), what="the task running")
+            wait_until(lambda: any(e.startswith("replicating") for e in task.events), what="the task running")
             proxy.cut()  # the destination goes away, then the task is given its partitions
             store.write_assignment(unique, {0: [(idle, 0), (unique, 0), (unique, 1)]})
             # Without metadata (or with metadata that cannot name the topic) each partition waits, paused.
             try:
-                wait_for(lambda: sum(e.startswith("paused") for e in task.events) >= 2, timeout=60)
-            except AssertionError:
+                wait_until(lambda: sum(e.startswith("paused") for e in task.events) >= 2, timeout=60)
+            except TimeoutError:
                 raise AssertionError(f"both partitions should wait for destination metadata: {task.events}") from None
             proxy.restore()
             copied = consume_all(proxy.address, f"{unique}.copy", 2, expected=60)

@@ -22,14 +22,14 @@ import pytest
 import requests
 import yaml
 
-from mirus.local.devserver import DagsterDev
+from mirus.local.devserver import DagsterDev, RunInfo
 from mirus.local.stack import LocalStack, port_is_free
+from mirus.waiting import wait_until
 from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_TOPIC, TAG_CONNECTOR
 from mirus_dagster.settings import EXAMPLE_CONNECTOR, PlatformSettings, StackEndpoints, example_connector
 from replicator.state.database import make_engine
 from replicator.state.store import Store
 from tests.browser import Browser, start_chromium
-from tests.kafka_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -70,16 +70,23 @@ def user_environment() -> dict[str, str]:
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     checkout = tmp_path_factory.mktemp("checkout")
     defaults = PlatformSettings(state_dir=checkout / ".mirus")
-    taken = [p for p in (defaults.source_port, defaults.destination_port, defaults.postgres_port, 3000, 8083)
-             if not port_is_free(p)]  # fmt: skip
+    taken = [
+        p
+        for p in (defaults.source_port, defaults.destination_port, defaults.postgres_port, 3000, 8083)
+        if not port_is_free(p)
+    ]
     assert not taken, f"the README's `mirus dev` uses the default ports; {taken} taken on this machine: free them"
     console = checkout / "console.log"
     with console.open("wb") as out:
         process = subprocess.Popen(
-            readme_dev_command(), env={**user_environment(), "PYTHONUNBUFFERED": "1"}, cwd=checkout,
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            readme_dev_command(),
+            env={**user_environment(), "PYTHONUNBUFFERED": "1"},
+            cwd=checkout,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: a SIGINT to it is what Ctrl-C in a terminal sends
-        )  # fmt: skip
+        )
     dev = DagsterDev(process, 3000, defaults.state_dir / "dagster-home", console)
     try:
         announced = dev.until(lambda: f"Dagster UI: {dev.url}" in console.read_text(), 240, "the UI address")
@@ -97,6 +104,13 @@ def browser(chromium: None) -> Iterator[Browser]:
     started.quit()
 
 
+def replicator_runs(demo: Demo, connector: str, count: int, timeout: float = 120, what: str = "") -> list[RunInfo]:
+    """The connector's started replicator runs, once there are at least `count`."""
+    return demo.dev.wait_for_runs(
+        {CONNECTOR: connector}, statuses={"STARTED"}, count=count, job_name="replicator", timeout=timeout, what=what
+    )
+
+
 def page_text(browser: Browser, url: str, *expected: str, timeout: float = 90) -> str:
     """Open `url` and wait until the page shows every `expected` text; the page's text."""
     browser.driver.get(url)
@@ -107,8 +121,8 @@ def page_text(browser: Browser, url: str, *expected: str, timeout: float = 90) -
         return all(e in body[0] for e in expected)
 
     try:
-        wait_for(shows_all, timeout, 0.5, what=f"{url} to show {expected}")
-    except AssertionError as exc:
+        wait_until(shows_all, timeout, 0.5, what=f"{url} to show {expected}")
+    except TimeoutError as exc:
         raise AssertionError(f"{exc}\n--- page text ---\n{body[0][:3000] if body else ''}") from None
     return body[0]
 
@@ -132,10 +146,16 @@ def test_the_start_is_quiet_and_names_the_ui_once_it_answers(demo: Demo) -> None
 
 
 def test_the_connectors_page_lists_the_demo_connector_running_with_its_tasks(demo: Demo, browser: Browser) -> None:
-    demo.dev.wait_for_runs({CONNECTOR: DEMO_CONNECTOR}, statuses={"STARTED"}, count=2, job_name="replicator",
-                           timeout=120, what="both demo tasks running")  # fmt: skip
-    text = page_text(browser, f"{demo.dev.url}/assets/connectors", DEMO_CONNECTOR, "RUNNING", "0: RUNNING",
-                     "1: RUNNING", "partitions")  # fmt: skip
+    replicator_runs(demo, DEMO_CONNECTOR, 2, what="both demo tasks running")
+    text = page_text(
+        browser,
+        f"{demo.dev.url}/assets/connectors",
+        DEMO_CONNECTOR,
+        "RUNNING",
+        "0: RUNNING",
+        "1: RUNNING",
+        "partitions",
+    )
     row = next(line for line in text.splitlines() if line.startswith(DEMO_CONNECTOR))
     shown = re.match(rf"{DEMO_CONNECTOR} RUNNING (\d+) ", row)  # its state, then its partitions
     per_task = [int(n) for n in re.findall(r"\d: RUNNING \((\d+) partitions, run [0-9a-f]{8}", row)]
@@ -147,10 +167,14 @@ def test_the_connectors_page_lists_the_demo_connector_running_with_its_tasks(dem
 def test_the_launchpad_opens_with_an_example_that_is_accepted_as_is(demo: Demo, browser: Browser) -> None:
     location = demo.dev.query("query { workspaceOrError { ... on Workspace { locationEntries { name } } } }")
     name = location["workspaceOrError"]["locationEntries"][0]["name"]
-    page_text(browser, f"{demo.dev.url}/locations/{name}/jobs/put_connector/playground", f"name: {EXAMPLE_CONNECTOR}",
-              "No errors")  # fmt: skip
+    page_text(
+        browser,
+        f"{demo.dev.url}/locations/{name}/jobs/put_connector/playground",
+        f"name: {EXAMPLE_CONNECTOR}",
+        "No errors",
+    )
     launch = next(b for b in browser.driver.find_elements("tag name", "button") if b.text.strip() == "Launch Run")
-    wait_for(launch.is_enabled, 60, 0.5, what="the Launch Run button to be enabled (config validated)")
+    wait_until(launch.is_enabled, 60, 0.5, what="the Launch Run button to be enabled (config validated)")
     launch.click()
     (put,) = demo.dev.wait_for_runs(job_name="put_connector", timeout=120, what="the run Launch Run started")
 
@@ -162,8 +186,7 @@ def test_the_launchpad_opens_with_an_example_that_is_accepted_as_is(demo: Demo, 
     record = demo.store.get_connector(EXAMPLE_CONNECTOR)
     assert record.state == "RUNNING"
     # The example replicates on the demo clusters: its tasks are started by the monitor.
-    demo.dev.wait_for_runs({CONNECTOR: EXAMPLE_CONNECTOR}, statuses={"STARTED"}, count=2, job_name="replicator",
-                           timeout=120, what="the example connector's two tasks running")  # fmt: skip
+    replicator_runs(demo, EXAMPLE_CONNECTOR, 2, what="the example connector's two tasks running")
 
 
 def test_the_readme_example_is_the_launchpad_example_for_the_default_clusters() -> None:
@@ -177,8 +200,7 @@ def test_the_readme_example_is_the_launchpad_example_for_the_default_clusters() 
 
 
 def test_a_run_page_names_its_connector(demo: Demo, browser: Browser) -> None:
-    (run, *_) = demo.dev.wait_for_runs({CONNECTOR: DEMO_CONNECTOR}, statuses={"STARTED"}, job_name="replicator",
-                                       timeout=60)  # fmt: skip
+    (run, *_) = replicator_runs(demo, DEMO_CONNECTOR, 1, timeout=60)
     task = f"{DEMO_CONNECTOR}-{run.tags['mirus/task']}"
     # The run's own events name the connector's task (an owner's "replicating …", a standby's "standing by …"), and
     # so do its tags.
@@ -193,8 +215,8 @@ def test_a_run_page_names_its_connector(demo: Demo, browser: Browser) -> None:
         return shown in body[0]
 
     try:
-        wait_for(tag_shown, 30, 0.5, what=f"the run's tag {shown!r}")
-    except AssertionError as exc:
+        wait_until(tag_shown, 30, 0.5, what=f"the run's tag {shown!r}")
+    except TimeoutError as exc:
         raise AssertionError(f"{exc}\n--- page text ---\n{body[0][-3000:] if body else ''}") from None
 
 
@@ -211,7 +233,7 @@ def test_the_rest_api_answers_on_its_port_with_the_demo_connector_running(demo: 
         tasks_running = [t["state"] for t in status["tasks"]] == ["RUNNING", "RUNNING"]
         return status if status["connector"]["state"] == "RUNNING" and tasks_running else None
 
-    status = wait_for(running, 120, 0.5, what="the demo connector and its two tasks RUNNING in the REST API")
+    status = wait_until(running, 120, 0.5, what="the demo connector and its two tasks RUNNING in the REST API")
     assert [t["id"] for t in status["tasks"]] == [0, 1]
     config = requests.get(f"{api}/connectors/{DEMO_CONNECTOR}/config", timeout=30).json()
     assert config["name"] == DEMO_CONNECTOR and config["topics.whitelist"] == DEMO_TOPIC, config
@@ -222,13 +244,16 @@ def test_the_rest_api_answers_on_its_port_with_the_demo_connector_running(demo: 
 
 def test_verify_on_the_running_demo_ends_with_a_verdict(demo: Demo) -> None:
     """The demo's traffic never stops: the check is bounded by the source's end offsets taken at its start."""
-    demo.dev.wait_for_runs({CONNECTOR: DEMO_CONNECTOR}, statuses={"STARTED"}, count=2, job_name="replicator",
-                           timeout=120)  # fmt: skip
+    replicator_runs(demo, DEMO_CONNECTOR, 2)
     env = {**os.environ, **demo.endpoints.as_env()}
     result = subprocess.run(
         [sys.executable, "-m", "mirus.cli.main", "verify", "--topic", f"{DEMO_TOPIC}:{DEMO_TOPIC}.mirror"],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "result: OK" in result.stdout
     assert "checked up to" in result.stdout
@@ -242,8 +267,7 @@ def test_ctrl_c_ends_replicator_runs_canceled_after_committing_and_says_what_it_
     commit (that termination commits everything delivered is proven in tests/test_dagster_dev.py; here the embedded
     stack holding the offsets stops too)."""
     # Both demo tasks, each with its owner and its standby, and whatever else replicates (the launchpad's example).
-    demo.dev.wait_for_runs({CONNECTOR: DEMO_CONNECTOR}, statuses={"STARTED"}, count=4, job_name="replicator",
-                           timeout=120, what="the demo's owners and standbys")  # fmt: skip
+    replicator_runs(demo, DEMO_CONNECTOR, 4, what="the demo's owners and standbys")
     running = demo.dev.runs({"mirus/kind": "replicator"}, job_name="replicator", statuses=["STARTED"])
     tasks = {(r.tags[CONNECTOR], int(r.tags["mirus/task"])) for r in running}
     assert {task for connector, task in tasks if connector == DEMO_CONNECTOR} == {0, 1}, tasks
@@ -256,8 +280,14 @@ def test_ctrl_c_ends_replicator_runs_canceled_after_committing_and_says_what_it_
     stopped = next(line for line in console.splitlines() if line.startswith("stopped: "))
     for connector, task in tasks:
         assert f"{connector}-{task} CANCELED" in stopped, stopped
-    for part in ("Dagster (webserver, daemon, code server)", "demo traffic", "REST API", "source", "destination",
-                 "postgres"):  # fmt: skip
+    for part in (
+        "Dagster (webserver, daemon, code server)",
+        "demo traffic",
+        "REST API",
+        "source",
+        "destination",
+        "postgres",
+    ):
         assert part in stopped, (part, stopped)
     settings = PlatformSettings(state_dir=demo.dev.home.parent)
     for port in (3000, 8083, settings.source_port, settings.destination_port, settings.postgres_port):
@@ -286,7 +316,18 @@ def _unended_runs(demo: Demo) -> dict[str, list[str]]:
     from dagster._core.instance.ref import InstanceRef
 
     with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(demo.dev.home))) as instance:
-        live = instance.get_runs(dg.RunsFilter(statuses=[s for s in dg.DagsterRunStatus if s not in (
-            dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)]))  # fmt: skip
-        return {f"{r.run_id} {r.status.value} {r.tags}": [f"{e.dagster_event_type} {e.user_message}"
-                for e in instance.all_logs(r.run_id)][-20:] for r in live}  # fmt: skip
+        live = instance.get_runs(
+            dg.RunsFilter(
+                statuses=[
+                    s
+                    for s in dg.DagsterRunStatus
+                    if s not in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+                ]
+            )
+        )
+        return {
+            f"{r.run_id} {r.status.value} {r.tags}": [
+                f"{e.dagster_event_type} {e.user_message}" for e in instance.all_logs(r.run_id)
+            ][-20:]
+            for r in live
+        }

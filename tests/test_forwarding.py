@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.engine import forwarder, partitions, source_reader
 from replicator.engine.task import TaskExit
@@ -18,7 +19,7 @@ from replicator.state.store import Store
 from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, connector_properties, create_connector
-from .kafka_helpers import consume_all, create_topics, produce, wait_for
+from .kafka_helpers import consume_all, create_topics, produce
 from .replica_check import check_replica
 
 
@@ -56,18 +57,19 @@ def test_an_offset_is_never_committed_past_a_record_the_producer_refuses(
     values = [b"small-%d" % i for i in range(5)] + [b"x" * 20_000] + [b"after-%d" % i for i in range(4)]
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": v} for v in values])
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 1, "value": b"%d" % i} for i in range(10)])
-    props = connector_properties(stack, unique, **{"topics.whitelist": unique, "producer.message.max.bytes": "10000"},
-                                 **producer_settings)  # fmt: skip
+    props = connector_properties(
+        stack, unique, **{"topics.whitelist": unique, "producer.message.max.bytes": "10000"}, **producer_settings
+    )
     create_connector(store, props, {0: [(unique, 0), (unique, 1)]})
 
     runner = TaskThread.start(store, unique)
-    reason = wait_for(lambda: _paused_on(store, unique, (unique, 0)), what="partition 0 paused by the refusal")
+    reason = wait_until(lambda: _paused_on(store, unique, (unique, 0)), what="partition 0 paused by the refusal")
     assert "offset 5" in reason and "MSG_SIZE_TOO_LARGE" in reason
-    wait_for(lambda: store.load_offsets(unique).get((unique, 1)) == 10, what="partition 1 keeps flowing")
-    wait_for(lambda: store.load_offsets(unique).get((unique, 0)) == 5, what="everything before the refusal committed")
+    wait_until(lambda: store.load_offsets(unique).get((unique, 1)) == 10, what="partition 1 keeps flowing")
+    wait_until(lambda: store.load_offsets(unique).get((unique, 0)) == 5, what="everything before the refusal committed")
     # The retry (after a 1 s backoff) re-reads offset 5 and is refused again; records after it were read in the same
     # batches and are never committed.
-    wait_for(lambda: _refusal_count(runner, unique) >= 2, timeout=30, what="the retry refused again")
+    wait_until(lambda: _refusal_count(runner, unique) >= 2, timeout=30, what="the retry refused again")
     assert store.load_offsets(unique)[(unique, 0)] == 5
     runner.finish()
     assert store.load_offsets(unique)[(unique, 0)] == 5
@@ -92,9 +94,9 @@ def test_an_offset_is_never_committed_past_a_record_the_broker_refuses(
     )
 
     runner = TaskThread.start(store, unique)
-    reason = wait_for(lambda: _paused_on(store, unique, (unique, 0)), what="the partition paused by the refusal")
+    reason = wait_until(lambda: _paused_on(store, unique, (unique, 0)), what="the partition paused by the refusal")
     assert "destination refused" in reason
-    wait_for(lambda: _refusal_count(runner, unique) >= 2, timeout=30, what="the retry refused again")
+    wait_until(lambda: _refusal_count(runner, unique) >= 2, timeout=30, what="the retry refused again")
     runner.finish()
     committed = store.load_offsets(unique).get((unique, 0), 0)
     assert committed <= 5
@@ -121,18 +123,27 @@ def test_a_refused_batch_that_stops_the_producer_pauses_only_its_partition(
     )
     records = 50_000
     produce(apache_kafka.source_bootstrap_servers, [{"topic": flowing, "value": b"%d" % i} for i in range(records)])
-    create_connector(store, connector_properties(apache_kafka, unique, **{"topics.whitelist": f"{refusing},{flowing}"}),
-                     {0: [(refusing, 0), (flowing, 0)]})  # fmt: skip
+    create_connector(
+        store,
+        connector_properties(apache_kafka, unique, **{"topics.whitelist": f"{refusing},{flowing}"}),
+        {0: [(refusing, 0), (flowing, 0)]},
+    )
 
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: any("producer failed fatally" in e for e in runner.events), what="the producer stopped")
+    wait_until(lambda: any("producer failed fatally" in e for e in runner.events), what="the producer stopped")
     first_failure = time.monotonic()
-    wait_for(lambda: store.load_offsets(unique).get((flowing, 0)) == records, timeout=60,
-             what="the other topic replicated in full through the producer replacements")  # fmt: skip
+    wait_until(
+        lambda: store.load_offsets(unique).get((flowing, 0)) == records,
+        timeout=60,
+        what="the other topic replicated in full through the producer replacements",
+    )
     assert runner.thread is not None and runner.thread.is_alive(), runner.events[-5:]
     # Paused with its reason between its retries (each resume is refused again at once).
-    wait_for(lambda: "offset 0" in (_paused_on(store, unique, (refusing, 0)) or ""), timeout=60,
-             what="the refused partition shown paused at offset 0")  # fmt: skip
+    wait_until(
+        lambda: "offset 0" in (_paused_on(store, unique, (refusing, 0)) or ""),
+        timeout=60,
+        what="the refused partition shown paused at offset 0",
+    )
     # New producers come with the refused partition's retries (backoff 1 s, 2 s, 4 s ...), not one per loop (a loop
     # would make hundreds). Bounded loosely by the backoffs that had run out by now: the records behind the refused
     # one may stop a producer once more before the refusal is served, and the first commit of the partition starts
@@ -145,9 +156,12 @@ def test_a_refused_batch_that_stops_the_producer_pauses_only_its_partition(
     assert store.load_offsets(unique).get((refusing, 0), 0) == 0  # never committed past the refused record
     # Each producer replacement re-sends what the failed one left unacknowledged: duplicates, nothing lost.
     check_replica(
-        apache_kafka.source_bootstrap_servers, flowing, apache_kafka.destination_bootstrap_servers,
-        partitions=1, written=records,
-    ).assert_at_least_once()  # fmt: skip
+        apache_kafka.source_bootstrap_servers,
+        flowing,
+        apache_kafka.destination_bootstrap_servers,
+        partitions=1,
+        written=records,
+    ).assert_at_least_once()
 
 
 def test_a_full_local_producer_queue_delays_records_but_loses_or_reorders_none(
@@ -159,16 +173,21 @@ def test_a_full_local_producer_queue_delays_records_but_loses_or_reorders_none(
     create_topics(stack.destination_bootstrap_servers, {unique: 2})
     sent = [{"topic": unique, "partition": i % 2, "value": b"%d" % i} for i in range(2000)]
     produce(stack.source_bootstrap_servers, sent)
-    props = connector_properties(stack, unique, **{"topics.whitelist": unique,
-                                                   "producer.queue.buffering.max.messages": "20"})  # fmt: skip
+    props = connector_properties(
+        stack, unique, **{"topics.whitelist": unique, "producer.queue.buffering.max.messages": "20"}
+    )
     create_connector(store, props, {0: [(unique, 0), (unique, 1)]})
 
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: store.load_offsets(unique) == {(unique, 0): 1000, (unique, 1): 1000}, timeout=60,
-             what="every offset committed")  # fmt: skip
+    wait_until(
+        lambda: store.load_offsets(unique) == {(unique, 0): 1000, (unique, 1): 1000},
+        timeout=60,
+        what="every offset committed",
+    )
     runner.finish()
-    replica = check_replica(stack.source_bootstrap_servers, unique, stack.destination_bootstrap_servers,
-                            partitions=2, written=len(sent))  # fmt: skip
+    replica = check_replica(
+        stack.source_bootstrap_servers, unique, stack.destination_bootstrap_servers, partitions=2, written=len(sent)
+    )
     replica.assert_exactly_once()  # one task that never restarted: not even a duplicate
     assert not any("paused" in e for e in runner.events), runner.events
 
@@ -206,7 +225,7 @@ def test_a_single_record_on_an_idle_source_is_forwarded_without_waiting_for_a_ba
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
     create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
+    wait_until(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
 
     produce(stack.source_bootstrap_servers, [{"topic": unique, "value": b"lonely"}])
     assert [r.value for r in consume_all(stack.destination_bootstrap_servers, unique, 1, expected=1)] == [b"lonely"]

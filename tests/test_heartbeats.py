@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import validate_submission
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC, flow_liveness_s, liveness_s
@@ -14,21 +15,26 @@ from replicator.state.store import Store
 from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, connector_properties
-from .kafka_helpers import cluster_id, consume_all, create_topics, wait_for
+from .kafka_helpers import cluster_id, consume_all, create_topics
 
 
 def test_heartbeats_flow_to_the_destination_and_liveness_shows_a_stopped_flow(
     stack: StackEndpoints, store: Store, unique: str
 ) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: 1})
-    properties = connector_properties(stack, unique, **{
-        "topics.whitelist": unique, "emit.heartbeats.interval.seconds": "1",
-        "destination.topic.name.suffix": f".{unique}",
-    })  # fmt: skip
+    properties = connector_properties(
+        stack,
+        unique,
+        **{
+            "topics.whitelist": unique,
+            "emit.heartbeats.interval.seconds": "1",
+            "destination.topic.name.suffix": f".{unique}",
+        },
+    )
     config = validate_submission(properties)
     store.put_connector(config.name, config.raw, config.tasks_max)
     monitor = KafkaMonitor(store)
-    wait_for(lambda: (HEARTBEATS_TOPIC, 0) in monitor.poll(unique).plan.replicate, what="heartbeats assigned")
+    wait_until(lambda: (HEARTBEATS_TOPIC, 0) in monitor.poll(unique).plan.replicate, what="heartbeats assigned")
     started_s = time.time()
     runner = TaskThread.start(store, unique)
     try:
@@ -41,7 +47,9 @@ def test_heartbeats_flow_to_the_destination_and_liveness_shows_a_stopped_flow(
             age = flow_liveness_s(store, unique)
             return age is not None and age < time.time() - started_s
 
-        wait_for(crossed_since_start, timeout=60, interval=0.5, what="a heartbeat emitted since the start, replicated")
+        wait_until(
+            crossed_since_start, timeout=60, interval=0.5, what="a heartbeat emitted since the start, replicated"
+        )
     finally:
         runner.finish()
     stopped_s = time.time()
@@ -63,7 +71,7 @@ def test_heartbeats_flow_to_the_destination_and_liveness_shows_a_stopped_flow(
         monitor.poll(unique)
         return max(ts for _offset, ts in store.flow(unique).heartbeats) / 1000 > stopped_s
 
-    wait_for(emitted_since_stop, timeout=60, interval=0.5, what="a heartbeat emitted after the task stopped")
+    wait_until(emitted_since_stop, timeout=60, interval=0.5, what="a heartbeat emitted after the task stopped")
     since_stop = time.time() - stopped_s
     age = flow_liveness_s(store, unique)
     assert age is not None and age >= since_stop, f"liveness {age} s, {since_stop} s after the flow stopped"

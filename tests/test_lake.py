@@ -50,20 +50,37 @@ def test_export_is_idempotent_and_prune_removes_only_sealed_hours_past_retention
     now = datetime.now(UTC)
     old, older, recent = hour_floor(now - timedelta(hours=6)), hour_floor(now - timedelta(hours=5)), now
     # A row written before the histogram had its finer buckets: only 100 ms, 1 s, ... and +Inf.
-    coarse = {"100": 1, "1000": 3, "10000": 3, "60000": 3, "300000": 3, "600000": 3, "1800000": 3, "3600000": 3,
-              "43200000": 3, "+Inf": 3}  # fmt: skip
-    store.record_metrics(unique, _interval(
-        metric_row("orders", old + timedelta(minutes=10), 4), metric_row("orders", old + timedelta(minutes=20), 2),
-        metric_row("orders", old + timedelta(minutes=30), 3, coarse),
-        metric_row("orders", older + timedelta(minutes=5), 5), metric_row("orders", recent, 1),
-    ))  # fmt: skip
+    coarse = {
+        "100": 1,
+        "1000": 3,
+        "10000": 3,
+        "60000": 3,
+        "300000": 3,
+        "600000": 3,
+        "1800000": 3,
+        "3600000": 3,
+        "43200000": 3,
+        "+Inf": 3,
+    }
+    store.record_metrics(
+        unique,
+        _interval(
+            metric_row("orders", old + timedelta(minutes=10), 4),
+            metric_row("orders", old + timedelta(minutes=20), 2),
+            metric_row("orders", old + timedelta(minutes=30), 3, coarse),
+            metric_row("orders", older + timedelta(minutes=5), 5),
+            metric_row("orders", recent, 1),
+        ),
+    )
     with db_engine.begin() as conn:
         for minutes in (5, 20):
             conn.execute(
-                text("INSERT INTO metadata_snapshots (connector, cluster, topics, taken_at) VALUES (:c, 'source', "
-                     ":t, :at)"),
+                text(
+                    "INSERT INTO metadata_snapshots (connector, cluster, topics, taken_at) VALUES (:c, 'source', "
+                    ":t, :at)"
+                ),
                 {"c": unique, "t": json.dumps({"orders": 2 + minutes}), "at": old + timedelta(minutes=minutes)},
-            )  # fmt: skip
+            )
 
     first = export_hour(db_engine, tmp_path, old, now=now)
     again = export_hour(db_engine, tmp_path, old, now=now)
@@ -86,12 +103,19 @@ def test_export_is_idempotent_and_prune_removes_only_sealed_hours_past_retention
     assert result.metric_samples_deleted >= 3
     assert f"{older:%Y-%m-%d-%H}:00" in result.awaiting_export
     with db_engine.connect() as conn:
-        left = conn.execute(
-            text("SELECT interval_end FROM metric_samples WHERE connector = :c ORDER BY interval_end"), {"c": unique}
-        ).scalars().all()  # fmt: skip
-        snapshots_left = conn.execute(
-            text("SELECT topics FROM metadata_snapshots WHERE connector = :c"), {"c": unique}
-        ).scalars().all()  # fmt: skip
+        left = (
+            conn.execute(
+                text("SELECT interval_end FROM metric_samples WHERE connector = :c ORDER BY interval_end"),
+                {"c": unique},
+            )
+            .scalars()
+            .all()
+        )
+        snapshots_left = (
+            conn.execute(text("SELECT topics FROM metadata_snapshots WHERE connector = :c"), {"c": unique})
+            .scalars()
+            .all()
+        )
     assert [hour_floor(t) for t in left] == [older, hour_floor(recent)]
     assert snapshots_left == [{"orders": 22}]  # the latest observation is kept: the monitor compares against it
 
@@ -125,9 +149,11 @@ def _counters(store: Store, connector: str) -> dict[tuple[str, tuple[tuple[str, 
     """Every counter and histogram sample the Prometheus exporter shows for `connector`."""
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in StoreCollector(store).collect() if family.type in ("counter", "histogram")
-        for sample in family.samples if sample.labels.get("connector") == connector
-    }  # fmt: skip
+        for family in StoreCollector(store).collect()
+        if family.type in ("counter", "histogram")
+        for sample in family.samples
+        if sample.labels.get("connector") == connector
+    }
 
 
 def test_counters_never_go_down_when_samples_are_pruned_and_lags_keep_the_newest(
@@ -137,9 +163,14 @@ def test_counters_never_go_down_when_samples_are_pruned_and_lags_keep_the_newest
     store.put_connector(unique, connector_properties(stack, unique, **{"topics.whitelist": "orders"}), 1)
     now = datetime.now(UTC)
     old = hour_floor(now - timedelta(hours=6))
-    store.record_metrics(unique, _interval(metric_row("orders", old + timedelta(minutes=10), 4),
-                                           metric_row("orders", old + timedelta(minutes=20), 2),
-                                           lags={("orders", 0): 7, ("orders", 1): 7}))  # fmt: skip
+    store.record_metrics(
+        unique,
+        _interval(
+            metric_row("orders", old + timedelta(minutes=10), 4),
+            metric_row("orders", old + timedelta(minutes=20), 2),
+            lags={("orders", 0): 7, ("orders", 1): 7},
+        ),
+    )
     before = _counters(store, unique)
     assert before[("mirus_replicated_records_total", (("connector", unique), ("topic", "orders")))] == 6
 
@@ -167,9 +198,11 @@ def test_the_upgrade_that_adds_running_totals_starts_them_from_the_stored_sample
     engine = private_database(stack, unique)
     command.downgrade(alembic_config(engine), "0003")
     now = datetime.now(UTC)
-    rows = [(0, metric_row("orders", now - timedelta(minutes=2), 4)),
-            (0, metric_row("orders", now - timedelta(minutes=1), 1)),
-            (1, replace(metric_row("orders", now, 2), lag=None))]  # fmt: skip
+    rows = [
+        (0, metric_row("orders", now - timedelta(minutes=2), 4)),
+        (0, metric_row("orders", now - timedelta(minutes=1), 1)),
+        (1, replace(metric_row("orders", now, 2), lag=None)),
+    ]
     with engine.begin() as conn:
         for partition, row in rows:
             insert_partition_sample(conn, unique, partition, row)
@@ -228,13 +261,15 @@ def test_a_scrape_reads_no_sample_older_than_its_rate_window_however_many_are_ke
         """A sample of each of 10 topics every 10 s from `oldest` to `newest` ago, as one task writes them."""
         with engine.begin() as conn:
             conn.execute(
-                text("INSERT INTO metric_samples (connector, task_id, topic, interval_start, interval_end, records,"
-                     " bytes, latency_sum_ms, latency_count, latency_histogram, lag)"
-                     " SELECT :c, 0, 'topic-' || t, s - interval '10 s', s, 100, 10000, 5000, 100, '{\"+Inf\": 100}', 0"
-                     " FROM generate_series(0, 9) AS t,"
-                     " generate_series(now() - :oldest, now() - :newest, interval '10 s') AS s"),
+                text(
+                    "INSERT INTO metric_samples (connector, task_id, topic, interval_start, interval_end, records,"
+                    " bytes, latency_sum_ms, latency_count, latency_histogram, lag)"
+                    " SELECT :c, 0, 'topic-' || t, s - interval '10 s', s, 100, 10000, 5000, 100, '{\"+Inf\": 100}', 0"
+                    " FROM generate_series(0, 9) AS t,"
+                    " generate_series(now() - :oldest, now() - :newest, interval '10 s') AS s"
+                ),
                 {"c": unique, "oldest": oldest, "newest": newest},
-            )  # fmt: skip
+            )
             conn.execute(text("ANALYZE metric_samples"))
 
     recent = 10 * 3  # every topic at 2, 12 and 22 s ago, well inside the 60 s window

@@ -16,6 +16,8 @@ ROOMS = ("topics", "state", "configuration", "engine", "discovery", "tools")
 SHARED = ("assignment", "clusters", "partition_reader")
 # The surfaces, and the other surfaces each may use.
 SURFACES = {"api": set(), "local": set(), "faults": {"local"}, "cli": {"api", "local", "faults"}}
+# Modules at the root of `mirus/`, which every surface may use; they import no surface.
+SURFACE_SHARED = {"waiting"}
 ASSEMBLY = {"mirus_dagster.definitions", "mirus_dagster.jobs", "mirus_dagster.report_schedule"}
 
 
@@ -64,9 +66,9 @@ def test_only_the_code_location_imports_sensors_and_assets() -> None:
     importers = {
         module
         for module, imported in dotted(*LAYERS, "benchmarks").items()
-        if any(m.startswith(parts) for m in imported) and not module.startswith(("mirus_dagster/sensors/",
-                                                                                 "mirus_dagster/assets/"))
-    }  # fmt: skip
+        if any(m.startswith(parts) for m in imported)
+        and not module.startswith(("mirus_dagster/sensors/", "mirus_dagster/assets/"))
+    }
     assert importers == {"mirus_dagster/definitions.py"}
 
 
@@ -80,9 +82,13 @@ def test_sensors_and_assets_import_neither_each_other_nor_the_assembly() -> None
 def test_each_surface_uses_only_the_surfaces_it_fronts() -> None:
     for surface, allowed in SURFACES.items():
         for module, imported in dotted(f"mirus/{surface}").items():
-            used = {m.split(".")[1] for m in imported if m.startswith("mirus.")} - {surface}
+            used = {m.split(".")[1] for m in imported if m.startswith("mirus.")} - {surface} - SURFACE_SHARED
             assert used <= allowed, (module, used - allowed)
     assert {p.name for p in (ROOT / "mirus").iterdir() if p.is_dir() and p.name[0] != "_"} == set(SURFACES)
+    for name in SURFACE_SHARED:
+        imported = imported_modules(ROOT / "mirus" / f"{name}.py")
+        assert not [m for m in imported if m.startswith("mirus.")], name
+    assert {p.stem for p in (ROOT / "mirus").glob("*.py") if p.name[0] != "_"} == SURFACE_SHARED
 
 
 def test_the_engine_imports_no_dagster_and_no_reports() -> None:

@@ -20,9 +20,12 @@ def _one_by_one(acknowledgements: list[tuple[int, list[int]]]) -> dict[str, obje
         total += count
         cumulative[label] = total
     return {
-        "min": max(min(latencies), 0), "max": max(max(latencies), 0), "count": len(latencies),
-        "sum": sum(latency for latency in latencies if latency > 0), "histogram": cumulative,
-    }  # fmt: skip
+        "min": max(min(latencies), 0),
+        "max": max(max(latencies), 0),
+        "count": len(latencies),
+        "sum": sum(latency for latency in latencies if latency > 0),
+        "histogram": cumulative,
+    }
 
 
 def test_runs_folded_in_bulk_count_every_record_in_its_bucket() -> None:
@@ -70,7 +73,11 @@ def test_an_interval_is_one_sample_per_topic_and_the_partitions_whose_lag_change
 
     second = metrics.drain({("orders", p): p for p in range(100)} | {("orders", 7): 70, ("idle", 0): 5})
     (moved,) = second.samples  # nothing replicated; one partition's lag changed, so its topic has a sample
-    assert (moved.topic, moved.records, moved.lag, dict(second.lags)) == ("orders", 0, sum(range(100)) + 63,
-                                                                          {("orders", 7): 70})  # fmt: skip
+    assert (moved.topic, moved.records, moved.lag, dict(second.lags)) == (
+        "orders",
+        0,
+        sum(range(100)) + 63,
+        {("orders", 7): 70},
+    )
     assert moved.interval_start == first.measured_at == orders.interval_end
     assert not metrics.drain({("orders", p): p for p in range(100)} | {("orders", 7): 70}).samples

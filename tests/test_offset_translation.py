@@ -11,6 +11,7 @@ from confluent_kafka.admin import AdminClient
 from sqlalchemy import text
 
 from mirus.cli.main import main
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import ConnectorConfig, validate_submission
 from replicator.discovery.monitor import KafkaMonitor
@@ -18,7 +19,7 @@ from replicator.discovery.offset_translation import sync_groups
 from replicator.state.store import Store
 
 from .engine_helpers import TaskThread, connector_properties
-from .kafka_helpers import cluster_id, consume_all, create_topics, produce, wait_for
+from .kafka_helpers import cluster_id, consume_all, create_topics, produce
 
 
 def _put(store: Store, properties: dict[str, object]) -> ConnectorConfig:
@@ -40,8 +41,11 @@ def _one_partition_flow(stack: StackEndpoints, store: Store, topic: str, records
 def _replicate_until(store: Store, connector: str, ends: dict[tuple[str, int], int]) -> None:
     runner = TaskThread.start(store, connector)
     try:
-        wait_for(lambda: all(store.load_offsets(connector).get(tp) == end for tp, end in ends.items()),
-                 timeout=60, what=f"{connector} replicated up to {ends}")  # fmt: skip
+        wait_until(
+            lambda: all(store.load_offsets(connector).get(tp) == end for tp, end in ends.items()),
+            timeout=60,
+            what=f"{connector} replicated up to {ends}",
+        )
     finally:
         runner.finish()
 
@@ -94,8 +98,9 @@ def _continue(bootstrap: str, group: str, topic: str, count: int) -> list[bytes]
 
 def _resume_as_group(bootstrap: str, group: str, topic: str, partitions: int) -> list[bytes]:
     """What the group reads at `bootstrap` from its committed offsets to the end of each partition."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-                         "enable.partition.eof": True})  # fmt: skip
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, "enable.partition.eof": True}
+    )
     values: list[bytes] = []
     try:
         committed = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
@@ -116,8 +121,20 @@ def _resume_as_group(bootstrap: str, group: str, topic: str, partitions: int) ->
 
 
 def _translate(stack: StackEndpoints, connector: str, group: str, *extra: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, ["offsets", "translate", "--connector", connector, "--group", group,
-                                       "--database-url", stack.database_url, *extra])  # fmt: skip
+    result = CliRunner().invoke(
+        main,
+        [
+            "offsets",
+            "translate",
+            "--connector",
+            connector,
+            "--group",
+            group,
+            "--database-url",
+            stack.database_url,
+            *extra,
+        ],
+    )
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -178,8 +195,9 @@ def test_a_destination_group_with_active_members_is_not_overwritten(
 
     # An application already running at the destination under the same group name: a subscribed member that has
     # committed its own position.
-    member = Consumer({"bootstrap.servers": dst, "group.id": group, "enable.auto.commit": False,
-                       "session.timeout.ms": 30000})  # fmt: skip
+    member = Consumer(
+        {"bootstrap.servers": dst, "group.id": group, "enable.auto.commit": False, "session.timeout.ms": 30000}
+    )
     admin = AdminClient({"bootstrap.servers": dst})
     try:
         member.subscribe([topic])
@@ -188,7 +206,7 @@ def test_a_destination_group_with_active_members_is_not_overwritten(
             member.poll(0.5)
             return _group_state(admin, group) == ConsumerGroupState.STABLE and bool(member.assignment())
 
-        wait_for(joined, timeout=60, interval=0, what="the destination member joined its group")
+        wait_until(joined, timeout=60, interval=0, what="the destination member joined its group")
         member.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
 
         code, out, err = _translate(stack, config.name, group, "--apply")
@@ -200,17 +218,21 @@ def test_a_destination_group_with_active_members_is_not_overwritten(
     finally:
         member.close()
 
-    wait_for(lambda: _group_state(admin, group) == ConsumerGroupState.EMPTY, timeout=60, what="group empty")
+    wait_until(lambda: _group_state(admin, group) == ConsumerGroupState.EMPTY, timeout=60, what="group empty")
     assert sync_groups(config, store, cluster_id(src), cluster_id(dst)) == {}
     assert _destination_offsets(admin, group) == {0: 12}
 
 
 def _identity(stack: StackEndpoints, name: str, source: str, destination: str, topic: str) -> dict[str, object]:
     return {
-        "name": name, "source.cluster.bootstrap.servers": source, "target.cluster.bootstrap.servers": destination,
-        "topics": topic, "replication.policy.class": "IdentityReplicationPolicy", "offset.flush.interval.ms": "200",
+        "name": name,
+        "source.cluster.bootstrap.servers": source,
+        "target.cluster.bootstrap.servers": destination,
+        "topics": topic,
+        "replication.policy.class": "IdentityReplicationPolicy",
+        "offset.flush.interval.ms": "200",
         "emit.heartbeats.enabled": "false",
-    }  # fmt: skip
+    }
 
 
 def test_failover_then_failback_with_identity_naming_skips_and_rereads_nothing(
@@ -231,8 +253,10 @@ def test_failover_then_failback_with_identity_naming_skips_and_rereads_nothing(
     for group in (early, late):
         code, _out, err = _translate(stack, forward.name, group, "--apply")
         assert code == 0, err
-    read_at_b = {early: _continue(b, early, topic, 10),  # stops among the copies of a's records
-                 late: _continue(b, late, topic, 30)}  # all of a's records  # fmt: skip
+    read_at_b = {
+        early: _continue(b, early, topic, 10),  # stops among the copies of a's records
+        late: _continue(b, late, topic, 30),
+    }  # all of a's records
     produce(b, [{"topic": topic, "value": b"b%02d" % i} for i in range(40)])  # new traffic lands on b
     read_at_b[late] += _continue(b, late, topic, 15)  # stops among b's own records
 

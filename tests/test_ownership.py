@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.engine.ownership import TaskOwnership, epoch_lock_key
 from replicator.state.records import FencedError, Lease
 from replicator.state.store import Store
 
 from .engine_helpers import connector_properties, create_connector
-from .kafka_helpers import Traffic, create_topics, wait_for
+from .kafka_helpers import Traffic, create_topics
 from .replica_check import ReplicaReport, check_replica
 
 PARTITIONS = 2
@@ -86,8 +87,13 @@ def assert_taken_over_before_the_lease_timeout(store: Store, connector: str, las
 
 
 def replica_of(stack: StackEndpoints, topic: str, written: int) -> ReplicaReport:
-    return check_replica(stack.source_bootstrap_servers, topic, stack.destination_bootstrap_servers,
-                         partitions=PARTITIONS, written=written)  # fmt: skip
+    return check_replica(
+        stack.source_bootstrap_servers,
+        topic,
+        stack.destination_bootstrap_servers,
+        partitions=PARTITIONS,
+        written=written,
+    )
 
 
 def test_a_standby_waits_while_the_owner_lives_and_takes_over_when_its_lock_transaction_ends(
@@ -165,34 +171,37 @@ def kill_9_hands_over(store: Store, stack: StackEndpoints, database_url: str, un
     takes over when it is killed, fences it, and nothing is lost or reordered."""
     create_topics(stack.source_bootstrap_servers, {unique: PARTITIONS})
     create_topics(stack.destination_bootstrap_servers, {unique: PARTITIONS})
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
-                     {0: [(unique, p) for p in range(PARTITIONS)]})  # fmt: skip
+    create_connector(
+        store,
+        connector_properties(stack, unique, **{"topics.whitelist": unique}),
+        {0: [(unique, p) for p in range(PARTITIONS)]},
+    )
     traffic = Traffic(stack.source_bootstrap_servers, {unique: PARTITIONS}, rate=1000)
     tasks = dataclasses.replace(stack, database_url=database_url)
     owner = TaskProcess(tasks, unique, tmp_path / "owner.log")
     standby: TaskProcess | None = None
     try:
-        wait_for(lambda: store.load_offsets(unique), timeout=60, what="the owner committing")
+        wait_until(lambda: store.load_offsets(unique), timeout=60, what="the owner committing")
         epoch = epoch_of(store, unique)
         # Its lock transaction stays open (through PgBouncer: pinning a server connection) and holds back no vacuum.
         assert lock_holders(store, unique, epoch) == [("idle in transaction", None, None)]
         standby = TaskProcess(tasks, unique, tmp_path / "standby.log")
-        wait_for(lambda: "standing by" in standby.output(), timeout=60, what="the standby standing by")
+        wait_until(lambda: "standing by" in standby.output(), timeout=60, what="the standby standing by")
         # While the owner lives, the standby writes nothing: no new epoch, every offset is the owner's.
         committed = dict(store.load_offsets(unique))
-        wait_for(lambda: store.load_offsets(unique) != committed, what="the owner committing more")
+        wait_until(lambda: store.load_offsets(unique) != committed, what="the owner committing more")
         assert epoch_of(store, unique) == epoch and offset_epochs(store, unique) == {epoch}
 
         last_heartbeat = store.lease_of(unique, 0).heartbeat_at  # a later last beat only makes the check stricter
         owner.signal(signal.SIGKILL)  # (PgBouncer closes the server connection its client left in a transaction)
         owner.process.wait(10)
         committed_at_kill = store.load_offsets(unique)
-        wait_for(lambda: epoch_of(store, unique) == epoch + 1, timeout=60, what="the takeover")
+        wait_until(lambda: epoch_of(store, unique) == epoch + 1, timeout=60, what="the takeover")
         assert_taken_over_before_the_lease_timeout(store, unique, last_heartbeat)
         with pytest.raises(FencedError):
             store.commit(Lease(unique, 0, epoch), {(unique, 0): 0})
         written = traffic.stop()
-        wait_for(lambda: sum(store.load_offsets(unique).values()) == written, timeout=60, what="everything copied")
+        wait_until(lambda: sum(store.load_offsets(unique).values()) == written, timeout=60, what="everything copied")
         assert offset_epochs(store, unique) == {epoch + 1}
         assert "took over" in standby.output()
     finally:
@@ -212,11 +221,13 @@ def lock_holders(store: Store, connector: str, epoch: int) -> list[tuple[str, ob
     key = epoch_lock_key(connector, 0, epoch)
     with store.engine.connect() as conn:
         rows = conn.execute(
-            text("SELECT a.state, a.backend_xid, a.backend_xmin FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
-                 " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
-                 " AND l.classid::bigint = :high AND l.objid::bigint = :low"),
+            text(
+                "SELECT a.state, a.backend_xid, a.backend_xmin FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+                " AND l.classid::bigint = :high AND l.objid::bigint = :low"
+            ),
             {"high": (key >> 32) & 0xFFFFFFFF, "low": key & 0xFFFFFFFF},
-        )  # fmt: skip
+        )
         return [tuple(row) for row in rows]
 
 
@@ -225,23 +236,29 @@ def test_a_stopped_owner_is_fenced_after_the_lease_timeout_and_never_commits_aga
 ) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: PARTITIONS})
     create_topics(stack.destination_bootstrap_servers, {unique: PARTITIONS})
-    properties = connector_properties(stack, unique, **{
-        "topics.whitelist": unique, "task.heartbeat.interval.ms": "500", "task.lease.timeout.ms": "3000",
-    })  # fmt: skip
+    properties = connector_properties(
+        stack,
+        unique,
+        **{
+            "topics.whitelist": unique,
+            "task.heartbeat.interval.ms": "500",
+            "task.lease.timeout.ms": "3000",
+        },
+    )
     create_connector(store, properties, {0: [(unique, p) for p in range(PARTITIONS)]})
     traffic = Traffic(stack.source_bootstrap_servers, {unique: PARTITIONS}, rate=1000)
     owner = TaskProcess(stack, unique, tmp_path / "owner.log")
     standby: TaskProcess | None = None
     try:
-        wait_for(lambda: store.load_offsets(unique), timeout=60, what="the owner committing")
+        wait_until(lambda: store.load_offsets(unique), timeout=60, what="the owner committing")
         epoch = epoch_of(store, unique)
         standby = TaskProcess(stack, unique, tmp_path / "standby.log")
-        wait_for(lambda: "standing by" in standby.output(), timeout=60, what="the standby standing by")
+        wait_until(lambda: "standing by" in standby.output(), timeout=60, what="the standby standing by")
 
         owner.signal(signal.SIGSTOP)  # alive, connected, silent
         time.sleep(0.3)  # a commit already sent when it stopped may still land; the row then shows it
         last_heartbeat = store.lease_of(unique, 0).heartbeat_at
-        wait_for(lambda: epoch_of(store, unique) == epoch + 1, timeout=60, what="the takeover")
+        wait_until(lambda: epoch_of(store, unique) == epoch + 1, timeout=60, what="the takeover")
         lease = store.lease_of(unique, 0)
         assert lease is not None and lease.claimed_at is not None and last_heartbeat is not None
         assert (lease.claimed_at - last_heartbeat).total_seconds() > 3.0, "taken over before the lease timed out"
@@ -249,7 +266,7 @@ def test_a_stopped_owner_is_fenced_after_the_lease_timeout_and_never_commits_aga
         owner.process.wait(30)  # it wakes up, tries to commit, learns it was fenced and stops
         assert "task ended: FENCED" in owner.output()
         written = traffic.stop()
-        wait_for(lambda: sum(store.load_offsets(unique).values()) == written, timeout=60, what="everything copied")
+        wait_until(lambda: sum(store.load_offsets(unique).values()) == written, timeout=60, what="everything copied")
         assert offset_epochs(store, unique) == {epoch + 1}
     finally:
         traffic.stop()
@@ -277,7 +294,7 @@ def test_a_standby_blocked_on_the_lease_row_still_stops_when_asked(
                 with frozen.begin():
                     frozen.execute(text("SELECT 1 FROM task_leases WHERE connector = :c FOR UPDATE"), {"c": unique})
                     waiting.start()
-                    wait_for(lambda: _waits_on_a_lock(store), what="the standby blocked on the lease row")
+                    wait_until(lambda: _waits_on_a_lock(store), what="the standby blocked on the lease row")
                     stop.set()
                     waiting.join(60)
                     stuck = waiting.is_alive()
@@ -289,5 +306,11 @@ def test_a_standby_blocked_on_the_lease_row_still_stops_when_asked(
 
 def _waits_on_a_lock(store: Store) -> bool:
     with store.engine.connect() as conn:
-        return bool(conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                                     " AND query LIKE '%task_leases%FOR UPDATE%'")))  # fmt: skip
+        return bool(
+            conn.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE '%task_leases%FOR UPDATE%'"
+                )
+            )
+        )

@@ -32,8 +32,10 @@ def bouncer(stack: StackEndpoints, tmp_path_factory: pytest.TempPathFactory) -> 
 def mirus(*argv: str, database_url: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-c", "from mirus.cli.main import main; main()", *argv],
-        env={**os.environ, "MIRUS_DATABASE_URL": database_url}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        env={**os.environ, "MIRUS_DATABASE_URL": database_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def test_concurrent_upgrades_migrate_a_new_database_through_pgbouncer(

@@ -20,6 +20,7 @@ from dagster_pyspark import PySparkResource
 from pyspark.sql import SparkSession
 from sqlalchemy import Engine, text
 
+from mirus.waiting import wait_until
 from mirus_dagster.assets.lake import platform_lake
 from mirus_dagster.assets.reports import report_assets, report_path
 from mirus_dagster.assets.topology import destination_topics, source_topics
@@ -36,15 +37,22 @@ from reports.lake import BUCKET_COLUMNS, PART_FILE, SCHEMAS, export_hour, hour_d
 from reports.replication import latency_report, missing_partitions_report, throughput_lag_report
 
 from .engine_helpers import TaskThread, connector_properties, metric_row
-from .kafka_helpers import create_topics, produce, wait_for
+from .kafka_helpers import create_topics, produce
 
 MINUTE = 60_000
 HOUR_MS = 60 * MINUTE
 # Groups of records on the replicated topic: how far in the past their source timestamp is, and how many. Every
 # group sits well inside one histogram bucket (<=1m, 1-5m, 5-10m, 10-30m, 30-60m, 1-12h, >12h) even when the
 # replication takes up to a minute, so the bucket counts are exact.
-GROUPS = ((0, 20), (2 * MINUTE, 80), (7 * MINUTE, 60), (20 * MINUTE, 30), (45 * MINUTE, 16), (3 * HOUR_MS, 12),
-          (30 * HOUR_MS, 2))  # fmt: skip
+GROUPS = (
+    (0, 20),
+    (2 * MINUTE, 80),
+    (7 * MINUTE, 60),
+    (20 * MINUTE, 30),
+    (45 * MINUTE, 16),
+    (3 * HOUR_MS, 12),
+    (30 * HOUR_MS, 2),
+)
 # Bucket bounds as Mirus and Prometheus define them (upper bound, inclusive) for the expected percentiles.
 BOUNDS = (60_000, 300_000, 600_000, 1_800_000, 3_600_000, 43_200_000)
 
@@ -101,13 +109,19 @@ def estate(
     create_topics(stack.source_bootstrap_servers, {a: 4, b: 1, c: 1})
     # a's destination has fewer partitions (2 of 4), b's destination does not exist.
     create_topics(stack.destination_bootstrap_servers, {f"{a}.mirror": 2, f"{c}.mirror": 1})
-    props = connector_properties(stack, u, **{"topics.whitelist": f"{a},{b},{c}",
-                                              "destination.topic.name.suffix": ".mirror",
-                                              "enable.partition.matching": "true",
-                                              # leave the destination as it is: the report must see the gaps
-                                              "topic.creation.enable": "false",
-                                              # the source's heartbeats topic (other tests' monitors) is no report's
-                                              "emit.heartbeats.enabled": "false"})  # fmt: skip
+    props = connector_properties(
+        stack,
+        u,
+        **{
+            "topics.whitelist": f"{a},{b},{c}",
+            "destination.topic.name.suffix": ".mirror",
+            "enable.partition.matching": "true",
+            # leave the destination as it is: the report must see the gaps
+            "topic.creation.enable": "false",
+            # the source's heartbeats topic (other tests' monitors) is no report's
+            "emit.heartbeats.enabled": "false",
+        },
+    )
     config = validate_submission(props)
     store.put_connector(u, config.raw, config.tasks_max)
     before = datetime.now(UTC)
@@ -138,8 +152,11 @@ def estate(
     produce(stack.source_bootstrap_servers, records)
 
     runner = TaskThread.start(store, u)
-    wait_for(lambda: store.load_offsets(u) == {(a, 0): 110, (a, 1): 110, (c, 0): 10}, timeout=90,
-             what="every replicated record committed")  # fmt: skip
+    wait_until(
+        lambda: store.load_offsets(u) == {(a, 0): 110, (a, 1): 110, (c, 0): 10},
+        timeout=90,
+        what="every replicated record committed",
+    )
     slack_ms = time.time_ns() // 1_000_000 - start_ms
     runner.finish()
     assert slack_ms < MINUTE, "the replication took too long for the records to stay inside their buckets"
@@ -155,12 +172,13 @@ def estate(
     for hour in hours[:-1]:  # the run crossed an hour boundary: export the earlier hour too
         assert dg.materialize([platform_lake], partition_key=hour, resources=resources).success
     result = dg.materialize(
-        [platform_lake, source_topics, destination_topics, *report_assets], partition_key=hours[-1],
-        resources=resources, raise_on_error=True,
-    )  # fmt: skip
+        [platform_lake, source_topics, destination_topics, *report_assets],
+        partition_key=hours[-1],
+        resources=resources,
+        raise_on_error=True,
+    )
     assert result.success
-    return Estate(u, a, b, c, ages_a, ages_c, slack_ms, expected_bytes, expected_records, (before, after), lake,
-                  result)  # fmt: skip
+    return Estate(u, a, b, c, ages_a, ages_c, slack_ms, expected_bytes, expected_records, (before, after), lake, result)
 
 
 def test_latency_report_matches_the_known_source_timestamps(estate: Estate) -> None:
@@ -174,10 +192,18 @@ def test_latency_report_matches_the_known_source_timestamps(estate: Estate) -> N
     assert sum(ages) / len(ages) <= a["avg_ms"] <= sum(ages) / len(ages) + slack
     # Mirus's cumulative buckets: every group is far from a bound, so the counts are exact.
     cumulative = {bound: sum(1 for age in ages if age <= bound) for bound in BOUNDS}
-    assert (a["le_5m"], a["le_10m"], a["le_30m"], a["le_60m"], a["le_12h"], a["more"]) == (
-        cumulative[300_000], cumulative[600_000], cumulative[1_800_000], cumulative[3_600_000],
-        cumulative[43_200_000], len(ages) - cumulative[43_200_000],
-    ) == (100, 160, 190, 206, 218, 2)  # fmt: skip
+    assert (
+        (a["le_5m"], a["le_10m"], a["le_30m"], a["le_60m"], a["le_12h"], a["more"])
+        == (
+            cumulative[300_000],
+            cumulative[600_000],
+            cumulative[1_800_000],
+            cumulative[3_600_000],
+            cumulative[43_200_000],
+            len(ages) - cumulative[43_200_000],
+        )
+        == (100, 160, 190, 206, 218, 2)
+    )
     # Percentiles: the interpolated estimate from the true bucket counts, and inside the true percentile's bucket.
     per_bucket = [cumulative[BOUNDS[0]]] + [cumulative[hi] - cumulative[lo] for lo, hi in pairwise(BOUNDS)]
     per_bucket.append(len(ages) - cumulative[BOUNDS[-1]])  # above the last bound
@@ -249,8 +275,11 @@ def test_throughput_and_lag_per_topic(estate: Estate, db_engine: Engine) -> None
         within = r["time"], r["time"] + timedelta(minutes=5)
         step = [s for s in samples if s.topic == r["topic"] and within[0] <= s.interval_end < within[1]]
         assert r["lag"] == max(step, key=lambda s: s.interval_end).lag
-    assert Store(db_engine).partition_lags(estate.connector) == {(estate.topic_a, 0): 0, (estate.topic_a, 1): 0,
-                                                                 (estate.topic_c, 0): 0}  # fmt: skip
+    assert Store(db_engine).partition_lags(estate.connector) == {
+        (estate.topic_a, 0): 0,
+        (estate.topic_a, 1): 0,
+        (estate.topic_c, 0): 0,
+    }
 
 
 def test_reports_read_hours_exported_per_partition_beside_hours_per_topic(
@@ -259,13 +288,40 @@ def test_reports_read_hours_exported_per_partition_beside_hours_per_topic(
     """Hours exported before samples were per topic hold a row per partition: the reports read both together, and
     an old hour's lag is its partitions' lags summed."""
     old, new = datetime(2026, 11, 22, 6, tzinfo=UTC), datetime(2026, 11, 22, 7, tzinfo=UTC)
-    base = {"connector": unique, "task_id": 0, "topic": "t", "destination_topic": "t.m", "latency_min_ms": 50,
-            "latency_max_ms": 50, "latency_sum_ms": 0, "interval_start": old,
-            "interval_end": old + timedelta(minutes=1), **dict.fromkeys(BUCKET_COLUMNS[:2], 0)}  # fmt: skip
-    per_partition = [{**base, "id": 1, "partition": 0, "records": 3, "bytes": 30, "lag": 5, "latency_count": 3,
-                      **dict.fromkeys(BUCKET_COLUMNS[2:], 3)},
-                     {**base, "id": 2, "partition": 1, "records": 4, "bytes": 40, "lag": 7, "latency_count": 4,
-                      **dict.fromkeys(BUCKET_COLUMNS[2:], 4)}]  # fmt: skip
+    base = {
+        "connector": unique,
+        "task_id": 0,
+        "topic": "t",
+        "destination_topic": "t.m",
+        "latency_min_ms": 50,
+        "latency_max_ms": 50,
+        "latency_sum_ms": 0,
+        "interval_start": old,
+        "interval_end": old + timedelta(minutes=1),
+        **dict.fromkeys(BUCKET_COLUMNS[:2], 0),
+    }
+    per_partition = [
+        {
+            **base,
+            "id": 1,
+            "partition": 0,
+            "records": 3,
+            "bytes": 30,
+            "lag": 5,
+            "latency_count": 3,
+            **dict.fromkeys(BUCKET_COLUMNS[2:], 3),
+        },
+        {
+            **base,
+            "id": 2,
+            "partition": 1,
+            "records": 4,
+            "bytes": 40,
+            "lag": 7,
+            "latency_count": 4,
+            **dict.fromkeys(BUCKET_COLUMNS[2:], 4),
+        },
+    ]
     directory = hour_dir(tmp_path, "metric_samples", old)
     directory.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(per_partition, schema=SCHEMAS["metric_samples"]), directory / PART_FILE)
@@ -275,13 +331,18 @@ def test_reports_read_hours_exported_per_partition_beside_hours_per_topic(
     sample = replace(metric_row("t", new + timedelta(minutes=1), 5), lag=2)
     store.record_metrics(unique, MetricInterval([sample], {("t", 0): 1, ("t", 1): 1}, sample.interval_end))
     export_hour(db_engine, tmp_path, new, now=new + timedelta(hours=2))
-    (exported,) = [r for r in pq.read_table(hour_dir(tmp_path, "metric_samples", new) / PART_FILE).to_pylist()
-                   if r["connector"] == unique]  # fmt: skip
+    (exported,) = [
+        r
+        for r in pq.read_table(hour_dir(tmp_path, "metric_samples", new) / PART_FILE).to_pylist()
+        if r["connector"] == unique
+    ]
     assert exported["partition"] is None and exported["records"] == 5
 
     report = throughput_lag_report(spark, tmp_path, old, new + timedelta(hours=1), 3600)
-    steps = [(r.time.replace(tzinfo=UTC), r.records, r.bytes, r.lag) for r in report.where(
-        f"connector = '{unique}'").collect()]  # fmt: skip
+    steps = [
+        (r.time.replace(tzinfo=UTC), r.records, r.bytes, r.lag)
+        for r in report.where(f"connector = '{unique}'").collect()
+    ]
     assert steps == [(old, 7, 70, 12), (new, 5, 50, 2)]
     (latency,) = (
         latency_report(spark, tmp_path, old, new + timedelta(hours=1)).where(f"connector = '{unique}'").collect()
@@ -309,7 +370,10 @@ def test_schedule_reexports_the_previous_hour_until_it_is_sealed() -> None:
     assert [r.partition_key for r in early] == ["2026-11-22-07:00", "2026-11-22-06:00"]
     assert early[0].asset_selection is None  # everything: export and reports
     assert {k.to_user_string() for k in early[1].asset_selection} == {
-        "lake/metric_samples", "lake/metadata_snapshots", "lake/platform_state"}  # fmt: skip
+        "lake/metric_samples",
+        "lake/metadata_snapshots",
+        "lake/platform_state",
+    }
     late = report_run_requests(datetime(2026, 11, 22, 7, 45, tzinfo=UTC))
     assert [r.partition_key for r in late] == ["2026-11-22-07:00"]
 
@@ -336,12 +400,13 @@ def test_missing_since_starts_at_the_latest_unbroken_run(spark: SparkSession, tm
     t0 = datetime(2026, 11, 22, 6, 0, tzinfo=UTC)
     at = [t0 + timedelta(minutes=m) for m in (0, 10, 20, 30, 40)]
     observations = [  # (time, cluster, topics, error)
-        (at[0], "source", {"t": 2}, None), (at[0], "destination", {"t.m": 1}, None),
+        (at[0], "source", {"t": 2}, None),
+        (at[0], "destination", {"t.m": 1}, None),
         (at[1], "destination", {"t.m": 2}, None),  # fixed: the destination got its second partition
         (at[2], "destination", {"t.m": 1}, None),  # re-created with one partition: missing again
         (at[3], "source", {"t": 2, "unrelated": 3}, None),
         (at[4], "destination", {}, "destination cluster metadata unavailable"),
-    ]  # fmt: skip
+    ]
     rows = []
     for snapshot_id, (taken_at, cluster, topics, error) in enumerate(observations):
         base = {"snapshot_id": snapshot_id, "connector": "x", "cluster": cluster, "taken_at": taken_at, "error": error}
@@ -350,11 +415,20 @@ def test_missing_since_starts_at_the_latest_unbroken_run(spark: SparkSession, tm
     directory.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMAS["metadata_snapshots"]), directory / PART_FILE)
     state = {
-        "connectors": [{"connector": "x", "state": "RUNNING", "version": 1, "tasks_max": 1,
-                        "destination_topic_checking": True, "partition_matching": True}],
+        "connectors": [
+            {
+                "connector": "x",
+                "state": "RUNNING",
+                "version": 1,
+                "tasks_max": 1,
+                "destination_topic_checking": True,
+                "partition_matching": True,
+            }
+        ],
         "connector_routes": [{"connector": "x", "source_topic": "t", "destination_topic": "t.m", "cycle": False}],
-        "partition_status": [], "assignments": [],
-    }  # fmt: skip
+        "partition_status": [],
+        "assignments": [],
+    }
     for table, data in state.items():
         state_path(tmp_path, table).parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist(data, schema=SCHEMAS[table]), state_path(tmp_path, table))

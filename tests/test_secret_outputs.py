@@ -26,6 +26,7 @@ from sqlalchemy import Engine, MetaData, select
 
 from mirus.api.auth import ApiSettings
 from mirus.cli.main import main as mirus
+from mirus.waiting import wait_until
 from mirus_dagster.constants import CONNECTORS_ASSET
 from mirus_dagster.definitions import admin_jobs, kafka_monitor
 from mirus_dagster.settings import StackEndpoints
@@ -33,7 +34,7 @@ from replicator.configuration.connector import load
 from replicator.state.store import Store
 from tests.api_helpers import serve_api
 from tests.engine_helpers import connector_properties
-from tests.kafka_helpers import consume_all, create_topics, produce, wait_for
+from tests.kafka_helpers import consume_all, create_topics, produce
 from tests.test_sensors import InProcessRun, evaluate, requests_for, watched
 
 JOBS = {job.name: job for job in admin_jobs}
@@ -95,27 +96,38 @@ def test_a_referenced_secret_reaches_the_clients_and_no_output(
     produce(
         stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"%d" % i} for i in range(20)]
     )
-    properties = connector_properties(stack, unique, **{
-        "topics.whitelist": unique, "destination.topic.name.suffix": ".copy", "monitor.poll.wait.ms": "100",
-        # PLAINTEXT clusters ignore these credentials, but every client is built with them.
-        "consumer.security.protocol": "PLAINTEXT", "consumer.sasl.password": reference,
-        "destination.consumer.sasl.password": reference, "producer.ssl.key.password": reference,
-    })  # fmt: skip
+    properties = connector_properties(
+        stack,
+        unique,
+        **{
+            "topics.whitelist": unique,
+            "destination.topic.name.suffix": ".copy",
+            "monitor.poll.wait.ms": "100",
+            # PLAINTEXT clusters ignore these credentials, but every client is built with them.
+            "consumer.security.protocol": "PLAINTEXT",
+            "consumer.sasl.password": reference,
+            "destination.consumer.sasl.password": reference,
+            "producer.ssl.key.password": reference,
+        },
+    )
 
     # Through the platform: the launchpad job, the monitor sensor, a replicator run, the connectors asset.
     put = JOBS["put_connector"].execute_in_process(
         run_config={"ops": {"store_connector": {"config": {"properties": properties}}}},
-        instance=instance, resources=resources, raise_on_error=False,
-    )  # fmt: skip
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+    )
     assert put.success
     watched(Store(db_engine), unique)  # the metadata watcher's round: the task is assigned
     request = requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
     run = InProcessRun(instance, resources, request)
     assert len(consume_all(stack.destination_bootstrap_servers, f"{unique}.copy", 2, expected=20)) == 20
     pause = JOBS["pause_connector"].execute_in_process(
-        run_config={"ops": {"pause_connector_op": {"config": {"name": unique}}}}, instance=instance,
+        run_config={"ops": {"pause_connector_op": {"config": {"name": unique}}}},
+        instance=instance,
         resources=resources,
-    )  # fmt: skip
+    )
     assert pause.success and run.join().success
 
     # The same task as a `mirus task run` process, and the operator's commands.
@@ -124,9 +136,13 @@ def test_a_referenced_secret_reaches_the_clients_and_no_output(
     env = {**os.environ, **stack.as_env()}
     log_file = tmp_path / "task.log"
     with open(log_file, "wb") as out:
-        task = subprocess.Popen([sys.executable, "-m", "mirus.cli.main", "task", "run", unique, "0"], env=env,
-                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-    wait_for(lambda: b"replicating" in log_file.read_bytes(), what="the task process replicating")
+        task = subprocess.Popen(
+            [sys.executable, "-m", "mirus.cli.main", "task", "run", unique, "0"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    wait_until(lambda: b"replicating" in log_file.read_bytes(), what="the task process replicating")
     task.send_signal(signal.SIGINT)
     assert task.wait(30) == 0
     runner = CliRunner()
@@ -134,11 +150,20 @@ def test_a_referenced_secret_reaches_the_clients_and_no_output(
         runner.invoke(mirus, ["stack", "status"], env=stack.as_env()).output,
         runner.invoke(
             mirus,
-            ["verify", "--topic", f"{unique}:{unique}.copy", "--idle-seconds", "1",
-             "--source-config", f"sasl.password={sentinel}", "--source-config", "security.protocol=PLAINTEXT"],
+            [
+                "verify",
+                "--topic",
+                f"{unique}:{unique}.copy",
+                "--idle-seconds",
+                "1",
+                "--source-config",
+                f"sasl.password={sentinel}",
+                "--source-config",
+                "security.protocol=PLAINTEXT",
+            ],
             env=stack.as_env(),
         ).output,
-    ]  # fmt: skip
+    ]
 
     # The secret was really resolved into the clients' settings: a leak would have had something to leak.
     resolved = load(store.get_connector(unique).properties)
@@ -147,24 +172,26 @@ def test_a_referenced_secret_reaches_the_clients_and_no_output(
 
     # ... and it is nowhere in what the platform produced.
     leaks = {
-        "Dagster instance files (runs, run configs, event logs, asset metadata, compute logs)":
-            files_containing(Path(instance.root_directory), sentinel.encode()),
+        "Dagster instance files (runs, run configs, event logs, asset metadata, compute logs)": files_containing(
+            Path(instance.root_directory), sentinel.encode()
+        ),
         "test process output (librdkafka included)": [t for t in capfd.readouterr() if sentinel in t],
         "Python log records": [r.getMessage() for r in caplog.records if sentinel in r.getMessage()],
         "mirus task run log file": [str(log_file)] if sentinel.encode() in log_file.read_bytes() else [],
         "mirus command output": [o for o in cli_output if sentinel in o],
         "platform database rows": [sentinel] if sentinel in database_rows(db_engine) else [],
         "REST API responses": [r for r in rest_api_responses(stack, store, unique, properties) if sentinel in r],
-    }  # fmt: skip
+    }
     assert {where: found for where, found in leaks.items() if found} == {}
     # The search looked where configurations do appear: the reference itself is shown.
     shown = instance.get_latest_materialization_event(dg.AssetKey(CONNECTORS_ASSET)).asset_materialization.metadata
     assert reference in str(shown) and reference in database_rows(db_engine)
     assert files_containing(Path(instance.root_directory), reference.encode())
     JOBS["delete_connector"].execute_in_process(
-        run_config={"ops": {"delete_connector_op": {"config": {"name": unique}}}}, instance=instance,
+        run_config={"ops": {"delete_connector_op": {"config": {"name": unique}}}},
+        instance=instance,
         resources=resources,
-    )  # fmt: skip
+    )
 
 
 def test_a_rejected_literal_secret_does_not_stay_in_the_run_history(
@@ -175,8 +202,10 @@ def test_a_rejected_literal_secret_does_not_stay_in_the_run_history(
 
     put = JOBS["put_connector"].execute_in_process(
         run_config={"ops": {"store_connector": {"config": {"properties": properties}}}},
-        instance=instance, resources=resources, raise_on_error=False,
-    )  # fmt: skip
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+    )
 
     assert not put.success
     failure = put.get_step_failure_events()[0].event_specific_data.error.message  # type: ignore[union-attr]

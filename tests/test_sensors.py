@@ -11,6 +11,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine
 
+from mirus.waiting import wait_until
 from mirus_dagster.constants import (
     CONNECTOR_PARTITIONS,
     CONNECTORS_ASSET,
@@ -37,7 +38,7 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.discovery.watcher import MetadataWatcher, WatchRound
 from replicator.state.store import Store
 from tests.engine_helpers import connector_properties
-from tests.kafka_helpers import consume_all, create_topics, produce, wait_for
+from tests.kafka_helpers import consume_all, create_topics, produce
 
 JOBS = {job.name: job for job in admin_jobs}
 
@@ -47,8 +48,13 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def history(**kw: object) -> TaskRunHistory:
-    base = {"live_runs": 0, "live_started_at": None, "latest_status": None, "latest_ended_at": None,
-            "consecutive_failures": 0}  # fmt: skip
+    base = {
+        "live_runs": 0,
+        "live_started_at": None,
+        "latest_status": None,
+        "latest_ended_at": None,
+        "consecutive_failures": 0,
+    }
     return TaskRunHistory(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -76,14 +82,16 @@ def test_standby_runs_queue_after_every_tasks_first_run() -> None:
 
 def test_the_supervisor_replaces_a_crashed_run_while_its_standby_replicates() -> None:
     policy = {"lease_timeout_s": 30.0, "initial_backoff_s": 1.0, "max_backoff_s": 60.0}
-    crashed = history(live_runs=1, live_started_at=NOW, latest_status="FAILURE", latest_ended_at=NOW,
-                      consecutive_failures=1)  # fmt: skip
+    crashed = history(
+        live_runs=1, live_started_at=NOW, latest_status="FAILURE", latest_ended_at=NOW, consecutive_failures=1
+    )
     decision = restart_decision(crashed, NOW, NOW, wanted=2, **policy)
     assert decision.launch and decision.runs == 1 and not decision.replace_live_run
     assert not restart_decision(crashed, NOW, NOW, wanted=1, **policy).launch
     # Killed again and again: each time the standby took over and replicates, so no backoff builds up.
-    again = history(live_runs=1, live_started_at=NOW, latest_status="FAILURE", latest_ended_at=NOW,
-                    consecutive_failures=6)  # fmt: skip
+    again = history(
+        live_runs=1, live_started_at=NOW, latest_status="FAILURE", latest_ended_at=NOW, consecutive_failures=6
+    )
     later = NOW + timedelta(seconds=1)
     assert restart_decision(again, later, later, wanted=2, **policy).launch
     assert not restart_decision(again, NOW - timedelta(seconds=1), later, wanted=2, **policy).launch  # still down
@@ -114,8 +122,9 @@ def test_a_crash_after_healthy_replication_restarts_at_once_however_many_came_be
 def test_a_run_killed_while_replicating_is_replaced_at_once_even_deep_in_a_streak() -> None:
     policy = {"lease_timeout_s": 30.0, "initial_backoff_s": 1.0, "max_backoff_s": 60.0}
     # Killed again and again before its new standby started: no live run, six short-lived failures in a row.
-    killed = history(latest_status="FAILURE", latest_ended_at=NOW, consecutive_failures=6,
-                     latest_lived_s=REPLICATING_RUN_S + 5)  # fmt: skip
+    killed = history(
+        latest_status="FAILURE", latest_ended_at=NOW, consecutive_failures=6, latest_lived_s=REPLICATING_RUN_S + 5
+    )
     decision = restart_decision(killed, NOW - timedelta(seconds=1), NOW, wanted=2, **policy)
     assert decision.launch and decision.runs == 2  # heartbeating until it died: owner and standby at once
     # The same streak of runs that never heartbeated (or died within seconds of starting) is a crash loop.
@@ -150,15 +159,19 @@ def test_the_supervisor_replaces_a_live_run_that_stopped_heartbeating() -> None:
 def put(instance: dg.DagsterInstance, resources: dict, properties: dict) -> dg.ExecuteInProcessResult:
     return JOBS["put_connector"].execute_in_process(
         run_config={"ops": {"store_connector": {"config": {"properties": properties}}}},
-        instance=instance, resources=resources, raise_on_error=False,
-    )  # fmt: skip
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+    )
 
 
 def admin(instance: dg.DagsterInstance, resources: dict, action: str, name: str) -> dg.ExecuteInProcessResult:
     return JOBS[f"{action}_connector"].execute_in_process(
         run_config={"ops": {f"{action}_connector_op": {"config": {"name": name}}}},
-        instance=instance, resources=resources, raise_on_error=False,
-    )  # fmt: skip
+        instance=instance,
+        resources=resources,
+        raise_on_error=False,
+    )
 
 
 def evaluate(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, resources: dict, cursor: str | None):  # type: ignore[no-untyped-def]
@@ -183,7 +196,7 @@ def watched(store: Store, connector: str) -> WatchRound:
         done = watch(store)
         return done if connector in done.polled and connector not in done.errors else None
 
-    return wait_for(polled, what=f"a watcher round polling {connector}")  # type: ignore[return-value]
+    return wait_until(polled, what=f"a watcher round polling {connector}")  # type: ignore[return-value]
 
 
 class InProcessRun:
@@ -197,9 +210,12 @@ class InProcessRun:
 
     def _run(self, instance: dg.DagsterInstance, resources: dict) -> None:
         self.result = replicator.execute_in_process(
-            run_config=self.request.run_config, instance=instance, resources=resources, tags=self.request.tags,
+            run_config=self.request.run_config,
+            instance=instance,
+            resources=resources,
+            tags=self.request.tags,
             raise_on_error=False,
-        )  # fmt: skip
+        )
 
     def join(self, timeout: float = 60) -> dg.ExecuteInProcessResult:
         self.thread.join(timeout)
@@ -250,13 +266,22 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     first, second = f"{unique}-a", f"{unique}-b"
     create_topics(stack.source_bootstrap_servers, {first: 3})
     create_topics(stack.destination_bootstrap_servers, {f"{first}.copy": 3})
-    produce(stack.source_bootstrap_servers, [{"topic": first, "partition": i % 3, "key": b"%d" % i,
-                                              "value": b"v%d" % i} for i in range(90)])  # fmt: skip
-    properties = connector_properties(stack, unique, **{
-        "tasks.max": "2", "topics.regex": f"{unique}-.*", "destination.topic.name.suffix": ".copy",
-        "task.standby.runs": "0", "consumer.sasl.password": "${env:TEST_SOURCE_PASSWORD}",
-        "consumer.security.protocol": "PLAINTEXT",
-    })  # fmt: skip
+    produce(
+        stack.source_bootstrap_servers,
+        [{"topic": first, "partition": i % 3, "key": b"%d" % i, "value": b"v%d" % i} for i in range(90)],
+    )
+    properties = connector_properties(
+        stack,
+        unique,
+        **{
+            "tasks.max": "2",
+            "topics.regex": f"{unique}-.*",
+            "destination.topic.name.suffix": ".copy",
+            "task.standby.runs": "0",
+            "consumer.sasl.password": "${env:TEST_SOURCE_PASSWORD}",
+            "consumer.security.protocol": "PLAINTEXT",
+        },
+    )
     assert put(instance, resources, properties).success
     # The connectors asset shows the connector; the secret appears only as its reference.
     materialization = instance.get_latest_materialization_event(dg.AssetKey(CONNECTORS_ASSET)).asset_materialization
@@ -277,7 +302,7 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
 
     # Runs are live now: the monitor requests nothing more.
     live = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={TAG_CONNECTOR: unique})
-    wait_for(lambda: len(instance.get_runs(live)) == 2)
+    wait_until(lambda: len(instance.get_runs(live)) == 2)
     assert requests_for(evaluate(kafka_monitor, instance, resources, result.cursor), unique) == []
 
     # A topic created at the source is assigned and replicated by the running tasks, without a restart.
@@ -287,8 +312,10 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     cursor = result.cursor
     generation = store.get_connector(unique).assignment_generation
     watcher = MetadataWatcher(store)
-    wait_for(lambda: watcher.watch_once() and store.get_connector(unique).assignment_generation > generation,
-             what="a new generation")  # fmt: skip
+    wait_until(
+        lambda: watcher.watch_once() and store.get_connector(unique).assignment_generation > generation,
+        what="a new generation",
+    )
     assert [r.value for r in consume_all(stack.destination_bootstrap_servers, f"{second}.copy", 1, 1)] == [b"new"]
 
     assert admin(instance, resources, "pause", unique).success
@@ -339,9 +366,13 @@ def test_unreachable_source_backs_off_without_affecting_other_connectors(
 
 
 def test_a_connector_the_watcher_cannot_load_shows_why_until_it_can(
-    instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str,
+    instance: dg.DagsterInstance,
+    resources: dict,
+    stack: StackEndpoints,
+    db_engine: Engine,
+    unique: str,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     # Submitted with an env reference that resolved then; the variable is gone where the watcher runs. Not a
     # metadata error (no snapshot shows it): the watcher must put it where operators look.
     store = Store(db_engine)
@@ -381,13 +412,14 @@ def test_the_supervisor_restarts_a_failed_task(
     assert not InProcessRun(instance, resources, request).join().success
     assert put(instance, resources, properties).success
     # Assignment again (a watcher round can miss a slow broker: it is retried); the failed run is left alone.
-    wait_for(lambda: watched(store, unique) and store.read_assignment(unique), what="the task assigned again")
+    wait_until(lambda: watched(store, unique) and store.read_assignment(unique), what="the task assigned again")
     assert requests_for(evaluate(kafka_monitor, instance, resources, None), unique) == []  # left to the supervisor
 
-    restart = wait_for(
+    restart = wait_until(
         lambda: requests_for(evaluate(task_supervisor, instance, resources, None), unique),
-        timeout=60, what="a restart after the first backoff",
-    )  # fmt: skip
+        timeout=60,
+        what="a restart after the first backoff",
+    )
     assert restart[0].tags[TAG_TASK] == "0" and "restart" in restart[0].tags[TAG_REASON]
     assert store.lease_of(unique, 0).restart_attempts == 1
     disabled = {**resources, "supervisor": SupervisorPolicy(auto_restart=False)}
@@ -450,7 +482,7 @@ def test_metadata_is_read_once_per_cluster_and_sensor_ticks_touch_no_cluster(
     assert kafka_clients == [] and not set(names) & set(second.polled)  # nothing changed: nobody is polled
     assert second.requests == first.requests
     create_topics(stack.source_bootstrap_servers, {f"{unique}-other": 1})  # a topic none of them selects
-    third = wait_for(lambda: (r := watcher.watch_once()).requests and r, what="a round")
+    third = wait_until(lambda: (r := watcher.watch_once()).requests and r, what="a round")
     assert not set(names) & set(third.polled), "a topic nobody selects made connectors poll"
 
     # Sensor ticks create no Kafka client at all: they only start runs.

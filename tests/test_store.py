@@ -43,11 +43,13 @@ def test_a_rounds_flows_are_written_together_and_a_deleted_connectors_is_dropped
         store.put_connector(name, {"name": name}, 1)
     store.update_flow(names[0], problems={"topic t": "old"})
     store.delete_connector(names[2])  # deleted after the watcher polled it
-    store.update_flows({
-        names[0]: {"problems": {}, "source_cluster_id": "a"},
-        names[1]: {"heartbeats": [[5, 1000]]},
-        names[2]: {"problems": {"x": "y"}},
-    })  # fmt: skip
+    store.update_flows(
+        {
+            names[0]: {"problems": {}, "source_cluster_id": "a"},
+            names[1]: {"heartbeats": [[5, 1000]]},
+            names[2]: {"problems": {"x": "y"}},
+        }
+    )
     assert store.flow(names[0]).problems == {} and store.flow(names[0]).source_cluster_id == "a"
     assert store.flow(names[1]).heartbeats == [[5, 1000]]
     assert store.flow(names[2]).problems == {}, "no flow for a connector that no longer exists"
@@ -240,10 +242,16 @@ def _stored_at(stack: StackEndpoints, name: str, revision: str, table: str, rows
 
 def test_the_upgrade_to_offsets_per_topic_keeps_every_stored_offset(stack: StackEndpoints, unique: str) -> None:
     rows = [("t", 0, 10, None), ("t", 3, 40, 400), ("u", 1, 5, None), ("heartbeats", 0, 2, None)]
-    engine = _stored_at(stack, unique, "0004", "offsets", [  # offsets a row per partition, as stored before
-        {"connector": unique, "topic": t, "partition": p, "offset": o, "epoch": 3, "destination_offset": d}
-        for t, p, o, d in rows
-    ])  # fmt: skip
+    engine = _stored_at(
+        stack,
+        unique,
+        "0004",
+        "offsets",
+        [  # offsets a row per partition, as stored before
+            {"connector": unique, "topic": t, "partition": p, "offset": o, "epoch": 3, "destination_offset": d}
+            for t, p, o, d in rows
+        ],
+    )
     upgrade(engine)
     store = Store(engine)
     assert store.load_offsets(unique) == {("t", 0): 10, ("t", 3): 40, ("u", 1): 5, ("heartbeats", 0): 2}
@@ -262,9 +270,15 @@ def test_the_upgrade_to_lags_per_topic_keeps_every_stored_lag(stack: StackEndpoi
     at = datetime(2026, 11, 25, 10, tzinfo=UTC)
     later = at + timedelta(seconds=10)
     rows = [("t", 0, 5, at), ("t", 3, None, at), ("t", 4, 12, later), ("u", 1, 0, later)]
-    engine = _stored_at(stack, unique, "0006", "partition_lags", [  # lags a row per partition, as stored before
-        {"connector": unique, "topic": t, "partition": p, "lag": lag, "measured_at": m} for t, p, lag, m in rows
-    ])  # fmt: skip
+    engine = _stored_at(
+        stack,
+        unique,
+        "0006",
+        "partition_lags",
+        [  # lags a row per partition, as stored before
+            {"connector": unique, "topic": t, "partition": p, "lag": lag, "measured_at": m} for t, p, lag, m in rows
+        ],
+    )
     upgrade(engine)
     store = Store(engine)
     assert store.partition_lags(unique) == {("t", 0): 5, ("t", 3): None, ("t", 4): 12, ("u", 1): 0}
@@ -274,13 +288,21 @@ def test_the_upgrade_to_lags_per_topic_keeps_every_stored_lag(stack: StackEndpoi
     assert store.partition_lags(unique) == {("t", 0): 6, ("t", 1): 1, ("t", 3): None, ("t", 4): 12, ("u", 1): 0}
     store.put_connector(unique, {"name": unique}, 1)
     assert {(r.topic, r.partition): r.lag for r in partition_lags(store)} == {
-        ("t", 0): 6, ("t", 1): 1, ("t", 4): 12, ("u", 1): 0}  # fmt: skip
+        ("t", 0): 6,
+        ("t", 1): 1,
+        ("t", 4): 12,
+        ("u", 1): 0,
+    }
     command.downgrade(alembic_config(engine), "0006")  # and back: a row per measured partition again
     with engine.connect() as conn:
         back = conn.execute(text("SELECT topic, partition, lag, measured_at FROM partition_lags"))
         assert sorted(back, key=lambda r: (r[0], r[1])) == [
-            ("t", 0, 6, between), ("t", 1, 1, between), ("t", 3, None, at), ("t", 4, 12, later),
-            ("u", 1, 0, later)]  # fmt: skip
+            ("t", 0, 6, between),
+            ("t", 1, 1, between),
+            ("t", 3, None, at),
+            ("t", 4, 12, later),
+            ("u", 1, 0, later),
+        ]
     engine.dispose()
 
 
@@ -289,12 +311,19 @@ def test_the_upgrade_to_samples_per_topic_sums_each_intervals_partitions(stack: 
     command.downgrade(alembic_config(engine), "0005")  # samples a row per partition, as stored before
     end = datetime(2026, 11, 25, 10, 0, 10, tzinfo=UTC)
     later = end + timedelta(seconds=10)
-    fast, slow = metric_row("orders", end, 4), replace(metric_row("orders", end, 2), latency_min_ms=9,
-                                                       latency_max_ms=900, lag=None)  # fmt: skip
+    fast, slow = (
+        metric_row("orders", end, 4),
+        replace(metric_row("orders", end, 2), latency_min_ms=9, latency_max_ms=900, lag=None),
+    )
     slow = replace(slow, latency_histogram={**slow.latency_histogram, "10": 1, "25": 1})  # one record at 9 ms
-    per_partition = [(0, fast), (1, slow), (2, fast),  # one interval of task 0: summed into one row
-                     (0, metric_row("orders", later, 1)),  # the next interval: a row of its own
-                     (0, metric_row("other", end, 3)), (3, replace(fast, task_id=1))]  # fmt: skip
+    per_partition = [
+        (0, fast),
+        (1, slow),
+        (2, fast),  # one interval of task 0: summed into one row
+        (0, metric_row("orders", later, 1)),  # the next interval: a row of its own
+        (0, metric_row("other", end, 3)),
+        (3, replace(fast, task_id=1)),
+    ]
     with engine.begin() as conn:
         for partition, row in per_partition:
             insert_partition_sample(conn, unique, partition, row)
@@ -306,7 +335,11 @@ def test_the_upgrade_to_samples_per_topic_sums_each_intervals_partitions(stack: 
     summed = samples[(0, "orders", end)]
     assert summed["id"] == first_id and "partition" not in summed
     assert (summed["records"], summed["bytes"], summed["latency_count"], summed["latency_sum_ms"]) == (
-        10, 100, 10, 50 * 4 + 50 * 2 + 50 * 4)  # fmt: skip
+        10,
+        100,
+        10,
+        50 * 4 + 50 * 2 + 50 * 4,
+    )
     assert (summed["latency_min_ms"], summed["latency_max_ms"], summed["lag"]) == (9, 900, 14)
     assert summed["latency_histogram"] == {
         bound: 2 * fast.latency_histogram[bound] + slow.latency_histogram[bound] for bound in fast.latency_histogram

@@ -14,6 +14,7 @@ from confluent_kafka import Producer
 from sqlalchemy import text
 
 from mirus.api.metrics import StoreCollector
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.engine import producers
 from replicator.engine.metrics import BUCKET_LABELS
@@ -23,7 +24,7 @@ from replicator.state.store import Store
 from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, connector_properties, create_connector, private_database
-from .kafka_helpers import Rec, Traffic, cluster_id, consume_all, create_topics, delete_topics, produce, wait_for
+from .kafka_helpers import Rec, Traffic, cluster_id, consume_all, create_topics, delete_topics, produce
 from .replica_check import check_replica
 
 
@@ -46,12 +47,16 @@ def test_records_arrive_intact_with_partitions_headers_timestamps_and_provenance
     create_topics(stack.destination_bootstrap_servers, {f"{topic}.mirror": partitions})
     sent = []
     for i in range(800):
-        sent.append({
-            "topic": topic, "partition": i % partitions, "timestamp": 1_700_000_000_000 + i,
-            "key": None if i % 7 == 0 else b"key-%d" % i,
-            "value": None if i % 5 == 0 else b"value-%d" % i,
-            "headers": [("dup", b"1"), ("h", None), ("dup", b"2")] if i % 3 == 0 else None,
-        })  # fmt: skip
+        sent.append(
+            {
+                "topic": topic,
+                "partition": i % partitions,
+                "timestamp": 1_700_000_000_000 + i,
+                "key": None if i % 7 == 0 else b"key-%d" % i,
+                "value": None if i % 5 == 0 else b"value-%d" % i,
+                "headers": [("dup", b"1"), ("h", None), ("dup", b"2")] if i % 3 == 0 else None,
+            }
+        )
     produce(stack.source_bootstrap_servers, sent)
     props = connector_properties(
         stack, unique, **{"topics.whitelist": topic, "destination.topic.name.suffix": ".mirror"}
@@ -137,16 +142,19 @@ def test_provenance_headers_can_be_turned_off_and_cycles_are_never_written_back(
     # cluster id): a cycle. The aliases are left at their defaults; they play no part.
     target = cluster_id(stack.destination_bootstrap_servers)
     looped = provenance.copy_headers([("h", b"x")], target, target, unique, 0, 41)
-    produce(stack.source_bootstrap_servers, [
-        {"topic": unique, "value": b"local", "headers": [("h", b"1")]},
-        {"topic": unique, "value": b"came-from-target", "headers": looped},
-        {"topic": unique, "value": b"local-2"},
-    ])  # fmt: skip
+    produce(
+        stack.source_bootstrap_servers,
+        [
+            {"topic": unique, "value": b"local", "headers": [("h", b"1")]},
+            {"topic": unique, "value": b"came-from-target", "headers": looped},
+            {"topic": unique, "value": b"local-2"},
+        ],
+    )
     props = connector_properties(stack, unique, **{"topics.whitelist": unique, "provenance.headers.enabled": "false"})
     create_connector(store, props, {0: [(unique, 0)]})
 
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: _committed(store, unique).get((unique, 0)) == 3, what="all three offsets committed")
+    wait_until(lambda: _committed(store, unique).get((unique, 0)) == 3, what="all three offsets committed")
     runner.finish()
 
     copied = consume_all(stack.destination_bootstrap_servers, unique, 1, expected=2)
@@ -161,8 +169,9 @@ def test_clean_stop_resumes_from_exactly_the_committed_offsets(
     produce(
         stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 4, "value": b"a%d" % i} for i in range(200)]
     )
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
-                     {0: [(unique, p) for p in range(4)]})  # fmt: skip
+    create_connector(
+        store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, p) for p in range(4)]}
+    )
 
     first = TaskThread.start(store, unique)
     consume_all(stack.destination_bootstrap_servers, unique, 4, expected=200)
@@ -187,17 +196,26 @@ def test_the_lease_heartbeats_every_heartbeat_interval_between_commits_further_a
     # Commits every 60 s would leave the lease silent past task.lease.timeout.ms: a standby would fence a live task.
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
-    properties = connector_properties(stack, unique, **{
-        "topics.whitelist": unique, "offset.flush.interval.ms": "60000", "task.heartbeat.interval.ms": "200",
-        "task.lease.timeout.ms": "1000",
-    })  # fmt: skip
+    properties = connector_properties(
+        stack,
+        unique,
+        **{
+            "topics.whitelist": unique,
+            "offset.flush.interval.ms": "60000",
+            "task.heartbeat.interval.ms": "200",
+            "task.lease.timeout.ms": "1000",
+        },
+    )
     create_connector(store, properties, {0: [(unique, 0)]})
     task = TaskThread.start(store, unique)
     try:
-        wait_for(lambda: store.lease_of(unique, 0) is not None, timeout=60, what="the task claiming its lease")
+        wait_until(lambda: store.lease_of(unique, 0) is not None, timeout=60, what="the task claiming its lease")
         seen = set()
-        wait_for(lambda: seen.add(store.lease_of(unique, 0).heartbeat_at) or len(seen) >= 5, timeout=10,
-                 what="five heartbeats within ten seconds")  # fmt: skip
+        wait_until(
+            lambda: seen.add(store.lease_of(unique, 0).heartbeat_at) or len(seen) >= 5,
+            timeout=10,
+            what="five heartbeats within ten seconds",
+        )
         produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"v"}])
         consume_all(stack.destination_bootstrap_servers, unique, 1, expected=1)
         assert sum(_committed(store, unique).values()) == 0, "heartbeats store no offsets: the next commit is 60 s away"
@@ -212,13 +230,14 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
 ) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: 3})
     create_topics(stack.destination_bootstrap_servers, {unique: 3})
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
-                     {0: [(unique, p) for p in range(3)]})  # fmt: skip
+    create_connector(
+        store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, p) for p in range(3)]}
+    )
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": p, "value": b"a%d" % p} for p in (0, 1)])
     # Consumers of at most two partitions: every tier spreads the three over two.
     limits = TierLimits(quiet_after_s=0.5, dormant_after_s=1.0, shard_partitions=2)
     runner = TaskThread.start(store, unique, reader_limits=limits)
-    wait_for(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
+    wait_until(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
     reader = runner.task.reader
     # A task starts every partition in the quiet tier (answered at a record's first byte): a start or a takeover
     # of thousands of partitions does not begin with thousands of eager fetches.
@@ -227,7 +246,7 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     consume_all(stack.destination_bootstrap_servers, unique, 3, expected=2)
     # Partitions 0 and 1 were read and stopped; partition 2 never had a record (its empty log's end is its place).
     # Each goes quiet, then dormant (a fetch every 5 s when idle).
-    wait_for(lambda: reader.held_in(reader.dormant) == 3, timeout=30, what="every partition in the dormant tier")
+    wait_until(lambda: reader.held_in(reader.dormant) == 3, timeout=30, what="every partition in the dormant tier")
     assert [s.held for s in reader.dormant.shards] == [2, 1]
     # Records on dormant partitions flow at once, and their partitions go back to eager fetching from the next offset.
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"b%d" % i} for i in range(50)])
@@ -235,8 +254,11 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     consume_all(stack.destination_bootstrap_servers, unique, 3, expected=57)
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"d%d" % i} for i in range(50)])
     copied = consume_all(stack.destination_bootstrap_servers, unique, 3, expected=107)
-    wait_for(lambda: reader.held_in(reader.quiet) + reader.held_in(reader.dormant) == 3, timeout=30,
-             what="every partition quiet again")  # fmt: skip
+    wait_until(
+        lambda: reader.held_in(reader.quiet) + reader.held_in(reader.dormant) == 3,
+        timeout=30,
+        what="every partition quiet again",
+    )
     # A quiet partition's record flows too (before it turns dormant), read where it is: one record is no traffic.
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 1, "value": b"e"}])
     copied = consume_all(stack.destination_bootstrap_servers, unique, 3, expected=108)
@@ -254,10 +276,11 @@ def test_only_partitions_that_keep_flowing_move_to_eager_fetching(
 ) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: 2})
     create_topics(stack.destination_bootstrap_servers, {unique: 2})
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
-                     {0: [(unique, 0), (unique, 1)]})  # fmt: skip
+    create_connector(
+        store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0), (unique, 1)]}
+    )
     runner = TaskThread.start(store, unique, reader_limits=TierLimits(quiet_after_s=3.0))
-    wait_for(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
+    wait_until(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
     reader = runner.task.reader
     # One record is read where it is (quiet: answered at its first byte) ...
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 1, "value": b"one"}])
@@ -271,7 +294,7 @@ def test_only_partitions_that_keep_flowing_move_to_eager_fetching(
         producer.flush(10)
         return reader.shard[(unique, 0)].tier is reader.flowing
 
-    wait_for(flowing_after_one_more, timeout=30, interval=0.05, what="the partition with steady traffic flowing")
+    wait_until(flowing_after_one_more, timeout=30, interval=0.05, what="the partition with steady traffic flowing")
     assert reader.shard[(unique, 1)].tier is reader.quiet
     sent = next(trickle)
     copied = consume_all(stack.destination_bootstrap_servers, unique, 2, expected=1 + sent)
@@ -285,8 +308,11 @@ def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, un
     partitions, total = 4, 40_000
     create_topics(stack.source_bootstrap_servers, {unique: partitions})
     create_topics(stack.destination_bootstrap_servers, {unique: partitions})
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
-                     {0: [(unique, p) for p in range(partitions)]})  # fmt: skip
+    create_connector(
+        store,
+        connector_properties(stack, unique, **{"topics.whitelist": unique}),
+        {0: [(unique, p) for p in range(partitions)]},
+    )
     # The source keeps growing while the task runs, so the kill lands mid-stream with records in flight.
     traffic = Traffic(stack.source_bootstrap_servers, {unique: partitions}, rate=10_000, total=total)
     env = {**os.environ, "MIRUS_DATABASE_URL": stack.database_url}
@@ -294,7 +320,9 @@ def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, un
 
     with open(tmp_path / "first.log", "w") as log:
         first = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-        wait_for(lambda: sum(_committed(store, unique).values()) > 0, timeout=60, interval=0.02, what="a first commit")
+        wait_until(
+            lambda: sum(_committed(store, unique).values()) > 0, timeout=60, interval=0.02, what="a first commit"
+        )
         first.send_signal(signal.SIGKILL)
         first.wait(10)
     committed_at_kill = _committed(store, unique)
@@ -304,13 +332,20 @@ def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, un
     with open(tmp_path / "second.log", "w") as log:
         second = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            wait_for(lambda: sum(_committed(store, unique).values()) == total, timeout=120, what="everything committed")
+            wait_until(
+                lambda: sum(_committed(store, unique).values()) == total, timeout=120, what="everything committed"
+            )
         finally:
             second.send_signal(signal.SIGINT)
             second.wait(30)
 
-    replica = check_replica(stack.source_bootstrap_servers, unique, stack.destination_bootstrap_servers,
-                            partitions=partitions, written=total)  # fmt: skip
+    replica = check_replica(
+        stack.source_bootstrap_servers,
+        unique,
+        stack.destination_bootstrap_servers,
+        partitions=partitions,
+        written=total,
+    )
     replica.assert_at_least_once()
     # At-least-once: duplicates are only records after the last committed offset before the kill.
     replica.assert_duplicates_only_after({p: o for (_, p), o in committed_at_kill.items()})
@@ -319,21 +354,22 @@ def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, un
 def test_a_second_instance_fences_the_first(stack: StackEndpoints, store: Store, unique: str) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: 2})
     create_topics(stack.destination_bootstrap_servers, {unique: 2})
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}),
-                     {0: [(unique, 0), (unique, 1)]})  # fmt: skip
+    create_connector(
+        store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0), (unique, 1)]}
+    )
     produce(
         stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"%d" % i} for i in range(100)]
     )
 
     first = TaskThread.start(store, unique, owner="first")
-    wait_for(lambda: sum(_committed(store, unique).values()) == 100, what="first instance replicating")
+    wait_until(lambda: sum(_committed(store, unique).values()) == 100, what="first instance replicating")
     second = TaskThread.start(store, unique, owner="second")
 
     assert first.join() is TaskExit.FENCED
     produce(
         stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"n%d" % i} for i in range(50)]
     )
-    wait_for(lambda: sum(_committed(store, unique).values()) == 150, what="second instance replicating")
+    wait_until(lambda: sum(_committed(store, unique).values()) == 150, what="second instance replicating")
     lease = store.lease_of(unique, 0)
     assert lease is not None and (lease.owner, lease.epoch) == ("second", 2)
     with store.engine.connect() as conn:
@@ -353,15 +389,17 @@ def test_assignment_changes_apply_live(stack: StackEndpoints, store: Store, uniq
     create_connector(store, connector_properties(stack, unique, **{"topics.regex": f"{unique}-.*"}), {0: [(a, 0)]})
 
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: _committed(store, unique) == {(a, 0): 1}, what="first partition")
+    wait_until(lambda: _committed(store, unique) == {(a, 0): 1}, what="first partition")
     store.write_assignment(unique, {0: [(a, 0), (a, 1), (b, 0)]})
-    wait_for(lambda: _committed(store, unique) == {(a, 0): 1, (a, 1): 1, (b, 0): 1}, what="added partitions")
+    wait_until(lambda: _committed(store, unique) == {(a, 0): 1, (a, 1): 1, (b, 0): 1}, what="added partitions")
 
     store.write_assignment(unique, {0: [(b, 0)], 1: [(a, 0), (a, 1)]})
-    wait_for(lambda: all(s.task_id is None for tp, s in store.partition_statuses(unique).items() if tp[0] == a),
-             what="partitions of topic a released")  # fmt: skip
+    wait_until(
+        lambda: all(s.task_id is None for tp, s in store.partition_statuses(unique).items() if tp[0] == a),
+        what="partitions of topic a released",
+    )
     produce(stack.source_bootstrap_servers, [{"topic": b, "value": b"y"}, {"topic": a, "partition": 0, "value": b"z"}])
-    wait_for(lambda: _committed(store, unique)[(b, 0)] == 2, what="remaining partition keeps flowing")
+    wait_until(lambda: _committed(store, unique)[(b, 0)] == 2, what="remaining partition keeps flowing")
     assert _committed(store, unique)[(a, 0)] == 1  # released: no longer replicated by this task
     assert runner.thread.is_alive() and not any("claimed" in e for e in runner.events[1:])  # never restarted
 
@@ -378,11 +416,14 @@ def test_a_deleted_destination_topic_pauses_only_its_partition(
     good, poisoned = f"{unique}-good", f"{unique}-bad"
     create_topics(stack.source_bootstrap_servers, {good: 1, poisoned: 1})
     create_topics(stack.destination_bootstrap_servers, {good: 1, poisoned: 1})
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": f"{good},{poisoned}"}),
-                     {0: [(good, 0), (poisoned, 0)]})  # fmt: skip
+    create_connector(
+        store,
+        connector_properties(stack, unique, **{"topics.whitelist": f"{good},{poisoned}"}),
+        {0: [(good, 0), (poisoned, 0)]},
+    )
     produce(stack.source_bootstrap_servers, [{"topic": t, "value": b"1"} for t in (good, poisoned)])
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: _committed(store, unique) == {(good, 0): 1, (poisoned, 0): 1}, what="both replicating")
+    wait_until(lambda: _committed(store, unique) == {(good, 0): 1, (poisoned, 0): 1}, what="both replicating")
 
     delete_topics(stack.destination_bootstrap_servers, [poisoned])
 
@@ -392,15 +433,15 @@ def test_a_deleted_destination_topic_pauses_only_its_partition(
 
     # The task notices the missing destination itself. (Records written into the deletion window are refused by
     # Apache Kafka and pause the partition the same way; the test broker acknowledges them instead, so none are.)
-    status = wait_for(paused, what="poisoned partition paused")
+    status = wait_until(paused, what="poisoned partition paused")
     assert poisoned in status.reason and "does not exist" in status.reason
     produce(stack.source_bootstrap_servers, [{"topic": t, "value": b"2"} for t in (good, poisoned)])
     produce(stack.source_bootstrap_servers, [{"topic": good, "value": b"3"}])
-    wait_for(lambda: _committed(store, unique)[(good, 0)] == 3, what="the healthy partition keeps flowing")
+    wait_until(lambda: _committed(store, unique)[(good, 0)] == 3, what="the healthy partition keeps flowing")
     assert _committed(store, unique)[(poisoned, 0)] == 1
 
     create_topics(stack.destination_bootstrap_servers, {poisoned: 1})
-    wait_for(lambda: _committed(store, unique)[(poisoned, 0)] == 2, timeout=60, what="paused partition resumes")
+    wait_until(lambda: _committed(store, unique)[(poisoned, 0)] == 2, timeout=60, what="paused partition resumes")
     assert store.partition_statuses(unique)[(poisoned, 0)].state == "ACTIVE"
     runner.finish()
     assert [r.value for r in consume_all(stack.destination_bootstrap_servers, poisoned, 1, expected=1)] == [b"2"]
@@ -416,7 +457,7 @@ def test_the_commit_watchdog_fails_the_task_when_commits_stop(stack: StackEndpoi
     create_connector(store, props, {0: [(unique, 0)]})
     runner = TaskThread.start(store, unique)
     produce(stack.source_bootstrap_servers, [{"topic": unique, "value": b"1"}])
-    wait_for(lambda: _committed(store, unique) == {(unique, 0): 1}, what="first commit")
+    wait_until(lambda: _committed(store, unique) == {(unique, 0): 1}, what="first commit")
 
     with engine.begin() as conn:
         conn.execute(text("ALTER TABLE offsets RENAME TO offsets_gone"))
@@ -436,11 +477,11 @@ def test_a_new_config_version_and_a_restart_apply_in_place(stack: StackEndpoints
         stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"a%d" % i} for i in range(20)]
     )
     runner = TaskThread.start(store, unique)
-    wait_for(lambda: sum(_committed(store, unique).values()) == 20, what="first version replicating")
+    wait_until(lambda: sum(_committed(store, unique).values()) == 20, what="first version replicating")
 
     # Version 2 renames the destination: the same run continues from the committed offsets into the new topic.
     store.put_connector(unique, {**props, "destination.topic.name.suffix": ".v2"}, 1)
-    wait_for(lambda: any("configuration version 2" in e for e in runner.events), what="clients rebuilt in place")
+    wait_until(lambda: any("configuration version 2" in e for e in runner.events), what="clients rebuilt in place")
     produce(
         stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 2, "value": b"b%d" % i} for i in range(10)]
     )
@@ -448,8 +489,8 @@ def test_a_new_config_version_and_a_restart_apply_in_place(stack: StackEndpoints
     assert sorted(r.value for r in renamed) == sorted(b"b%d" % i for i in range(10))  # no replay of version 1
 
     store.request_restart(unique)
-    wait_for(lambda: sum("restarting clients in place" in e for e in runner.events) == 2, what="restart in place")
+    wait_until(lambda: sum("restarting clients in place" in e for e in runner.events) == 2, what="restart in place")
     produce(stack.source_bootstrap_servers, [{"topic": unique, "value": b"c"}])
-    wait_for(lambda: sum(_committed(store, unique).values()) == 31, what="replicating after the restart")
+    wait_until(lambda: sum(_committed(store, unique).values()) == 31, what="replicating after the restart")
     assert runner.thread.is_alive() and sum("claimed" in e for e in runner.events) == 1
     assert runner.finish() is TaskExit.STOPPED

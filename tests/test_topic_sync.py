@@ -26,6 +26,7 @@ from confluent_kafka.admin import (
 
 from mirus.faults.brokers import KafkaKit, tansu_broker
 from mirus.local.stack import free_port
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import validate_submission
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC
@@ -36,7 +37,7 @@ from replicator.state.store import Store
 from replicator.topics import provenance
 
 from .engine_helpers import TaskThread, connector_properties
-from .kafka_helpers import consume_all, create_topics, produce, wait_for
+from .kafka_helpers import consume_all, create_topics, produce
 
 CONFIGS = {"retention.ms": "3600000", "max.message.bytes": "200000", "cleanup.policy": "delete"}
 
@@ -75,8 +76,12 @@ def test_a_topic_created_at_the_source_appears_at_the_destination_and_its_record
 ) -> None:
     src, dst = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
     monitor = KafkaMonitor(store)
-    name = _put(store, connector_properties(apache_kafka, unique, **{"topics.regex": f"{unique}-.*",
-                                                               "destination.topic.name.suffix": ".copy"}))  # fmt: skip
+    name = _put(
+        store,
+        connector_properties(
+            apache_kafka, unique, **{"topics.regex": f"{unique}-.*", "destination.topic.name.suffix": ".copy"}
+        ),
+    )
     topic = f"{unique}-new"
     create_topics(src, {topic: 3}, config={**CONFIGS, "min.insync.replicas": "1"})
     produce(src, [{"topic": topic, "partition": i % 3, "key": b"k%d" % i, "value": b"v%d" % i} for i in range(90)])
@@ -101,8 +106,9 @@ def test_a_topic_created_at_the_source_appears_at_the_destination_and_its_record
 def test_creation_switched_off_holds_partitions_with_the_reason(
     stack: StackEndpoints, store: Store, unique: str
 ) -> None:
-    name = _put(store, connector_properties(stack, unique, **{"topics.whitelist": unique,
-                                                               "topic.creation.enable": "false"}))  # fmt: skip
+    name = _put(
+        store, connector_properties(stack, unique, **{"topics.whitelist": unique, "topic.creation.enable": "false"})
+    )
     create_topics(stack.source_bootstrap_servers, {unique: 2})
     KafkaMonitor(store).poll(name)
     assert _partitions(stack.destination_bootstrap_servers, unique) == 0
@@ -149,11 +155,13 @@ def test_a_grown_source_topic_keeps_every_record_in_its_own_partition(
     try:
         produce(src, [{"topic": unique, "partition": i % 2, "value": b"before-%d" % i} for i in range(20)])
         assert _grow(src, unique, 4) is None
-        wait_for(lambda: _partitions(src, unique) == 4, what="source grown to 4")
+        wait_until(lambda: _partitions(src, unique) == 4, what="source grown to 4")
         # Records for the new partitions are written before the monitor has seen them.
         produce(src, [{"topic": unique, "partition": i % 4, "value": b"after-%d" % i} for i in range(40)])
-        wait_for(lambda: _selected(monitor.poll(name).plan.replicate) == [(unique, p) for p in range(4)],
-                 what="monitor assigns 4 partitions")  # fmt: skip
+        wait_until(
+            lambda: _selected(monitor.poll(name).plan.replicate) == [(unique, p) for p in range(4)],
+            what="monitor assigns 4 partitions",
+        )
         assert _partitions(dst, unique) == 4
         copied = consume_all(dst, unique, 4, expected=60)
     finally:
@@ -213,15 +221,20 @@ def test_a_pending_destination_growth_holds_up_no_other_connectors_discovery(
     create_topics(src, {grown: 2})
     create_topics(dst, {grown: 2})
     # No periodic duty of `grown`'s connector reads topic configs (ZooKeeper) while ZooKeeper is stopped.
-    quiet = {"emit.heartbeats.enabled": "false", "emit.checkpoints.enabled": "false",
-             "sync.topic.configs.enabled": "false", "monitor.poll.wait.ms": "600000"}  # fmt: skip
+    quiet = {
+        "emit.heartbeats.enabled": "false",
+        "emit.checkpoints.enabled": "false",
+        "sync.topic.configs.enabled": "false",
+        "monitor.poll.wait.ms": "600000",
+    }
     _put(store, connector_properties(apache_kafka, grown, **{"topics.whitelist": grown, **quiet}))
     _put(store, connector_properties(stack, other, **{"topics.regex": f"{other}-.*", "monitor.poll.wait.ms": "600000"}))
     watcher = MetadataWatcher(store)
-    wait_for(lambda: watcher.watch_once() and _assigned(store, grown) == [(grown, 0), (grown, 1)],
-             what="the topic assigned")  # fmt: skip
+    wait_until(
+        lambda: watcher.watch_once() and _assigned(store, grown) == [(grown, 0), (grown, 1)], what="the topic assigned"
+    )
     assert _grow(src, grown, 4) is None
-    wait_for(lambda: _partitions(src, grown) == 4, what="source grown to 4")
+    wait_until(lambda: _partitions(src, grown) == 4, what="source grown to 4")
     create_topics(stack.destination_bootstrap_servers, {f"{other}-new": 1})
     create_topics(stack.source_bootstrap_servers, {f"{other}-new": 1})
 
@@ -239,8 +252,10 @@ def test_a_pending_destination_growth_holds_up_no_other_connectors_discovery(
         )
         assert _assigned(store, grown) == [(grown, 0), (grown, 1)]
 
-    wait_for(lambda: watcher.watch_once() and _assigned(store, grown) == [(grown, p) for p in range(4)],
-             what="the grown partitions assigned")  # fmt: skip
+    wait_until(
+        lambda: watcher.watch_once() and _assigned(store, grown) == [(grown, p) for p in range(4)],
+        what="the grown partitions assigned",
+    )
     assert _partitions(dst, grown) == 4
 
 
@@ -274,8 +289,9 @@ def test_a_destination_that_cannot_grow_holds_only_the_new_partitions(
         held = {tp: reason for tp, reason in _held(store, name).items() if tp[0] == unique}
         assert set(held) == {(unique, 2), (unique, 3)}
         for reason in held.values():
-            assert reason.startswith(f"destination topic {unique!r} has 2 partitions, the source 4; adding "
-                                     "partitions failed: ")  # fmt: skip
+            assert reason.startswith(
+                f"destination topic {unique!r} has 2 partitions, the source 4; adding partitions failed: "
+            )
             assert "CreatePartitions" in reason and "_UNSUPPORTED_FEATURE" in reason
         copied = consume_all(dst, unique, 2, expected=20)
     finally:
@@ -286,8 +302,11 @@ def test_a_destination_that_cannot_grow_holds_only_the_new_partitions(
 
 def _set_config(bootstrap: str, topic: str, name: str, value: str) -> None:
     admin = _admin(bootstrap)
-    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
-        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)])  # fmt: skip
+    resource = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)],
+    )
     try:
         admin.incremental_alter_configs([resource])[resource].result()
     except KafkaException as exc:
@@ -301,8 +320,12 @@ def _set_config(bootstrap: str, topic: str, name: str, value: str) -> None:
 def test_a_source_config_change_propagates(apache_kafka: StackEndpoints, store: Store, unique: str) -> None:
     src, dst = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
     create_topics(src, {unique: 1}, config=CONFIGS)
-    name = _put(store, connector_properties(apache_kafka, unique, **{
-        "topics.whitelist": unique, "sync.topic.configs.interval.seconds": "1"}))  # fmt: skip
+    name = _put(
+        store,
+        connector_properties(
+            apache_kafka, unique, **{"topics.whitelist": unique, "sync.topic.configs.interval.seconds": "1"}
+        ),
+    )
     monitor = KafkaMonitor(store)
     monitor.poll(name)
     assert _configs(dst, unique)["retention.ms"].value == "3600000"
@@ -313,6 +336,6 @@ def test_a_source_config_change_propagates(apache_kafka: StackEndpoints, store: 
         monitor.poll(name)
         return _configs(dst, unique)["retention.ms"].value == "7200000"
 
-    wait_for(propagated, timeout=30, interval=0.5, what="retention.ms at the destination")
+    wait_until(propagated, timeout=30, interval=0.5, what="retention.ms at the destination")
     assert _configs(dst, unique)["min.insync.replicas"].is_default
     assert store.flow(name).problems == {}

@@ -9,12 +9,13 @@ from collections.abc import Iterable
 from click.testing import CliRunner
 
 from mirus.cli.verify import verify
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.tools.verify import verify_replication
 from replicator.tools.verify_report import Mismatch, PartitionResult, Replay, VerifyReport
 from replicator.topics import provenance
 
-from .kafka_helpers import Rec, consume_all, create_topics, produce, wait_for
+from .kafka_helpers import Rec, consume_all, create_topics, produce
 from .replica_check import check_replica
 
 IDLE_S = 1.5
@@ -30,15 +31,27 @@ def source_records(stack: StackEndpoints, topic: str, partitions: int = 2) -> di
     create_topics(stack.source_bootstrap_servers, {topic: partitions})
     headers = (("trace", b"t"), ("tag", None), ("trace", b"again"))
     records = {
-        p: [Rec(topic, p, i, b"k%d-%d" % (p, i), b"v%d-%d" % (p, i), headers, 1_700_000_000_000 + 100 * p + i)
-            for i in range(PER_PARTITION)]
+        p: [
+            Rec(topic, p, i, b"k%d-%d" % (p, i), b"v%d-%d" % (p, i), headers, 1_700_000_000_000 + 100 * p + i)
+            for i in range(PER_PARTITION)
+        ]
         for p in range(partitions)
-    }  # fmt: skip
+    }
     produce(
         stack.source_bootstrap_servers,
-        [{"topic": topic, "partition": r.partition, "key": r.key, "value": r.value, "headers": list(r.headers),
-          "timestamp": r.timestamp} for rs in records.values() for r in rs],
-    )  # fmt: skip
+        [
+            {
+                "topic": topic,
+                "partition": r.partition,
+                "key": r.key,
+                "value": r.value,
+                "headers": list(r.headers),
+                "timestamp": r.timestamp,
+            }
+            for rs in records.values()
+            for r in rs
+        ],
+    )
     return records
 
 
@@ -88,8 +101,16 @@ def test_a_perfect_copy_is_ok_even_when_partitions_are_merged(stack: StackEndpoi
     report = check(stack, {unique: f"{unique}.copy"})
 
     assert report.ok and report.complete, report.to_text()
-    assert report.totals == {"source_records": 12, "replicated": 12, "missing": 0, "duplicated": 0,
-                               "out_of_order": 0, "mismatched": 0, "unknown": 0, "elsewhere": 6}  # fmt: skip
+    assert report.totals == {
+        "source_records": 12,
+        "replicated": 12,
+        "missing": 0,
+        "duplicated": 0,
+        "out_of_order": 0,
+        "mismatched": 0,
+        "unknown": 0,
+        "elsewhere": 6,
+    }
     assert not report.content_matching_used
     assert report.to_json()["ok"] is True
     assert report.to_text().splitlines()[-1].startswith("result: OK")
@@ -237,8 +258,12 @@ class LiveReplication:
         delivered: list[object] = []
         i = 0
         while not self.stopped.is_set():
-            self.source.produce(self.topic, b"live-%d" % i, partition=i % self.partitions,
-                                on_delivery=lambda _err, msg: delivered.append(msg))  # fmt: skip
+            self.source.produce(
+                self.topic,
+                b"live-%d" % i,
+                partition=i % self.partitions,
+                on_delivery=lambda _err, msg: delivered.append(msg),
+            )
             self.source.flush(10)
             msg = delivered.pop()
             rec = Rec(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), (), msg.timestamp()[1])
@@ -264,12 +289,21 @@ def test_verify_against_live_traffic_ends_at_the_snapshot_taken_at_start(stack: 
     )
     live = LiveReplication(stack, unique)
     try:
-        wait_for(lambda: live.produced >= 20, 30, what="live traffic")
-        result = CliRunner().invoke(verify, [
-            "--source-bootstrap", stack.source_bootstrap_servers,
-            "--destination-bootstrap", stack.destination_bootstrap_servers,
-            "--topic", f"{unique}:{unique}.copy", "--json", "--timeout-seconds", "60",
-        ])  # fmt: skip
+        wait_until(lambda: live.produced >= 20, 30, what="live traffic")
+        result = CliRunner().invoke(
+            verify,
+            [
+                "--source-bootstrap",
+                stack.source_bootstrap_servers,
+                "--destination-bootstrap",
+                stack.destination_bootstrap_servers,
+                "--topic",
+                f"{unique}:{unique}.copy",
+                "--json",
+                "--timeout-seconds",
+                "60",
+            ],
+        )
         produced_meanwhile = live.produced
     finally:
         live.stop()
@@ -296,8 +330,11 @@ def test_a_broker_whose_end_offsets_are_wrong_is_noticed_and_every_record_still_
     """Fifty records in one produce batch: some Kafka-protocol brokers then report an end offset of 1. The check
     must not stop at it, and must say that the broker's end offsets were set aside."""
     create_topics(stack.source_bootstrap_servers, {unique: 1})
-    produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"v%d" % i} for i in range(50)],
-            **{"linger.ms": 200})  # fmt: skip
+    produce(
+        stack.source_bootstrap_servers,
+        [{"topic": unique, "partition": 0, "value": b"v%d" % i} for i in range(50)],
+        **{"linger.ms": 200},
+    )
     records = consume_all(stack.source_bootstrap_servers, unique, 1, 50)
     destination(stack, f"{unique}.copy", [copy(r, f"{unique}.copy") for r in records], partitions=1)
     reported_end = _end_offset(stack.source_bootstrap_servers, unique)
@@ -334,11 +371,22 @@ def test_verify_finds_what_the_suites_replica_checker_finds(stack: StackEndpoint
     destination(stack, dst, p0 + p1)
 
     report = check(stack, {unique: dst})
-    oracle = check_replica(stack.source_bootstrap_servers, unique, stack.destination_bootstrap_servers, dst,
-                           partitions=2, written=2 * PER_PARTITION, timeout=3)  # fmt: skip
+    oracle = check_replica(
+        stack.source_bootstrap_servers,
+        unique,
+        stack.destination_bootstrap_servers,
+        dst,
+        partitions=2,
+        written=2 * PER_PARTITION,
+        timeout=3,
+    )
 
-    assert oracle.missing == {0: [1]} and sorted(oracle.duplicated.items()) == [((0, 3), 1), ((0, 4), 1), ((0, 5), 1),
-                                                                                 ((1, 5), 1)]  # fmt: skip
+    assert oracle.missing == {0: [1]} and sorted(oracle.duplicated.items()) == [
+        ((0, 3), 1),
+        ((0, 4), 1),
+        ((0, 5), 1),
+        ((1, 5), 1),
+    ]
     assert {f.split(":")[0] for f in oracle.out_of_order} == {"partition 1"}, oracle.out_of_order
     assert [m.split(":")[0] for m in oracle.mismatched] == [f"{unique}[1]@4"]
     verified = {p: partition(report, p) for p in (0, 1)}

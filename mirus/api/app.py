@@ -272,9 +272,9 @@ class ConnectApi:
         name = call.path["name"]
         self._record(name)
         offsets = sorted(self.store.load_offsets(name).items())
-        return JSONResponse({
-            "offsets": [{"partition": {"topic": t, "partition": p}, "offset": {"offset": o}} for (t, p), o in offsets]
-        })  # fmt: skip
+        return JSONResponse(
+            {"offsets": [{"partition": {"topic": t, "partition": p}, "offset": {"offset": o}} for (t, p), o in offsets]}
+        )
 
     def alter_offsets(self, call: Call) -> Response:
         name = call.path["name"]
@@ -384,15 +384,30 @@ def _validation_result(cls: str, submitted: Mapping[str, Any], errors: list[tupl
     names = list(shown) + [n for n in by_name if n not in shown]
     configs = []
     for order, name in enumerate(names, start=1):
-        configs.append({
-            "definition": {
-                "name": name, "type": "STRING", "required": False, "default_value": None, "importance": "MEDIUM",
-                "documentation": "", "group": "Common", "width": "NONE", "display_name": name, "dependents": [],
-                "order": order,
-            },
-            "value": {"name": name, "value": shown.get(name), "recommended_values": [], "errors": by_name.get(name, []),
-                      "visible": True},
-        })  # fmt: skip
+        configs.append(
+            {
+                "definition": {
+                    "name": name,
+                    "type": "STRING",
+                    "required": False,
+                    "default_value": None,
+                    "importance": "MEDIUM",
+                    "documentation": "",
+                    "group": "Common",
+                    "width": "NONE",
+                    "display_name": name,
+                    "dependents": [],
+                    "order": order,
+                },
+                "value": {
+                    "name": name,
+                    "value": shown.get(name),
+                    "recommended_values": [],
+                    "errors": by_name.get(name, []),
+                    "visible": True,
+                },
+            }
+        )
     return {"name": cls, "error_count": len(by_name), "groups": ["Common"], "configs": configs}
 
 

@@ -123,9 +123,15 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         body = json.dumps({"error_code": 401, "message": "Unauthorized: valid credentials are required"}).encode()
-        await send({
-            "type": "http.response.start", "status": 401,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                        (b"www-authenticate", self.credentials.challenge().encode())],
-        })  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", self.credentials.challenge().encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -80,6 +80,12 @@ class StoreCollector(Collector):
         return config.namer.destination_topic(topic) if config is not None else None
 
     def _throughput(self, configs: dict[str, ConnectorConfig]) -> Iterator[Metric]:
+        yield from self._totals(configs)
+        yield from self._last_window(configs)
+        yield from self._lags()
+
+    def _totals(self, configs: dict[str, ConnectorConfig]) -> Iterator[Metric]:
+        """Records, bytes and the latency histogram since the start, per connector and destination topic."""
         labels = ["connector", "topic"]
         records = CounterMetricFamily(
             "mirus_replicated_records", "Records replicated and acknowledged by the destination.", labels=labels
@@ -107,6 +113,9 @@ class StoreCollector(Collector):
         yield nbytes
         yield latency
 
+    def _last_window(self, configs: dict[str, ConnectorConfig]) -> Iterator[Metric]:
+        """Rates and latency extremes over the last RATE_WINDOW_S, per connector and destination topic."""
+        labels = ["connector", "topic"]
         record_rate = GaugeMetricFamily(
             "mirus_record_rate", f"Records per second over the last {RATE_WINDOW_S:.0f} s.", labels=labels
         )
@@ -139,6 +148,8 @@ class StoreCollector(Collector):
         yield latency_min
         yield latency_max
 
+    def _lags(self) -> Iterator[Metric]:
+        """The latest known lag of each source partition."""
         lag = GaugeMetricFamily(
             "mirus_partition_lag_records",
             "Source records not yet replicated, per source partition (latest known; absent when the source "

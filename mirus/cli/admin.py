@@ -27,9 +27,13 @@ from replicator.state.store import Store
 from replicator.tools.offset_files import Format, OffsetFileError, OffsetLine, read_offsets, write_offsets
 
 FORMAT_OPTION = click.option(
-    "--format", "fmt", type=click.Choice(["csv", "json"], case_sensitive=False), default="csv", show_default=True,
+    "--format",
+    "fmt",
+    type=click.Choice(["csv", "json"], case_sensitive=False),
+    default="csv",
+    show_default=True,
     help="csv: connector-id,topic,partition,offset (no header); json: one JSON object per line.",
-)  # fmt: skip
+)
 
 
 def _endpoints() -> StackEndpoints:
@@ -76,11 +80,21 @@ def connectors_get(name: str) -> None:
     store = _store()
     status = _run(lambda: connectors.connect_status(store, name))
     record = store.get_connector(name)
-    click.echo(json.dumps({
-        "name": name, "state": status.state, "version": record.version, "trace": status.trace,
-        "config": mask_properties(record.properties),
-        "tasks": [{"id": t.task_id, "state": t.state, "worker_id": t.worker, "trace": t.trace} for t in status.tasks],
-    }, indent=2))  # fmt: skip
+    click.echo(
+        json.dumps(
+            {
+                "name": name,
+                "state": status.state,
+                "version": record.version,
+                "trace": status.trace,
+                "config": mask_properties(record.properties),
+                "tasks": [
+                    {"id": t.task_id, "state": t.state, "worker_id": t.worker, "trace": t.trace} for t in status.tasks
+                ],
+            },
+            indent=2,
+        )
+    )
 
 
 def _read_properties(source: TextIO) -> dict[str, Any]:
@@ -99,8 +113,14 @@ def _read_properties(source: TextIO) -> dict[str, Any]:
 
 @connectors_group.command("put")
 @click.argument("name", required=False)
-@click.option("--from-file", "source", type=click.File("r"), default="-", show_default=True,
-              help="JSON or .properties file with the connector's properties ('-': standard input).")  # fmt: skip
+@click.option(
+    "--from-file",
+    "source",
+    type=click.File("r"),
+    default="-",
+    show_default=True,
+    help="JSON or .properties file with the connector's properties ('-': standard input).",
+)
 @click.option("--paused", is_flag=True, help="Create the connector paused (e.g. to import offsets first).")
 def connectors_put(name: str | None, source: TextIO, paused: bool) -> None:
     """Add a connector or store a new version of its configuration (validated; a rejected one changes nothing)."""
@@ -151,13 +171,19 @@ def offsets_describe(names: tuple[str, ...], fmt: Format, show_nulls: bool) -> N
                 for partition in parts:
                     stored.setdefault(partition, None)
         lines += [OffsetLine(name, t, p, o) for (t, p), o in stored.items()]
-    click.echo(write_offsets(sorted(lines, key=lambda line: (line.connector, line.topic, line.partition)), fmt),
-               nl=False)  # fmt: skip
+    click.echo(
+        write_offsets(sorted(lines, key=lambda line: (line.connector, line.topic, line.partition)), fmt), nl=False
+    )
 
 
 @click.command("reset")
-@click.option("--from-file", "source", type=click.File("r"), required=True,
-              help="Offsets to write ('-': stdin); an empty or null offset forgets the stored one.")  # fmt: skip
+@click.option(
+    "--from-file",
+    "source",
+    type=click.File("r"),
+    required=True,
+    help="Offsets to write ('-': stdin); an empty or null offset forgets the stored one.",
+)
 @FORMAT_OPTION
 def offsets_reset(source: TextIO, fmt: Format) -> None:
     """Write offsets from a file. Every connector named must be paused; otherwise nothing is changed."""

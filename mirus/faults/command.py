@@ -45,19 +45,33 @@ def faults() -> None:
 @click.option("--work-dir", type=click.Path(path_type=Path), help="Keep logs and data here (default: a temp dir).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def run(
-    duration: float, rate: int, partitions: int, tasks: int, kinds: str | None, apache_kafka: bool,
-    exactly_once: bool, seed: int, work_dir: Path | None, as_json: bool,
-) -> None:  # fmt: skip
+    duration: float,
+    rate: int,
+    partitions: int,
+    tasks: int,
+    kinds: str | None,
+    apache_kafka: bool,
+    exactly_once: bool,
+    seed: int,
+    work_dir: Path | None,
+    as_json: bool,
+) -> None:
     """Load a connector while killing its task processes, restarting Postgres, cutting the network to the
     destination (and, on Apache Kafka, restarting the destination broker and making it refuse records); then
     count lost, out-of-order and duplicated records with an independent reader."""
     chosen = tuple(k.strip() for k in kinds.split(",") if k.strip()) if kinds else None
     try:
         plan = FaultPlan(
-            duration_s=duration, rate=rate, partitions=partitions, tasks=tasks, apache_kafka=apache_kafka,
+            duration_s=duration,
+            rate=rate,
+            partitions=partitions,
+            tasks=tasks,
+            apache_kafka=apache_kafka,
             faults=cast(tuple[FaultKind, ...], chosen) or (ALL_FAULTS if apache_kafka else EMBEDDED_FAULTS),
-            seed=seed, work_dir=work_dir, exactly_once=exactly_once,
-        )  # fmt: skip
+            seed=seed,
+            work_dir=work_dir,
+            exactly_once=exactly_once,
+        )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--faults") from None
     report = FaultRun(plan, log=lambda line: click.echo(line, err=as_json)).run()

@@ -42,6 +42,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from mirus.faults.brokers import BrokerProcess, KafkaKit, tansu_broker
 from mirus.faults.proxy import TcpProxy
 from mirus.local.stack import LocalStack, free_port
+from mirus.waiting import wait_until
 from mirus_dagster.settings import PlatformSettings
 from replicator.assignment import SourcePartition
 from replicator.configuration.connector import validate_submission
@@ -86,8 +87,10 @@ class FaultPlan:
             raise ValueError(f"faults {', '.join(sorted(needs_kafka))} need Apache Kafka (--apache-kafka)")
         if self.exactly_once and not self.apache_kafka:
             # Measured on Tansu 0.6: records of aborted transactions are returned to read_committed readers.
-            raise ValueError("--exactly-once needs Apache Kafka (--apache-kafka): the embedded broker shows aborted "
-                             "transactions' records to read_committed readers")  # fmt: skip
+            raise ValueError(
+                "--exactly-once needs Apache Kafka (--apache-kafka): the embedded broker shows aborted "
+                "transactions' records to read_committed readers"
+            )
 
 
 @dataclass
@@ -273,8 +276,9 @@ class Load:
     ) -> None:
         while True:
             try:
-                self._producer.produce(self.topic, value, key, partition, on_delivery=self._delivered,
-                                       timestamp=timestamp, headers=headers)  # fmt: skip
+                self._producer.produce(
+                    self.topic, value, key, partition, on_delivery=self._delivered, timestamp=timestamp, headers=headers
+                )
                 return
             except BufferError:
                 self._producer.poll(0.05)
@@ -303,10 +307,15 @@ class TaskProcesses:
         log = open(self.log_dir / f"task-{task_id}.log", "ab")  # noqa: SIM115 - the child keeps it open
         argv = [sys.executable, "-m", "mirus.cli.main", "task", "run", self.connector, str(task_id)]
         self.procs[task_id] = subprocess.Popen(
-            argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            argv,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
             # Ctrl-C must stop the task even when this harness was started with SIGINT ignored (in the background).
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )  # fmt: skip
+        )
         log.close()
 
     def _watch(self) -> None:
@@ -418,25 +427,25 @@ class FaultRun:
         admin = AdminClient({"bootstrap.servers": bootstrap})
         for future in admin.create_topics([NewTopic(topic, self.plan.partitions, 1, config=config)]).values():
             future.result(timeout=30)
-        deadline = time.monotonic() + 30
-        while topic not in admin.list_topics(timeout=5).topics:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"topic {topic} did not appear on {bootstrap}")
-            time.sleep(0.2)
+        wait_until(
+            lambda: topic in admin.list_topics(timeout=5).topics, 30, 0.2, f"topic {topic} to appear on {bootstrap}"
+        )
 
     def _register_connector(self) -> dict[int, list[SourcePartition]]:
         timeout = self.plan.producer_message_timeout_ms
-        config = validate_submission({
-            "name": self.name,
-            "connector.class": "com.salesforce.mirus.MirusSourceConnector",
-            "consumer.bootstrap.servers": self.endpoints.source_bootstrap_servers,
-            "destination.consumer.bootstrap.servers": self.proxy.address,
-            "topics.whitelist": self.topic,
-            "destination.topic.name.suffix": ".copy",
-            "tasks.max": str(self.plan.tasks),
-            **({"producer.message.timeout.ms": str(timeout)} if timeout is not None else {}),
-            **({"exactly.once.support": "required"} if self.plan.exactly_once else {}),
-        })  # fmt: skip
+        config = validate_submission(
+            {
+                "name": self.name,
+                "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+                "consumer.bootstrap.servers": self.endpoints.source_bootstrap_servers,
+                "destination.consumer.bootstrap.servers": self.proxy.address,
+                "topics.whitelist": self.topic,
+                "destination.topic.name.suffix": ".copy",
+                "tasks.max": str(self.plan.tasks),
+                **({"producer.message.timeout.ms": str(timeout)} if timeout is not None else {}),
+                **({"exactly.once.support": "required"} if self.plan.exactly_once else {}),
+            }
+        )
         self.store.put_connector(config.name, config.raw, config.tasks_max)
         assignment = {
             t: [(self.topic, p) for p in range(self.plan.partitions) if p % self.plan.tasks == t]
@@ -521,12 +530,15 @@ class FaultRun:
             # Read after the process is gone: nothing can be committed any more until its successor runs.
             committed = self.store.load_offsets(self.name, assignment[task_id])
             ends = {p: load.ends[p] for _t, p in assignment[task_id]}
-            kills.append(KillCheck(
-                task=task_id, at_s=round(at, 1),
-                uncommitted=sum(ends[p] - committed.get((self.topic, p), 0) for p in ends),
-                committed={str(p): committed.get((self.topic, p), 0) for p in ends},
-                ends={str(p): e for p, e in ends.items()},
-            ))  # fmt: skip
+            kills.append(
+                KillCheck(
+                    task=task_id,
+                    at_s=round(at, 1),
+                    uncommitted=sum(ends[p] - committed.get((self.topic, p), 0) for p in ends),
+                    committed={str(p): committed.get((self.topic, p), 0) for p in ends},
+                    ends={str(p): e for p, e in ends.items()},
+                )
+            )
             return f"task {task_id} (SIGKILL); {kills[-1].uncommitted} records beyond its committed offsets"
         if kind == "postgres":
             self.local.stop_part("postgres", signal.SIGQUIT)  # immediate shutdown: crash recovery at start
@@ -563,17 +575,19 @@ class FaultRun:
             future.result(timeout=30)
 
     def _wait_committed(self, ends: dict[int, int], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
         wanted = {(self.topic, p): end for p, end in ends.items()}
-        while time.monotonic() < deadline:
+
+        def committed_all() -> bool:
             try:
                 committed = self.store.load_offsets(self.name)
             except Exception:  # the database may still be recovering from the last fault
                 committed = {}
-            if all(committed.get(tp, 0) >= end for tp, end in wanted.items()):
-                return True
-            time.sleep(0.5)
-        return False
+            return all(committed.get(tp, 0) >= end for tp, end in wanted.items())
+
+        try:
+            return wait_until(committed_all, timeout, 0.5, "every offset committed")
+        except TimeoutError:
+            return False
 
 
 def _attribute_replays(kills: list[KillCheck], report: VerifyReport, topic: str) -> None:

@@ -37,16 +37,18 @@ def register_demo(endpoints: StackEndpoints, store: Store) -> None:
         return
     except UnknownConnectorError:
         pass
-    config = validate_submission({
-        "name": DEMO_CONNECTOR,
-        "connector.class": "com.salesforce.mirus.MirusSourceConnector",
-        "tasks.max": "2",
-        "topics.whitelist": DEMO_TOPIC,
-        "destination.topic.name.suffix": ".mirror",
-        "consumer.bootstrap.servers": endpoints.source_bootstrap_servers,
-        "consumer.client.id": "mirus-demo",
-        "destination.consumer.bootstrap.servers": endpoints.destination_bootstrap_servers,
-    })  # fmt: skip
+    config = validate_submission(
+        {
+            "name": DEMO_CONNECTOR,
+            "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+            "tasks.max": "2",
+            "topics.whitelist": DEMO_TOPIC,
+            "destination.topic.name.suffix": ".mirror",
+            "consumer.bootstrap.servers": endpoints.source_bootstrap_servers,
+            "consumer.client.id": "mirus-demo",
+            "destination.consumer.bootstrap.servers": endpoints.destination_bootstrap_servers,
+        }
+    )
     store.put_connector(config.name, config.raw, config.tasks_max)
 
 

@@ -72,8 +72,9 @@ class DevSession:
         self.echo(endpoints.describe())
         self._prepare_database(endpoints)
         if self.demo:
-            self.traffic = _child(endpoints, "demo", "traffic", "--bootstrap-servers",
-                                  endpoints.source_bootstrap_servers)  # fmt: skip
+            self.traffic = _child(
+                endpoints, "demo", "traffic", "--bootstrap-servers", endpoints.source_bootstrap_servers
+            )
         if self.api_port:
             self.api = _child(endpoints, "api", "--port", str(self.api_port))
             self.echo(f"Kafka Connect REST API and /metrics: http://127.0.0.1:{self.api_port}")
@@ -93,8 +94,9 @@ class DevSession:
         try:
             if self.demo:
                 register_demo(endpoints, Store(engine))
-                self.echo(f"demo: connector {DEMO_CONNECTOR} copies {DEMO_TOPIC} to {DEMO_TOPIC}.mirror; "
-                          "traffic is running")  # fmt: skip
+                self.echo(
+                    f"demo: connector {DEMO_CONNECTOR} copies {DEMO_TOPIC} to {DEMO_TOPIC}.mirror; traffic is running"
+                )
         finally:
             engine.dispose()
 
@@ -152,8 +154,11 @@ class DevSession:
 
         def all_ended() -> bool:
             nonlocal pending
-            pending = [r for kind in (KIND_REPLICATOR, KIND_WATCHER) for r in dev.runs({TAG_KIND: kind},
-                       statuses=LIVE_STATUSES)]  # fmt: skip
+            pending = [
+                r
+                for kind in (KIND_REPLICATOR, KIND_WATCHER)
+                for r in dev.runs({TAG_KIND: kind}, statuses=LIVE_STATUSES)
+            ]
             ids.update(r.run_id for r in pending if r.tags.get(TAG_KIND) == KIND_REPLICATOR)
             # Dagster refuses to terminate a run while it is STARTING: it is asked again once it has STARTED.
             ask = [r.run_id for r in pending if r.status not in ("STARTING", "CANCELING") and r.run_id not in asked]
@@ -168,8 +173,10 @@ class DevSession:
         try:
             dev.until(all_ended, RUN_STOP_TIMEOUT_S, "the replicator and watcher runs to end")
         except DagsterDevError as exc:
-            still = ", ".join(f"{_run_name(r)} {r.status} (run {r.run_id}{'' if r.run_id in asked else ', not asked'})"
-                              for r in pending)  # fmt: skip
+            still = ", ".join(
+                f"{_run_name(r)} {r.status} (run {r.run_id}{'' if r.run_id in asked else ', not asked'})"
+                for r in pending
+            )
             self.echo(f"warning: {str(exc).splitlines()[0]}; still live: {still}")
         ended = [r for r in dev.runs({TAG_KIND: KIND_REPLICATOR}) if r.run_id in ids]
         return sorted(f"{r.tags.get(TAG_CONNECTOR)}-{r.tags.get(TAG_TASK)} {r.status}" for r in ended)
@@ -184,7 +191,11 @@ def _run_name(run: RunInfo) -> str:
 def _child(endpoints: StackEndpoints, *command: str) -> subprocess.Popen[bytes]:
     """A `mirus` subcommand on the stack, in its own session: stopped by us, in order, not by the Ctrl-C."""
     return subprocess.Popen(
-        [sys.executable, "-m", "mirus.cli.main", *command], env={**os.environ, **endpoints.as_env()},
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [sys.executable, "-m", "mirus.cli.main", *command],
+        env={**os.environ, **endpoints.as_env()},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )

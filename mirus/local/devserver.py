@@ -39,6 +39,7 @@ from gql.transport.exceptions import TransportError
 from gql.transport.requests import RequestsHTTPTransport
 
 from mirus.local.stack import free_port, log_tail
+from mirus.waiting import wait_until
 from mirus_dagster.constants import PUT_CONNECTOR_JOB, REPLICATOR_JOB
 
 CODE_LOCATION_MODULE = "mirus_dagster.definitions"
@@ -146,10 +147,14 @@ class RunInfo:
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> RunInfo:
         return cls(
-            run_id=data["runId"], job_name=data["jobName"], status=data["status"],
-            tags={t["key"]: t["value"] for t in data["tags"]}, creation_time=data["creationTime"],
-            start_time=data["startTime"], end_time=data["endTime"],
-        )  # fmt: skip
+            run_id=data["runId"],
+            job_name=data["jobName"],
+            status=data["status"],
+            tags={t["key"]: t["value"] for t in data["tags"]},
+            creation_time=data["creationTime"],
+            start_time=data["startTime"],
+            end_time=data["endTime"],
+        )
 
 
 @dataclass(frozen=True)
@@ -215,16 +220,17 @@ class DagsterDev:
 
     def until(self, condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
         """Poll `condition` until it returns something truthy; on timeout, or if dagster dev exits, raise."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def met() -> T | None:
             result = condition()
-            if result:
-                return result
-            if self.process.poll() is not None:
+            if not result and self.process.poll() is not None:
                 raise self.fail(f"dagster dev exited with code {self.process.returncode} while waiting for {what}")
-            if time.monotonic() > deadline:
-                raise self.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-            time.sleep(interval)
+            return result
+
+        try:
+            return wait_until(met, timeout, interval, what)
+        except TimeoutError:
+            raise self.fail(f"timed out after {timeout:.0f}s waiting for {what}") from None
 
     # -- startup -----------------------------------------------------------------------------------------
 
@@ -309,9 +315,7 @@ class DagsterDev:
         wanted = set(statuses) if statuses is not None else None
 
         def matching() -> list[RunInfo] | None:
-            found = [
-                r for r in self.runs(tags, job_name) if (wanted is None or r.status in wanted) and where(r)
-            ]  # fmt: skip
+            found = [r for r in self.runs(tags, job_name) if (wanted is None or r.status in wanted) and where(r)]
             return found if len(found) >= count else None
 
         description = what or f"{count} run(s) with tags {dict(tags or {})} and status in {sorted(wanted or [])}"
@@ -337,8 +341,7 @@ class DagsterDev:
     def sensor_selector(self, sensor: str) -> dict[str, str]:
         if self._location is None:
             raise self.fail("the code location is not loaded")
-        return {"repositoryLocationName": self._location[0], "repositoryName": self._location[1],
-                "sensorName": sensor}  # fmt: skip
+        return {"repositoryLocationName": self._location[0], "repositoryName": self._location[1], "sensorName": sensor}
 
     def _sensor(self, sensor: str, after: float | None = None) -> dict[str, Any]:
         data = self.query(TICKS_QUERY, {"selector": self.sensor_selector(sensor), "after": after})["sensorOrError"]
@@ -501,11 +504,16 @@ def launch_dagster_dev(
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         process = subprocess.Popen(
-            dagster_dev_command(port, "127.0.0.1"), env=child_env, cwd=workdir, stdin=subprocess.DEVNULL,
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            dagster_dev_command(port, "127.0.0.1"),
+            env=child_env,
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             # SIGINT must work even when we were started with it ignored (a background shell): exec keeps SIG_IGN.
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )  # fmt: skip
+        )
     return DagsterDev(process, port, home, log)
 
 

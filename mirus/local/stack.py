@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel
 
+from mirus.waiting import wait_until
 from mirus_dagster.settings import POSTGRES_DATABASE, PlatformSettings, StackEndpoints
 
 START_TIMEOUT_S = 60.0
@@ -93,24 +93,29 @@ def port_is_free(port: int) -> bool:
 
 
 def _wait_until_ready(name: str, proc: subprocess.Popen[bytes], log: Path, ready: Callable[[], None]) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
     last_error: Exception | None = None
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
+        nonlocal last_error
         if proc.poll() is not None:
             raise StackError(
                 f"{name} exited with code {proc.returncode} while starting. Last lines of {log}:\n{log_tail(log)}"
             )
         try:
             ready()
-            return
         except Exception as exc:  # readiness probes raise whatever their client raises
             last_error = exc
-        time.sleep(0.2)
-    _terminate(proc.pid)
-    raise StackError(
-        f"{name} did not become ready within {START_TIMEOUT_S:.0f}s ({last_error}). "
-        f"Last lines of {log}:\n{log_tail(log)}"
-    )
+            return False
+        return True
+
+    try:
+        wait_until(answers, START_TIMEOUT_S, 0.2, f"{name} to become ready")
+    except TimeoutError:
+        _terminate(proc.pid)
+        raise StackError(
+            f"{name} did not become ready within {START_TIMEOUT_S:.0f}s ({last_error}). "
+            f"Last lines of {log}:\n{log_tail(log)}"
+        ) from None
 
 
 def _terminate(pid: int, sig: int = signal.SIGTERM) -> None:
@@ -286,16 +291,36 @@ class LocalStack:
         user = self._prepare_postgres_dir(data, POSTGRES_BIN_PATH)
         if not (data / "PG_VERSION").exists():
             result = subprocess.run(
-                [str(POSTGRES_BIN_PATH / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
-                 "--encoding=UTF8", "--no-instructions"],
-                capture_output=True, text=True, user=user, check=False,
-            )  # fmt: skip
+                [
+                    str(POSTGRES_BIN_PATH / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--no-instructions",
+                ],
+                capture_output=True,
+                text=True,
+                user=user,
+                check=False,
+            )
             if result.returncode != 0:
                 raise StackError(f"initdb failed in {data}:\n{result.stdout}\n{result.stderr}")
         argv = [
-            str(POSTGRES_BIN_PATH / "postgres"), "-D", str(data), "-p", str(port),
-            "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=", "-c", "max_connections=200",
-        ]  # fmt: skip
+            str(POSTGRES_BIN_PATH / "postgres"),
+            "-D",
+            str(data),
+            "-p",
+            str(port),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "unix_socket_directories=",
+            "-c",
+            "max_connections=200",
+        ]
         proc = self._spawn("postgres", argv, log, user=user)
         admin_url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
 

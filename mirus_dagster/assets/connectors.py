@@ -39,9 +39,12 @@ MAX_CONNECTORS = 100  # rows in the table; the rest are counted
 MAX_LINES = 10  # problems or tasks listed per connector; the rest are counted
 MAX_VALUE_CHARS = 200  # a property value shown longer than this is cut
 LIVE_RUN_STATUSES = [
-    dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING,
-]  # fmt: skip
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
 
 connectors_spec = dg.AssetSpec(
     CONNECTORS_ASSET,
@@ -77,8 +80,10 @@ def _tasks(status: ConnectorStatus, runs: Mapping[tuple[str, int], str]) -> list
     for task in status.tasks:
         run_id = runs.get((status.name, task.task_id))
         run = f"run [{run_id[:8]}](/runs/{run_id})" if run_id else "no run"
-        lines.append(f"{task.task_id}: {task.state} ({task.partitions} partitions, {run}, "
-                     f"heartbeat {_clock(task.heartbeat_at)}, restarts {task.restart_attempts})")  # fmt: skip
+        lines.append(
+            f"{task.task_id}: {task.state} ({task.partitions} partitions, {run}, "
+            f"heartbeat {_clock(task.heartbeat_at)}, restarts {task.restart_attempts})"
+        )
     return lines
 
 
@@ -132,9 +137,11 @@ def connectors_markdown(
         clusters = " → ".join(cluster or "?" for cluster in s.cluster_ids)
         age = liveness_s(s.heartbeats, s.heartbeats_committed)
         liveness = "—" if age is None else f"{age:.0f}s"
-        lines.append(f"| {_cell(s.name)} | {s.state} | {sum(t.partitions for t in s.tasks)} "
-                     f"| {_lag(lags.get(s.name, {}))} | {liveness} | {_cell(clusters)} | {s.version} "
-                     f"| {sum(t.restart_attempts for t in s.tasks)} | {tasks} | {problems} |")  # fmt: skip
+        lines.append(
+            f"| {_cell(s.name)} | {s.state} | {sum(t.partitions for t in s.tasks)} "
+            f"| {_lag(lags.get(s.name, {}))} | {liveness} | {_cell(clusters)} | {s.version} "
+            f"| {sum(t.restart_attempts for t in s.tasks)} | {tasks} | {problems} |"
+        )
     if len(statuses) > MAX_CONNECTORS:
         lines += ["", f"(+{len(statuses) - MAX_CONNECTORS} more connectors)"]
     return "\n".join(lines)

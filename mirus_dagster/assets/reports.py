@@ -72,21 +72,38 @@ def _table(rows: Sequence[Mapping[str, Any]], columns: Mapping[str, str]) -> dg.
 
 
 _LATENCY_COLUMNS = {
-    "connector": "connector", "destination_topic": "destination topic", "count": "records", "min_ms": "min",
-    "avg_ms": "avg", "p50_ms": "p50", "p95_ms": "p95", "p99_ms": "p99", "max_ms": "max", "le_5m": "≤5m",
-    "le_10m": "≤10m", "le_30m": "≤30m", "le_60m": "≤60m", "le_12h": "≤12h", "more": ">12h",
-}  # fmt: skip
+    "connector": "connector",
+    "destination_topic": "destination topic",
+    "count": "records",
+    "min_ms": "min",
+    "avg_ms": "avg",
+    "p50_ms": "p50",
+    "p95_ms": "p95",
+    "p99_ms": "p99",
+    "max_ms": "max",
+    "le_5m": "≤5m",
+    "le_10m": "≤10m",
+    "le_30m": "≤30m",
+    "le_60m": "≤60m",
+    "le_12h": "≤12h",
+    "more": ">12h",
+}
 
 
 @dg.asset(
     key=LATENCY_REPORT,
     group_name=REPORTS_GROUP,
     deps=[METRIC_SAMPLES_LAKE, DESTINATION_TOPICS],
-    check_specs=[dg.AssetCheckSpec(P99_CHECK, asset=LATENCY_REPORT,
-                                   description="Fails when a destination topic's p99 latency passes the threshold.")],
+    check_specs=[
+        dg.AssetCheckSpec(
+            P99_CHECK,
+            asset=LATENCY_REPORT,
+            description="Fails when a destination topic's p99 latency passes the threshold.",
+        )
+    ],
     description="Replication latency per connector and destination topic over the report window: count, min, "
     "avg, p50/p95/p99, max and Mirus's cumulative buckets.",
-)  # fmt: skip
+)
 def replication_latency_report(pyspark: PySparkResource, reporting: Reporting) -> dg.MaterializeResult:
     spark, lake = pyspark.spark_session, reporting.lake
     start, end = _window(reporting)
@@ -123,19 +140,29 @@ def replication_latency_report(pyspark: PySparkResource, reporting: Reporting) -
 
 
 _MISSING_COLUMNS = {
-    "connector": "connector", "source_topic": "source topic", "partition": "partition",
-    "destination_topic": "destination topic", "reason": "reason", "since": "since", "detail": "detail",
-}  # fmt: skip
+    "connector": "connector",
+    "source_topic": "source topic",
+    "partition": "partition",
+    "destination_topic": "destination topic",
+    "reason": "reason",
+    "since": "since",
+    "detail": "detail",
+}
 
 
 @dg.asset(
     key=MISSING_REPORT,
     group_name=REPORTS_GROUP,
     deps=[SNAPSHOTS_LAKE, STATE_LAKE, DESTINATION_TOPICS],
-    check_specs=[dg.AssetCheckSpec(MISSING_CHECK, asset=MISSING_REPORT,
-                                   description="Fails when a selected source partition has no destination partition.")],
+    check_specs=[
+        dg.AssetCheckSpec(
+            MISSING_CHECK,
+            asset=MISSING_REPORT,
+            description="Fails when a selected source partition has no destination partition.",
+        )
+    ],
     description="Every selected source partition without a destination partition: why, and since when.",
-)  # fmt: skip
+)
 def missing_partitions(pyspark: PySparkResource, reporting: Reporting) -> dg.MaterializeResult:
     spark, lake = pyspark.spark_session, reporting.lake
     rows = _save(spark, missing_partitions_report(spark, lake), lake, "missing_partitions")
@@ -167,9 +194,13 @@ def missing_partitions(pyspark: PySparkResource, reporting: Reporting) -> dg.Mat
 
 
 _LAG_COLUMNS = {
-    "connector": "connector", "topic": "source topic", "lag": "lag now",
-    "max_lag": "max lag", "records_per_s": "records/s (last step)", "time": "last step",
-}  # fmt: skip
+    "connector": "connector",
+    "topic": "source topic",
+    "lag": "lag now",
+    "max_lag": "max lag",
+    "records_per_s": "records/s (last step)",
+    "time": "last step",
+}
 CHART_TOPICS = 8
 
 

@@ -56,12 +56,18 @@ def topology_rows(store: Store) -> list[Topology]:
         destination = destination_snapshot.topics if destination_snapshot else {}
         selected = [t for t in config.selector.select(source) if not config.namer.is_cycle(t)]
         targets = sorted({config.namer.destination_topic(t) for t in selected})
-        rows.append(Topology(
-            record.name, source_cluster=config.source_alias, target_cluster=config.target_alias,
-            source_topics=selected, source_partitions=sum(source[t] for t in selected),
-            destination_topics=targets, destination_partitions=sum(destination.get(t, 0) for t in targets),
-            missing_topics=[t for t in targets if t not in destination],
-        ))  # fmt: skip
+        rows.append(
+            Topology(
+                record.name,
+                source_cluster=config.source_alias,
+                target_cluster=config.target_alias,
+                source_topics=selected,
+                source_partitions=sum(source[t] for t in selected),
+                destination_topics=targets,
+                destination_partitions=sum(destination.get(t, 0) for t in targets),
+                missing_topics=[t for t in targets if t not in destination],
+            )
+        )
     return rows
 
 
@@ -69,18 +75,24 @@ def _table(rows: list[Topology], side: str) -> str:
     if side == "source":
         lines = ["| connector | source cluster | topics | partitions | selected topics |", "|---|---|---|---|---|"]
     else:
-        lines = ["| connector | destination cluster | topics | partitions | missing topics | destination topics |",
-                 "|---|---|---|---|---|---|"]  # fmt: skip
+        lines = [
+            "| connector | destination cluster | topics | partitions | missing topics | destination topics |",
+            "|---|---|---|---|---|---|",
+        ]
     for r in rows:
         if r.error is not None:
             lines.append(f"| {r.connector} | configuration error: {r.error} |")
         elif side == "source":
-            lines.append(f"| {r.connector} | {r.source_cluster} | {len(r.source_topics)} | {r.source_partitions} "
-                         f"| {_listed(r.source_topics)} |")  # fmt: skip
+            lines.append(
+                f"| {r.connector} | {r.source_cluster} | {len(r.source_topics)} | {r.source_partitions} "
+                f"| {_listed(r.source_topics)} |"
+            )
         else:
-            lines.append(f"| {r.connector} | {r.target_cluster} | {len(r.destination_topics)} "
-                         f"| {r.destination_partitions} | {_listed(r.missing_topics) or '—'} "
-                         f"| {_listed(r.destination_topics)} |")  # fmt: skip
+            lines.append(
+                f"| {r.connector} | {r.target_cluster} | {len(r.destination_topics)} "
+                f"| {r.destination_partitions} | {_listed(r.missing_topics) or '—'} "
+                f"| {_listed(r.destination_topics)} |"
+            )
     return "\n".join(lines) if rows else "No connectors."
 
 
@@ -92,10 +104,12 @@ def _table(rows: list[Topology], side: str) -> str:
 )
 def source_topics(platform: PlatformDatabase) -> dg.MaterializeResult:
     rows = topology_rows(platform.store())
-    return dg.MaterializeResult(metadata={
-        "connectors": dg.MetadataValue.md(_table(rows, "source")),
-        "topics": sum(len(r.source_topics) for r in rows),
-    })  # fmt: skip
+    return dg.MaterializeResult(
+        metadata={
+            "connectors": dg.MetadataValue.md(_table(rows, "source")),
+            "topics": sum(len(r.source_topics) for r in rows),
+        }
+    )
 
 
 @dg.asset(
@@ -106,8 +120,10 @@ def source_topics(platform: PlatformDatabase) -> dg.MaterializeResult:
 )
 def destination_topics(platform: PlatformDatabase) -> dg.MaterializeResult:
     rows = topology_rows(platform.store())
-    return dg.MaterializeResult(metadata={
-        "connectors": dg.MetadataValue.md(_table(rows, "destination")),
-        "topics": sum(len(r.destination_topics) for r in rows),
-        "missing topics": sum(len(r.missing_topics) for r in rows),
-    })  # fmt: skip
+    return dg.MaterializeResult(
+        metadata={
+            "connectors": dg.MetadataValue.md(_table(rows, "destination")),
+            "topics": sum(len(r.destination_topics) for r in rows),
+            "missing topics": sum(len(r.missing_topics) for r in rows),
+        }
+    )

@@ -17,7 +17,7 @@ from mirus_dagster.resources import PlatformDatabase
 from mirus_dagster.sensors.decisions import start_decision
 from mirus_dagster.sensors.task_runs import LIVE, NEVER_RAN, task_histories, task_run_requests
 from replicator.configuration.connector import ConnectorConfigError, load
-from replicator.state.records import ConnectorState, ConnectorStatus, PartitionHealth
+from replicator.state.records import ConnectorRecord, ConnectorState, ConnectorStatus, PartitionHealth
 from replicator.state.store import Store
 
 # Below the sensor daemon's own 5 s loop on purpose: an interval equal to it makes the daemon skip a tick whenever
@@ -37,8 +37,11 @@ ConnectorsEvent = Callable[[Store, str, dg.DagsterInstance, Mapping[str, Sequenc
 def findings_of(status: ConnectorStatus) -> list[str]:
     """What an operator must know from the watcher's last poll: source partitions it holds back because their
     destination is missing (the connector then replicates less than it selects, or nothing)."""
-    missing = sorted(tp for tp, row in status.unhealthy_partitions.items()
-                     if row.task_id is None and row.state == PartitionHealth.PAUSED)  # fmt: skip
+    missing = sorted(
+        tp
+        for tp, row in status.unhealthy_partitions.items()
+        if row.task_id is None and row.state == PartitionHealth.PAUSED
+    )
     named = [f"{topic}[{partition}]" for topic, partition in missing[:MAX_FINDINGS]]
     if not missing:
         return []
@@ -87,32 +90,14 @@ def _evaluate(
     known = set(context.instance.get_dynamic_partitions(CONNECTOR_PARTITIONS))
     records = store.list_connectors()
     for record in records:
-        if record.state != ConnectorState.RUNNING:
-            continue
-        try:
-            wanted = 1 + load(record.properties).standby_runs
-        except ConnectorConfigError:
-            continue  # the watcher reports it
-        histories = task_histories(context.instance, record.name)
-        for task_id in sorted(store.read_assignment(record.name)):
-            history = histories.get(task_id, NEVER_RAN)
-            decision = start_decision(history, wanted)
-            if decision.launch:
-                run_requests += task_run_requests(
-                    record.name, task_id, decision.reason, decision.runs, history.live_runs
-                )
+        if record.state == ConnectorState.RUNNING:
+            run_requests += _task_starts(context.instance, store, record)
     names = {r.name for r in records}
     # Everything the connectors table shows but heartbeat times and lag: a change is recorded at once, and those
     # are kept fresh by recording at least every `refresh_s` while anything runs.
     statuses = store.connector_statuses()
     findings = {s.name: findings_of(s) for s in statuses if s.state == ConnectorState.RUNNING}
-    fingerprint = repr(
-        [(s.name, s.state, s.version, s.assignment_generation, [(t.task_id, t.state, t.partitions, t.restart_attempts)
-          for t in s.tasks], s.metadata_errors, sorted(s.flow_problems.items()), sorted(s.unhealthy_partitions))
-         for s in statuses]
-        + [(r.name, r.restart_requested_at) for r in records]
-        + sorted(findings.items())
-    )  # fmt: skip
+    fingerprint = _fingerprint(statuses, records, findings)
     running = any(r.state == ConnectorState.RUNNING for r in records)
     changed = fingerprint != cursor.fingerprint
     if changed or (running and time.time() - cursor.reported_at >= refresh_s):
@@ -129,4 +114,43 @@ def _evaluate(
         cursor=cursor.model_dump_json(),
         dynamic_partitions_requests=partitions,
         asset_events=asset_events,
+    )
+
+
+def _task_starts(instance: dg.DagsterInstance, store: Store, record: ConnectorRecord) -> list[dg.RunRequest]:
+    """Runs to start for the running connector's assigned tasks: those short of an owner and its standbys."""
+    try:
+        wanted = 1 + load(record.properties).standby_runs
+    except ConnectorConfigError:
+        return []  # the watcher reports it
+    run_requests: list[dg.RunRequest] = []
+    histories = task_histories(instance, record.name)
+    for task_id in sorted(store.read_assignment(record.name)):
+        history = histories.get(task_id, NEVER_RAN)
+        decision = start_decision(history, wanted)
+        if decision.launch:
+            run_requests += task_run_requests(record.name, task_id, decision.reason, decision.runs, history.live_runs)
+    return run_requests
+
+
+def _fingerprint(
+    statuses: list[ConnectorStatus], records: list[ConnectorRecord], findings: dict[str, list[str]]
+) -> str:
+    """What the connectors table shows, but heartbeat times and lag: a change of it is recorded at once."""
+    return repr(
+        [
+            (
+                s.name,
+                s.state,
+                s.version,
+                s.assignment_generation,
+                [(t.task_id, t.state, t.partitions, t.restart_attempts) for t in s.tasks],
+                s.metadata_errors,
+                sorted(s.flow_problems.items()),
+                sorted(s.unhealthy_partitions),
+            )
+            for s in statuses
+        ]
+        + [(r.name, r.restart_requested_at) for r in records]
+        + sorted(findings.items())
     )

@@ -54,10 +54,14 @@ def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:
                     continue
                 else:
                     decision = restart_decision(
-                        history, lease.heartbeat_at if lease else None, now, wanted=1 + config.standby_runs,
+                        history,
+                        lease.heartbeat_at if lease else None,
+                        now,
+                        wanted=1 + config.standby_runs,
                         lease_timeout_s=config.lease_timeout_ms / 1000,
-                        initial_backoff_s=supervisor.initial_backoff_s, max_backoff_s=supervisor.max_backoff_s,
-                    )  # fmt: skip
+                        initial_backoff_s=supervisor.initial_backoff_s,
+                        max_backoff_s=supervisor.max_backoff_s,
+                    )
                 if not decision.launch:
                     continue
                 if decision.replace_live_run:

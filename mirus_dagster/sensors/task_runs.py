@@ -19,9 +19,12 @@ from mirus_dagster.constants import (
 from mirus_dagster.sensors.decisions import TaskRunHistory, failure_streak
 
 LIVE = {
-    dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING,
-}  # fmt: skip
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+}
 HISTORY_LIMIT = 200
 
 

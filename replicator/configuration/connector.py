@@ -88,10 +88,19 @@ _BLOCKED_SETTINGS = {
 _PYTHON_HOOKS = frozenset(
     {"logger", "error_cb", "throttle_cb", "stats_cb", "oauth_cb", "on_delivery", "on_commit", "default.topic.config"}
 )
-CONNECTION_SETTINGS = frozenset({
-    "bootstrap.servers", "security.protocol", "client.dns.lookup", "broker.address.family", "client.rack",
-    "socket.timeout.ms", "socket.keepalive.enable", "reconnect.backoff.ms", "reconnect.backoff.max.ms",
-})  # fmt: skip
+CONNECTION_SETTINGS = frozenset(
+    {
+        "bootstrap.servers",
+        "security.protocol",
+        "client.dns.lookup",
+        "broker.address.family",
+        "client.rack",
+        "socket.timeout.ms",
+        "socket.keepalive.enable",
+        "reconnect.backoff.ms",
+        "reconnect.backoff.max.ms",
+    }
+)
 LITERAL_SECRET_REASON = (
     "give secrets as a reference (${env:NAME} or ${file:/path/file.properties:key}) so that they never enter "
     "Dagster's run history; then rotate the value typed here"
@@ -263,8 +272,11 @@ class _ConnectorModel(BaseModel):
         # The client dicts hold resolved values: shown masked, secrets and anything from a reference alike.
         yield from super().__repr_args__()
         referenced = {name for name, value in self.raw.items() if has_reference(value)}
-        for field, client in (("source_client", Client.SOURCE), ("destination_client", Client.DESTINATION),
-                              ("producer_client", Client.PRODUCER)):  # fmt: skip
+        for field, client in (
+            ("source_client", Client.SOURCE),
+            ("destination_client", Client.DESTINATION),
+            ("producer_client", Client.PRODUCER),
+        ):
             keys = {_client_setting(name)[1] for name in referenced if _client_setting(name)[0] == client}
             if client is Client.DESTINATION:  # producer.bootstrap.servers may stand in for the destination's
                 keys |= {"bootstrap.servers"} & {_client_setting(n)[1] for n in referenced if n.startswith("producer.")}
@@ -425,8 +437,11 @@ class _Parser(TopicRules):
                     # Not even resolved: the connector's own properties become topic names, counts and behaviour
                     # that the platform shows, so a reference would display whatever it points to. (Client
                     # settings may hold references: their resolved values are masked wherever shown.)
-                    self.fail(name, "${...} references are only accepted in secret properties and client settings "
-                              "(consumer.*, producer.*, ...): this property's value is shown")  # fmt: skip
+                    self.fail(
+                        name,
+                        "${...} references are only accepted in secret properties and client settings "
+                        "(consumer.*, producer.*, ...): this property's value is shown",
+                    )
                     self.unresolved.add(name)
                     resolved[name] = value
                     continue
@@ -488,8 +503,11 @@ class _Parser(TopicRules):
                 # Interpreted by us (Mirus semantics), not handed to librdkafka.
                 value = (self.stripped(name) or "").lower()
                 if value not in _OFFSET_RESETS:
-                    self.fail(name, f"must be earliest or latest (or smallest, beginning, largest, end), "
-                                    f"got {self.shown(name, self.stripped(name) or '')}")  # fmt: skip
+                    self.fail(
+                        name,
+                        f"must be earliest or latest (or smallest, beginning, largest, end), "
+                        f"got {self.shown(name, self.stripped(name) or '')}",
+                    )
                 elif offset_reset is None or name.startswith("consumer."):
                     offset_reset = (name, value)
                 continue
@@ -535,11 +553,17 @@ class _Parser(TopicRules):
         """Refuse what would contradict exactly-once, naming the property that does."""
         mode = f"exactly.once.support={self.stripped('exactly.once.support')}"
         if fields.get("provenance_headers") is False:
-            self.fail("provenance.headers.enabled", f"must stay true with {mode}: each partition resumes after its "
-                      "last copy at the destination, found by these headers")  # fmt: skip
+            self.fail(
+                "provenance.headers.enabled",
+                f"must stay true with {mode}: each partition resumes after its "
+                "last copy at the destination, found by these headers",
+            )
         if fields.get("partition_matching") is False:
-            self.fail("enable.partition.matching", f"must not be false with {mode}: a partition's copies are found "
-                      "in the destination partition with its number")  # fmt: skip
+            self.fail(
+                "enable.partition.matching",
+                f"must not be false with {mode}: a partition's copies are found "
+                "in the destination partition with its number",
+            )
         # (client, setting, accepted values (empty: none), why)
         rules = (
             (Client.PRODUCER, "transactional.id", (), "is set by the platform (one per task, mirus-<connector>-"
@@ -590,8 +614,11 @@ class _Parser(TopicRules):
             return True  # reported as missing where the clients are checked
         if "@" in value:
             # user:password@host: credentials in a URL. The value is never repeated (it holds a password).
-            self.fail(name, "must not contain credentials (user:password@host): give sasl.username and a "
-                            "sasl.password reference instead")  # fmt: skip
+            self.fail(
+                name,
+                "must not contain credentials (user:password@host): give sasl.username and a "
+                "sasl.password reference instead",
+            )
             self.unresolved.add(name)
             return False
         bad = [entry for entry in value.split(",") if not _BOOTSTRAP_ENTRY.fullmatch(entry.strip())]

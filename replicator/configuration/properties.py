@@ -257,14 +257,27 @@ CLIENT_PREFIXES: tuple[ClientPrefix, ...] = (
 )  # fmt: skip
 
 # Settings Kafka Connect / MM2 users commonly carry that change nothing here: accepted and ignored.
-IGNORED_PROPERTIES = frozenset({
-    "config.action.reload", "replay.policy", "replay.window.records", "checkpoints.topic.replication.factor",
-    "heartbeats.topic.replication.factor", "offset-syncs.topic.replication.factor",
-})  # fmt: skip
+IGNORED_PROPERTIES = frozenset(
+    {
+        "config.action.reload",
+        "replay.policy",
+        "replay.window.records",
+        "checkpoints.topic.replication.factor",
+        "heartbeats.topic.replication.factor",
+        "offset-syncs.topic.replication.factor",
+    }
+)
 IGNORED_PREFIXES = (
-    "key.converter", "value.converter", "header.converter", "errors.", "predicates", "sync.topic.acls.",
-    "refresh.topics.", "refresh.groups.", "offset-syncs.",
-)  # fmt: skip
+    "key.converter",
+    "value.converter",
+    "header.converter",
+    "errors.",
+    "predicates",
+    "sync.topic.acls.",
+    "refresh.topics.",
+    "refresh.groups.",
+    "offset-syncs.",
+)
 
 SPECS: dict[str, PropertySpec] = {name: spec for spec in PROPERTIES for name in spec.names}
 KNOWN_PROPERTIES = frozenset(SPECS)
@@ -302,8 +315,10 @@ def properties_markdown() -> str:
         name = " / ".join(f"`{n}`" for n in spec.names)
         reader = spec.part or spec.client
         doc = spec.doc + (f" ({reader.value})" if reader else "")
-        lines.append(f"| {name} | {spec.kind.value} | {_default(spec)} | {_values(spec)} | "
-                     f"{'yes' if is_secret_property(spec.name) else 'no'} | {doc} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {spec.kind.value} | {_default(spec)} | {_values(spec)} | "
+            f"{'yes' if is_secret_property(spec.name) else 'no'} | {doc} |"
+        )
     lines += [
         "",
         "## Client settings",

@@ -109,8 +109,10 @@ class PropertyReader:
             return None
         text = self.stripped(name) or ""
         if not text:
-            self.fail(name, f"required: {spec.doc[0].lower()}{spec.doc[1:].rstrip('.')}" if spec.required
-                      else "must not be empty")  # fmt: skip
+            self.fail(
+                name,
+                f"required: {spec.doc[0].lower()}{spec.doc[1:].rstrip('.')}" if spec.required else "must not be empty",
+            )
             return None
         if (spec.choices and text not in spec.choices) or (spec.pattern and not re.fullmatch(spec.pattern, text)):
             self.fail(name, f"must be {spec.expected}, got {self.shown(name, text)}")

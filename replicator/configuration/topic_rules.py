@@ -73,10 +73,19 @@ class TopicRules(PropertyReader):
     def check_destination_names(self, selector: TopicSelector, namer: TopicNamer) -> None:
         """Named topics must be legal Kafka names, and so must what the naming policy makes of them."""
         naming = next(
-            (p for p in ("destination.topic.name.suffix", "destination.topic.name.prefix", "transforms",
-                         "replication.policy.class", "source.cluster.alias") if self.props.get(p)),
+            (
+                p
+                for p in (
+                    "destination.topic.name.suffix",
+                    "destination.topic.name.prefix",
+                    "transforms",
+                    "replication.policy.class",
+                    "source.cluster.alias",
+                )
+                if self.props.get(p)
+            ),
             "source.cluster.alias",
-        )  # fmt: skip
+        )
         for topic in sorted(selector.whitelist):
             if not _legal_topic(topic):
                 self.fail("topics.whitelist", f"{topic[:60]!r}: not a Kafka topic name ({_LEGAL_TOPIC})")

@@ -75,10 +75,16 @@ class HeartbeatProducers:
             return False
         if HEARTBEATS_TOPIC not in source.topics:
             _create_topic(source_admin, source)
-        key = json.dumps({
-            "sourceClusterAlias": config.source_alias, "targetClusterAlias": config.target_alias,
-            "sourceClusterId": source.cluster_id, "targetClusterId": destination_id, "connector": config.name,
-        }, sort_keys=True).encode()  # fmt: skip
+        key = json.dumps(
+            {
+                "sourceClusterAlias": config.source_alias,
+                "targetClusterAlias": config.target_alias,
+                "sourceClusterId": source.cluster_id,
+                "targetClusterId": destination_id,
+                "connector": config.name,
+            },
+            sort_keys=True,
+        ).encode()
         now_ms = time.time_ns() // 1_000_000
         connector = config.name
 
@@ -92,8 +98,14 @@ class HeartbeatProducers:
         self._poll()  # a producer that failed fatally is replaced before it is used again
         producer = self._producer(config)
         try:
-            producer.produce(HEARTBEATS_TOPIC, json.dumps({"timestamp": now_ms}).encode(), key, partition=0,
-                             timestamp=now_ms, on_delivery=delivered)  # fmt: skip
+            producer.produce(
+                HEARTBEATS_TOPIC,
+                json.dumps({"timestamp": now_ms}).encode(),
+                key,
+                partition=0,
+                timestamp=now_ms,
+                on_delivery=delivered,
+            )
         except BufferError as exc:
             raise HeartbeatError(f"heartbeat not queued: {exc}") from exc
         except KafkaException as exc:
@@ -130,10 +142,15 @@ class HeartbeatProducers:
         key = settings_key(settings)
         producer = self.producers.get(key)
         if producer is None:
-            producer = self.producers[key] = Producer({
-                **settings, "acks": "all", "enable.idempotence": True, "allow.auto.create.topics": False,
-                "message.timeout.ms": DELIVERY_TIMEOUT_MS,
-            })  # fmt: skip
+            producer = self.producers[key] = Producer(
+                {
+                    **settings,
+                    "acks": "all",
+                    "enable.idempotence": True,
+                    "allow.auto.create.topics": False,
+                    "message.timeout.ms": DELIVERY_TIMEOUT_MS,
+                }
+            )
         return producer
 
     def _replace(self, key: str) -> None:

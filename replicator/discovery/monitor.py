@@ -35,8 +35,13 @@ from replicator.state.records import ConnectorRecord, FlowRow
 from replicator.state.store import Store
 
 __all__ = [
-    "KafkaMonitor", "MetadataUnavailableError", "MonitorResult", "PartitionPlan", "PollMemory", "plan_partitions",
-]  # fmt: skip
+    "KafkaMonitor",
+    "MetadataUnavailableError",
+    "MonitorResult",
+    "PartitionPlan",
+    "PollMemory",
+    "plan_partitions",
+]
 
 
 @dataclass(frozen=True)

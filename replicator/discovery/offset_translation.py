@@ -70,10 +70,13 @@ class TranslatedOffset:
 
     def row(self) -> dict[str, object]:
         return {
-            "topic": self.topic, "partition": self.partition, "source_offset": self.source_offset,
-            "destination_topic": self.destination_topic, "destination_partition": self.destination_partition,
+            "topic": self.topic,
+            "partition": self.partition,
+            "source_offset": self.source_offset,
+            "destination_topic": self.destination_topic,
+            "destination_partition": self.destination_partition,
             "destination_offset": self.destination_offset,
-        }  # fmt: skip
+        }
 
 
 def selected_groups(config: ConnectorConfig, group_ids: Iterable[str]) -> list[str]:
@@ -151,9 +154,17 @@ class OffsetTranslator:
             for group, (topic, partition), offset in wanted:
                 complete = offset == 0 or replicated.get((topic, partition), -1) >= offset
                 out.append(
-                    TranslatedOffset(group, topic, partition, offset, dest_topic, dest_partition,
-                                     found[(group, topic, partition)], complete)
-                )  # fmt: skip
+                    TranslatedOffset(
+                        group,
+                        topic,
+                        partition,
+                        offset,
+                        dest_topic,
+                        dest_partition,
+                        found[(group, topic, partition)],
+                        complete,
+                    )
+                )
         return out
 
     def _previous(self, group_offsets: Mapping[str, Mapping[SourcePartition, int]]) -> dict[tuple[str, str, int], int]:
@@ -176,11 +187,16 @@ class OffsetTranslator:
         found: dict[tuple[str, str, int], int] = {}
         if not targets:
             return found
-        consumer = Consumer({
-            **self.config.admin_settings("destination"), "group.id": f"mirus-{self.config.name}-translate",
-            "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",  # copies of an aborted transaction are not there
-        })  # fmt: skip
+        consumer = Consumer(
+            {
+                **self.config.admin_settings("destination"),
+                "group.id": f"mirus-{self.config.name}-translate",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",  # copies of an aborted transaction are not there
+            }
+        )
         try:
             assignment = []
             for (dest_topic, dest_partition), wanted in targets.items():
@@ -209,11 +225,16 @@ class OffsetTranslator:
                     wanted[(topic, partition, offset - 1)].append((dest, group))
         if not wanted:
             return
-        consumer = Consumer({
-            **self.config.admin_settings("source"), "group.id": f"mirus-{self.config.name}-translate",
-            "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "latest",
-            "isolation.level": "read_committed",  # the opposite flow's copies, as its readers see them
-        })  # fmt: skip
+        consumer = Consumer(
+            {
+                **self.config.admin_settings("source"),
+                "group.id": f"mirus-{self.config.name}-translate",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "latest",
+                "isolation.level": "read_committed",  # the opposite flow's copies, as its readers see them
+            }
+        )
         prefix = f"{self.destination_cluster}/"
         try:
             for (topic, partition, offset), readers in sorted(wanted.items()):
@@ -328,9 +349,12 @@ def translate_group(
 
 
 def sync_groups(
-    config: ConnectorConfig, store: Store, source_cluster: str, destination_cluster: str,
+    config: ConnectorConfig,
+    store: Store,
+    source_cluster: str,
+    destination_cluster: str,
     admins: tuple[AdminClient, AdminClient] | None = None,
-) -> dict[str, str]:  # fmt: skip
+) -> dict[str, str]:
     """The periodic duty: checkpoint every selected group and, with `sync.group.offsets.enabled`, write the
     translations into idle destination groups. Returns problems (group -> why). `admins`: the source's and the
     destination's clients to use (the metadata watcher's live as long as it does); new ones otherwise."""

@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 from confluent_kafka.admin import AdminClient
 from sqlalchemy.exc import SQLAlchemyError
 
+from replicator.assignment import SourcePartition
 from replicator.clusters import ClusterView, MetadataUnavailableError, read_cluster, settings_key
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load
 from replicator.discovery.heartbeats import HeartbeatProducers
 from replicator.discovery.monitor import KafkaMonitor, MonitorResult, PollMemory, plan_partitions
 from replicator.discovery.topic_sync import TopicRequests
-from replicator.state.records import ConnectorState, UnknownConnectorError
+from replicator.state.records import ConnectorRecord, ConnectorState, UnknownConnectorError
 from replicator.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -157,63 +158,93 @@ class MetadataWatcher:
         records = [r for r in self.store.list_connectors() if r.state == ConnectorState.RUNNING]
         paused = functools.cache(self.store.unowned_paused)  # read once a round, by its first poll
         for record in records:
-            watch = self.watches.setdefault(record.name, ConnectorWatch())
-            if time.monotonic() < watch.retry_at:
-                continue
-            try:
-                config = self._config(record.name, record.version, record.properties)
-                seen = (
-                    record.version,
-                    record.assignment_generation,
-                    readings.fingerprint(config.admin_settings("source"), "source"),
-                    readings.fingerprint(config.admin_settings("destination"), "destination"),
-                )
-                due = time.monotonic() >= watch.due_at or self.topic_requests.ready(record.name)
-                if seen == watch.seen and not due:
-                    continue
-                # A cluster changed; only a change of what this connector would replicate is worth a poll before
-                # its periodic one (a topic another connector reads must not make a hundred connectors poll).
-                planned = (record.version, record.assignment_generation, self._plan(config, readings))
-                if planned == watch.planned and not due:
-                    watch.seen = seen
-                    continue
-                done.polled.append(record.name)
-                monitor = KafkaMonitor(
-                    self.store,
-                    read_view=self._shared(config, readings),
-                    admin_for=readings.client,
-                    topic_requests=self.topic_requests,
-                    heartbeat_producers=self.heartbeat_producers,
-                    memory=self.memory,
-                    unowned_paused=lambda name: paused().get(name, set()),
-                    flow_writes=self.flow_writes,
-                )
-                result = monitor.poll(record.name, record, config)
-                watch.due_at = time.monotonic() + config.monitor_poll_wait_ms / 1000
-            except MetadataUnavailableError as exc:  # recorded with the failed snapshot: the connector shows it
-                self._failed(record.name, watch, str(exc))
-                done.errors[record.name] = str(exc)
-                continue
-            except UnknownConnectorError:
-                continue  # deleted while we looked
-            except Exception as exc:  # one broken connector must not stop discovery for the others
-                error = str(exc) if isinstance(exc, ConnectorConfigError) else f"{type(exc).__name__}: {exc}"
-                self._failed(record.name, watch, error, show=True)
-                done.errors[record.name] = error
-                continue
-            # The generation we just wrote is part of what we saw: it must not trigger another poll.
-            watch.seen = (*seen[:1], result.generation, *seen[2:])
-            watch.planned = (*planned[:1], result.generation, *planned[2:])
-            if watch.error is not None:
-                self.on_error(record.name, None)
-            if watch.shown:
-                self._show(record.name, None)
-            watch.failures, watch.retry_at, watch.error, watch.shown = 0, 0.0, None, False
-            if result.changed:
-                done.changed.append(result)
-                self.on_change(result)
+            self._watch(record, readings, paused, done)
         self._write_flows()
-        names = {r.name for r in records}
+        self._forget_all_but({r.name for r in records}, readings)
+        done.requests = readings.requests
+        done.seconds = time.monotonic() - started
+        return done
+
+    def _watch(
+        self,
+        record: ConnectorRecord,
+        readings: ClusterReadings,
+        paused: Callable[[], dict[str, set[SourcePartition]]],
+        done: WatchRound,
+    ) -> None:
+        """Poll the connector if what it would replicate changed or its periodic poll is due; the outcome in `done`."""
+        watch = self.watches.setdefault(record.name, ConnectorWatch())
+        if time.monotonic() < watch.retry_at:
+            return
+        try:
+            config = self._config(record.name, record.version, record.properties)
+            seen = (
+                record.version,
+                record.assignment_generation,
+                readings.fingerprint(config.admin_settings("source"), "source"),
+                readings.fingerprint(config.admin_settings("destination"), "destination"),
+            )
+            due = time.monotonic() >= watch.due_at or self.topic_requests.ready(record.name)
+            if seen == watch.seen and not due:
+                return
+            # A cluster changed; only a change of what this connector would replicate is worth a poll before
+            # its periodic one (a topic another connector reads must not make a hundred connectors poll).
+            planned = (record.version, record.assignment_generation, self._plan(config, readings))
+            if planned == watch.planned and not due:
+                watch.seen = seen
+                return
+            done.polled.append(record.name)
+            result = self._poll(record, config, readings, paused)
+            watch.due_at = time.monotonic() + config.monitor_poll_wait_ms / 1000
+        except MetadataUnavailableError as exc:  # recorded with the failed snapshot: the connector shows it
+            self._failed(record.name, watch, str(exc))
+            done.errors[record.name] = str(exc)
+            return
+        except UnknownConnectorError:
+            return  # deleted while we looked
+        except Exception as exc:  # one broken connector must not stop discovery for the others
+            error = str(exc) if isinstance(exc, ConnectorConfigError) else f"{type(exc).__name__}: {exc}"
+            self._failed(record.name, watch, error, show=True)
+            done.errors[record.name] = error
+            return
+        # The generation we just wrote is part of what we saw: it must not trigger another poll.
+        watch.seen = (*seen[:1], result.generation, *seen[2:])
+        watch.planned = (*planned[:1], result.generation, *planned[2:])
+        self._recovered(record.name, watch)
+        if result.changed:
+            done.changed.append(result)
+            self.on_change(result)
+
+    def _poll(
+        self,
+        record: ConnectorRecord,
+        config: ConnectorConfig,
+        readings: ClusterReadings,
+        paused: Callable[[], dict[str, set[SourcePartition]]],
+    ) -> MonitorResult:
+        """The connector's monitor poll, reading the clusters through this round's shared readings."""
+        monitor = KafkaMonitor(
+            self.store,
+            read_view=self._shared(config, readings),
+            admin_for=readings.client,
+            topic_requests=self.topic_requests,
+            heartbeat_producers=self.heartbeat_producers,
+            memory=self.memory,
+            unowned_paused=lambda name: paused().get(name, set()),
+            flow_writes=self.flow_writes,
+        )
+        return monitor.poll(record.name, record, config)
+
+    def _recovered(self, name: str, watch: ConnectorWatch) -> None:
+        """A poll succeeded: the connector's error, if it had one, is cleared and its backoff reset."""
+        if watch.error is not None:
+            self.on_error(name, None)
+        if watch.shown:
+            self._show(name, None)
+        watch.failures, watch.retry_at, watch.error, watch.shown = 0, 0.0, None, False
+
+    def _forget_all_but(self, names: set[str], readings: ClusterReadings) -> None:
+        """Drop what is kept for connectors no longer running, and the clients of clusters none of them reads."""
         self.watches = {n: w for n, w in self.watches.items() if n in names}
         self.configs = {k: c for k, c in self.configs.items() if k[0] in names}
         self.topic_requests.keep(names)
@@ -221,9 +252,6 @@ class MetadataWatcher:
         self.memory.keep(names)
         for key in set(self.clients) - readings.used:
             del self.clients[key]  # no running connector reads that cluster any more
-        done.requests = readings.requests
-        done.seconds = time.monotonic() - started
-        return done
 
     def _config(self, name: str, version: int, properties: Mapping[str, object]) -> ConnectorConfig:
         config = self.configs.get((name, version))

@@ -38,8 +38,12 @@ def write_offsets(lines: Iterable[OffsetLine], fmt: Format) -> str:
             writer.writerow([line.connector, line.topic, line.partition, "" if line.offset is None else line.offset])
     else:
         for line in lines:
-            record = {"connectorId": line.connector, "topic": line.topic, "partition": line.partition,
-                      "offset": line.offset}  # fmt: skip
+            record = {
+                "connectorId": line.connector,
+                "topic": line.topic,
+                "partition": line.partition,
+                "offset": line.offset,
+            }
             out.write(json.dumps(record, separators=(",", ":")) + "\n")
     return out.getvalue()
 

@@ -420,57 +420,69 @@ class _ClusterReader:
                 now = time.monotonic()
                 if now >= deadline:
                     return False
-                for tp, log in logs.items():
-                    if log.done or now - last_progress < idle_s:
-                        continue
-                    if log.end is None:
-                        log.finish(_next_offset(log), f"quiet for {idle_s:g}s")
-                    elif self._position(tp) >= log.end:  # the last offsets hold transaction markers
-                        log.finish(log.end, f"end offset {log.end}")
-                    else:
-                        run.complete = False
-                        run.notes.append(
-                            f"source {tp[0]}[{tp[1]}]: the broker reported end offset {log.end} but no record past "
-                            f"offset {_next_offset(log) - 1} arrived for {idle_s:g}s: the rest was not checked"
-                        )
-                        log.finish(_next_offset(log), f"offset {_next_offset(log)} (stalled)")
+                if now - last_progress >= idle_s:
+                    self._end_quiet_sources(run, idle_s)
                 wait = max(0.01, min(POLL_TIMEOUT_S, deadline - now))
                 for msg in self._consume(wait):
-                    tp = (msg.topic(), msg.partition())
-                    log = logs.get(tp)
-                    if log is None:
-                        continue
-                    offset = msg.offset()
-                    if log.done and (log.end is None or log.end_confirmed or offset != log.checked_until == log.end):
-                        continue  # past a bound already settled; only the record right after the end is checked
-                    if log.end is not None and offset >= log.end:
-                        # Kafka: a served record is always below the end offset. A record past the snapshot's end
-                        # was produced since if the broker now reports an end past it; otherwise its ends are wrong.
-                        if log.end_confirmed or self._end_confirmed(tp, offset):
-                            log.end_confirmed = True
-                            if not log.done:
-                                log.finish(log.end, f"end offset {log.end}")
-                            continue
-                        run.notes.append(
-                            f"source {tp[0]}[{tp[1]}]: the broker reported end offset {log.end} but served offset "
-                            f"{offset} and still reports no more: its end offsets are not usable, so this partition "
-                            "was read up to the first record created after the check started, or until quiet"
-                        )
-                        log.end, log.checked_until = None, None
-                    last_progress = time.monotonic()
-                    timestamp_type, timestamp = msg.timestamp()
-                    if log.end is None and timestamp_type != TIMESTAMP_NOT_AVAILABLE and timestamp > started_at_ms:
-                        log.finish(offset, "first record created after the check started")
-                        continue
-                    run.add_source(msg)
-                    if log.end is not None and offset >= log.end - 1:
-                        log.finish(log.end, f"end offset {log.end}")
+                    if self._read_source_record(run, msg, started_at_ms):
+                        last_progress = time.monotonic()
             return True
         finally:
             for log in logs.values():
                 if not log.done:
                     log.finish(_next_offset(log), "timeout")
             self.consumer.unassign()
+
+    def _end_quiet_sources(self, run: _Run, idle_s: float) -> None:
+        """No partition still being read delivered anything for `idle_s`: each ends where it is (quiet without an
+        end offset, at its end offset when the last offsets hold transaction markers, or else stalled)."""
+        for tp, log in run.sources.items():
+            if log.done:
+                continue
+            if log.end is None:
+                log.finish(_next_offset(log), f"quiet for {idle_s:g}s")
+            elif self._position(tp) >= log.end:  # the last offsets hold transaction markers
+                log.finish(log.end, f"end offset {log.end}")
+            else:
+                run.complete = False
+                run.notes.append(
+                    f"source {tp[0]}[{tp[1]}]: the broker reported end offset {log.end} but no record past "
+                    f"offset {_next_offset(log) - 1} arrived for {idle_s:g}s: the rest was not checked"
+                )
+                log.finish(_next_offset(log), f"offset {_next_offset(log)} (stalled)")
+
+    def _read_source_record(self, run: _Run, msg: Message, started_at_ms: int) -> bool:
+        """Take a record read from the source into its partition's log, up to the snapshot bound; True if it was
+        progress (a record of a partition still being read, or the one that ends it)."""
+        tp = (msg.topic(), msg.partition())
+        log = run.sources.get(tp)
+        if log is None:
+            return False
+        offset = msg.offset()
+        if log.done and (log.end is None or log.end_confirmed or offset != log.checked_until == log.end):
+            return False  # past a bound already settled; only the record right after the end is checked
+        if log.end is not None and offset >= log.end:
+            # Kafka: a served record is always below the end offset. A record past the snapshot's end
+            # was produced since if the broker now reports an end past it; otherwise its ends are wrong.
+            if log.end_confirmed or self._end_confirmed(tp, offset):
+                log.end_confirmed = True
+                if not log.done:
+                    log.finish(log.end, f"end offset {log.end}")
+                return False
+            run.notes.append(
+                f"source {tp[0]}[{tp[1]}]: the broker reported end offset {log.end} but served offset "
+                f"{offset} and still reports no more: its end offsets are not usable, so this partition "
+                "was read up to the first record created after the check started, or until quiet"
+            )
+            log.end, log.checked_until = None, None
+        timestamp_type, timestamp = msg.timestamp()
+        if log.end is None and timestamp_type != TIMESTAMP_NOT_AVAILABLE and timestamp > started_at_ms:
+            log.finish(offset, "first record created after the check started")
+            return True
+        run.add_source(msg)
+        if log.end is not None and offset >= log.end - 1:
+            log.finish(log.end, f"end offset {log.end}")
+        return True
 
     def read_copies(self, partitions: list[tuple[str, int]], run: _Run, deadline: float, idle_s: float) -> bool:
         """Read destination partitions until every checked source record was seen, or no copy of one arrived for

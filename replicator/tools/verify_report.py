@@ -108,8 +108,16 @@ class VerifyReport:
 
     @property
     def totals(self) -> dict[str, int]:
-        names = ("source_records", "replicated", "missing", "duplicated", "out_of_order", "mismatched", "unknown",
-                 "elsewhere")  # fmt: skip
+        names = (
+            "source_records",
+            "replicated",
+            "missing",
+            "duplicated",
+            "out_of_order",
+            "mismatched",
+            "unknown",
+            "elsewhere",
+        )
         return {name: sum(getattr(p, name) for p in self.partitions) for name in names}
 
     @property
@@ -132,18 +140,62 @@ class VerifyReport:
         }
 
     def to_text(self) -> str:
-        header = ("source topic", "partition", "destination topic", "records", "replicated", "missing",
-                  "duplicated", "out of order", "mismatched", "status", "checked up to")  # fmt: skip
+        header = (
+            "source topic",
+            "partition",
+            "destination topic",
+            "records",
+            "replicated",
+            "missing",
+            "duplicated",
+            "out of order",
+            "mismatched",
+            "status",
+            "checked up to",
+        )
         rows = [
-            (p.source_topic, p.source_partition, p.destination_topic, p.source_records, p.replicated, p.missing,
-             p.duplicated, p.out_of_order, p.mismatched, "ok" if p.ok else "FAILED", p.bound)
+            (
+                p.source_topic,
+                p.source_partition,
+                p.destination_topic,
+                p.source_records,
+                p.replicated,
+                p.missing,
+                p.duplicated,
+                p.out_of_order,
+                p.mismatched,
+                "ok" if p.ok else "FAILED",
+                p.bound,
+            )
             for p in self.partitions
-        ]  # fmt: skip
+        ]
         t = self.totals
-        rows.append(("total", "", "", t["source_records"], t["replicated"], t["missing"], t["duplicated"],
-                     t["out_of_order"], t["mismatched"], self.verdict, ""))  # fmt: skip
+        rows.append(
+            (
+                "total",
+                "",
+                "",
+                t["source_records"],
+                t["replicated"],
+                t["missing"],
+                t["duplicated"],
+                t["out_of_order"],
+                t["mismatched"],
+                self.verdict,
+                "",
+            )
+        )
         lines = _table(header, rows)
+        if details := self._details():
+            lines += ["", "details:", *(f"  {d}" for d in details)]
+        lines += ["", "destination topics:", *self._destination_lines()]
+        if self.notes:
+            lines += ["", "notes:", *(f"  - {n}" for n in self.notes)]
+        lines += ["", f"result: {self.verdict} ({self.elapsed_s:.1f}s)"]
+        return "\n".join(lines)
 
+    def _details(self) -> list[str]:
+        """What went wrong in each partition, with a sample of the offsets."""
         details: list[str] = []
         for p in self.partitions:
             name = f"{p.source_topic}[{p.source_partition}]"
@@ -159,12 +211,14 @@ class VerifyReport:
             if p.unknown:
                 details.append(f"{name}: {p.unknown} destination record(s) name offsets the source did not return")
             if p.after_snapshot:
-                details.append(f"{name}: {p.after_snapshot} copies of records produced after the check started "
-                               "(not checked)")  # fmt: skip
-        if details:
-            lines += ["", "details:", *(f"  {d}" for d in details)]
+                details.append(
+                    f"{name}: {p.after_snapshot} copies of records produced after the check started (not checked)"
+                )
+        return details
 
-        lines += ["", "destination topics:"]
+    def _destination_lines(self) -> list[str]:
+        """A line per destination topic: its records, and how they were matched to the source's."""
+        lines: list[str] = []
         for d in self.destinations:
             if not d.exists:
                 lines.append(f"  {d.topic}: does not exist")
@@ -174,10 +228,7 @@ class VerifyReport:
                 f"{d.records - d.content_matched - d.unmatched}, matched by content {d.content_matched}, "
                 f"unmatched {d.unmatched}, foreign {d.foreign}"
             )
-        if self.notes:
-            lines += ["", "notes:", *(f"  - {n}" for n in self.notes)]
-        lines += ["", f"result: {self.verdict} ({self.elapsed_s:.1f}s)"]
-        return "\n".join(lines)
+        return lines
 
 
 def _sample(items: list[Any], count: int) -> str:

@@ -190,8 +190,12 @@ class TopicSelector(BaseModel):
         # Private attributes read once: each read goes through pydantic's __getattr__, which cost the metadata
         # watcher most of its round when a hundred connectors each matched every topic of a cluster.
         whitelist, regex, regex_list, include, exclude = (
-            self.whitelist, self._regex, self._regex_list, self._include, self._exclude
-        )  # fmt: skip
+            self.whitelist,
+            self._regex,
+            self._regex_list,
+            self._include,
+            self._exclude,
+        )
 
         def matches(topic: str) -> bool:
             if is_internal_topic(topic) or any(p.fullmatch(topic) for p in exclude):
