@@ -95,9 +95,11 @@ class Window:
     rows_s: float
 
     def __str__(self) -> str:
-        return (f"task {self.task_cpu:5.1%} CPU {self.task_mib:4.0f} MiB | source broker {self.broker_cpu:5.1%} | "
-                f"Postgres {self.postgres_cpu:5.1%} CPU, {self.transactions_s:5.1f} transactions/s, "
-                f"{self.rows_s:7,.0f} rows/s")  # fmt: skip
+        return (
+            f"task {self.task_cpu:5.1%} CPU {self.task_mib:4.0f} MiB | source broker {self.broker_cpu:5.1%} | "
+            f"Postgres {self.postgres_cpu:5.1%} CPU, {self.transactions_s:5.1f} transactions/s, "
+            f"{self.rows_s:7,.0f} rows/s"
+        )
 
 
 def broker_process() -> psutil.Process:
@@ -122,10 +124,12 @@ def cpu(procs: list[psutil.Process]) -> float:
 def database_writes(engine: Engine) -> tuple[int, int]:
     """Transactions committed and rows written in the current database so far (the statistics collector's)."""
     with engine.connect() as conn:
-        row = conn.execute(text(
-            "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted FROM pg_stat_database "
-            "WHERE datname = current_database()"
-        )).one()  # fmt: skip
+        row = conn.execute(
+            text(
+                "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted FROM pg_stat_database "
+                "WHERE datname = current_database()"
+            )
+        ).one()
     return int(row[0]), int(row[1])
 
 
@@ -138,8 +142,14 @@ def measure(task: psutil.Process | None, engine: Engine, seconds: float = WINDOW
     after = (cpu(tasks), cpu([broker]), cpu(postgres), *database_writes(engine))
     delta = [(a - b) / seconds for a, b in zip(after, before, strict=True)]
     # The window's own two statistics reads are one transaction each.
-    return Window(delta[0], task.memory_info().rss / 2**20 if task else 0.0, delta[1], delta[2],
-                  max(delta[3] - 2 / seconds, 0), delta[4])  # fmt: skip
+    return Window(
+        delta[0],
+        task.memory_info().rss / 2**20 if task else 0.0,
+        delta[1],
+        delta[2],
+        max(delta[3] - 2 / seconds, 0),
+        delta[4],
+    )
 
 
 # Source records carry the broker's append time, which the task copies: latency is measured from there.
@@ -157,8 +167,9 @@ def create_topics(names: list[str], partitions: int) -> None:
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
-        while not all(len(getattr(admin.list_topics(n, timeout=60).topics.get(n), "partitions", {})) == partitions
-                      for n in names):  # fmt: skip
+        while not all(
+            len(getattr(admin.list_topics(n, timeout=60).topics.get(n), "partitions", {})) == partitions for n in names
+        ):
             time.sleep(1)
 
 
@@ -172,8 +183,12 @@ def stamp_appends(names: list[str]) -> None:
 def fill(names: list[str], partitions: int) -> None:
     """One record in every source partition that has none (a busy Kafka 1.0 broker times some out: retried)."""
     reader = Consumer({"bootstrap.servers": SOURCE, "group.id": "estate-fill"})
-    empty = [(n, p) for n in names for p in range(partitions)
-             if reader.get_watermark_offsets(TopicPartition(n, p), timeout=30)[1] <= 0]  # fmt: skip
+    empty = [
+        (n, p)
+        for n in names
+        for p in range(partitions)
+        if reader.get_watermark_offsets(TopicPartition(n, p), timeout=30)[1] <= 0
+    ]
     reader.close()
     producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 50})
     failed: list[tuple[str, int]] = []
@@ -182,8 +197,13 @@ def fill(names: list[str], partitions: int) -> None:
         for name, p in empty:
             while True:
                 try:
-                    producer.produce(name, b"x", None, p, on_delivery=lambda err, msg: err and failed.append(
-                        (msg.topic(), msg.partition())))  # fmt: skip
+                    producer.produce(
+                        name,
+                        b"x",
+                        None,
+                        p,
+                        on_delivery=lambda err, msg: err and failed.append((msg.topic(), msg.partition())),
+                    )
                     break
                 except BufferError:
                     producer.poll(0.1)
@@ -235,8 +255,14 @@ def written(loader: subprocess.Popen[bytes]) -> float:
 
 def latency(topics: list[str], partitions: int, rate: int, seconds: float = 15.0) -> tuple[float, float]:
     """p50 and p99 (ms) from CreateTime to arrival at a reader of the destination topics, first 3 s dropped."""
-    reader = Consumer({"bootstrap.servers": DESTINATION, "group.id": "estate-latency", "enable.auto.commit": False,
-                       "fetch.wait.max.ms": 10})  # fmt: skip
+    reader = Consumer(
+        {
+            "bootstrap.servers": DESTINATION,
+            "group.id": "estate-latency",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 10,
+        }
+    )
     reader.assign([TopicPartition(t, p, OFFSET_END) for t in topics for p in range(partitions)])
     reader.consume(1, 3.0)  # the END offsets are resolved before the load starts
     loader = start_load(topics, partitions, rate, seconds)
@@ -270,9 +296,15 @@ def task_process(code: str | None, url: str, connector: str, role: str = "owner"
     log = task_log(connector, role)
     with log.open("w") as out:
         # Run from the code's own directory: `python -c` puts the working directory ahead of PYTHONPATH.
-        proc = subprocess.Popen([*kit.MIRUS, "task", "run", connector, "0"], env=env, stdout=out, stderr=out,
-                                cwd=code or kit.ROOT, start_new_session=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+        proc = subprocess.Popen(
+            [*kit.MIRUS, "task", "run", connector, "0"],
+            env=env,
+            stdout=out,
+            stderr=out,
+            cwd=code or kit.ROOT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     try:
         yield psutil.Process(proc.pid)
     finally:
@@ -286,8 +318,14 @@ def task_process(code: str | None, url: str, connector: str, role: str = "owner"
 def takeover(code: str | None, url: str, topic: str, partition: int, owner: psutil.Process) -> float:
     """Seconds from a kill -9 of the owner until a record produced right after it is at the destination, with a
     warm standby (a second `mirus task run`) standing by."""
-    reader = Consumer({"bootstrap.servers": DESTINATION, "group.id": "estate-takeover", "enable.auto.commit": False,
-                       "fetch.wait.max.ms": 10})  # fmt: skip
+    reader = Consumer(
+        {
+            "bootstrap.servers": DESTINATION,
+            "group.id": "estate-takeover",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 10,
+        }
+    )
     reader.assign([TopicPartition(topic, partition, OFFSET_END)])
     reader.consume(1, 3.0)  # the END offset is resolved before the record is produced
     with task_process(code, url, "wide", role="standby"):
@@ -313,9 +351,12 @@ def takeover(code: str | None, url: str, topic: str, partition: int, owner: psut
 def committed(engine: Engine, connector: str) -> tuple[int, int]:
     """Partitions with a stored offset, and the sum of those offsets, whichever layout the code under test uses."""
     with engine.connect() as conn:
-        per_topic = conn.execute(text(
-            "SELECT count(*) FROM information_schema.columns WHERE table_name = 'offsets' AND column_name = 'positions'"
-        )).scalar()  # fmt: skip
+        per_topic = conn.execute(
+            text(
+                "SELECT count(*) FROM information_schema.columns"
+                " WHERE table_name = 'offsets' AND column_name = 'positions'"
+            )
+        ).scalar()
         query = (
             "SELECT count(x), coalesce(sum(x), 0) FROM offsets, unnest(positions) AS x WHERE connector = :c"
             if per_topic
@@ -329,8 +370,9 @@ def end_offsets(topics: list[str], partitions: int) -> int:
     """The sum of the source partitions' end offsets: where a task that has copied everything has committed."""
     reader = Consumer({"bootstrap.servers": SOURCE, "group.id": "estate-ends"})
     try:
-        return sum(reader.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
-                   for t in topics for p in range(partitions))  # fmt: skip
+        return sum(
+            reader.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1] for t in topics for p in range(partitions)
+        )
     finally:
         reader.close()
 
@@ -353,16 +395,22 @@ def database_for(admin: Engine, code: str | None, name: str) -> tuple[str, Engin
 
 
 def put_connector(store: Store, name: str, topics: list[str], partitions: int) -> None:
-    config = validate_submission({
-        "name": name, "consumer.bootstrap.servers": SOURCE, "destination.consumer.bootstrap.servers": DESTINATION,
-        "topics.whitelist": ",".join(topics), "tasks.max": 1,
-    })  # fmt: skip
+    config = validate_submission(
+        {
+            "name": name,
+            "consumer.bootstrap.servers": SOURCE,
+            "destination.consumer.bootstrap.servers": DESTINATION,
+            "topics.whitelist": ",".join(topics),
+            "tasks.max": 1,
+        }
+    )
     store.put_connector(name, config.raw, 1)
     store.write_assignment(name, {0: [(t, p) for t in topics for p in range(partitions)]})
 
 
-def one_round(admin: Engine, code: str | None, label: str, wide: list[str], narrow: str, args: argparse.Namespace,
-              tag: str) -> dict[str, float]:  # fmt: skip
+def one_round(
+    admin: Engine, code: str | None, label: str, wide: list[str], narrow: str, args: argparse.Namespace, tag: str
+) -> dict[str, float]:
     partitions, total = args.partitions, len(wide) * args.partitions
     url, engine = database_for(admin, code, f"estate_{tag}")
     store = Store(engine)
@@ -380,9 +428,12 @@ def one_round(admin: Engine, code: str | None, label: str, wide: list[str], narr
                 raise TimeoutError(f"{label}: not everything copied and committed after 600 s")
             time.sleep(0.2)
         figures["start_s"] = time.monotonic() - started
-        print(f"  {label:<9} {total:,} partitions, {end:,} records: all copied and committed after "
-              f"{figures['start_s']:.1f} s, "
-              f"{task.memory_info().rss / 2**20:.0f} MiB", flush=True)  # fmt: skip
+        print(
+            f"  {label:<9} {total:,} partitions, {end:,} records: all copied and committed after "
+            f"{figures['start_s']:.1f} s, "
+            f"{task.memory_info().rss / 2**20:.0f} MiB",
+            flush=True,
+        )
         time.sleep(10)
         quiet = measure(task, engine)
         print(f"  {label:<9} idle, quiet:        {quiet}", flush=True)
@@ -391,24 +442,39 @@ def one_round(admin: Engine, code: str | None, label: str, wide: list[str], narr
         print(f"  {label:<9} idle, dormant:      {idle}", flush=True)
         # Idle, so that the standby has nothing to catch up with first.
         figures["takeover_s"] = takeover(code, url, wide[-1], partitions - 1, task)
-        print(f"  {label:<9} kill -9 of the owner -> a record replicated by the standby: {figures['takeover_s']:.1f} s",
-              flush=True)  # fmt: skip
+        print(
+            f"  {label:<9} kill -9 of the owner -> a record replicated by the standby: {figures['takeover_s']:.1f} s",
+            flush=True,
+        )
     with task_process(code, url, "wide") as task:
         while not caught_up(engine, "wide", total, end):
             time.sleep(0.2)
         loader = start_load(wide, partitions, args.rate, WARMUP_S + WINDOW_S + 2)
         time.sleep(WARMUP_S)
         flowing = measure(task, engine)
-        print(f"  {label:<9} {args.rate:,}/s over {total:,}: {flowing} (load written at {written(loader):,.0f}/s)",
-              flush=True)  # fmt: skip
+        print(
+            f"  {label:<9} {args.rate:,}/s over {total:,}: {flowing} (load written at {written(loader):,.0f}/s)",
+            flush=True,
+        )
         p50, p99 = latency(wide, partitions, args.latency_rate)
-        print(f"  {label:<9} latency at {args.latency_rate:,}/s over {total:,}: p50 {p50:.0f} ms, p99 {p99:.0f} ms",
-              flush=True)  # fmt: skip
-    figures.update(quiet_cpu=quiet.task_cpu, quiet_broker=quiet.broker_cpu,
-                   idle_cpu=idle.task_cpu, idle_mib=idle.task_mib, idle_broker=idle.broker_cpu,
-                   idle_tx=idle.transactions_s, idle_rows=idle.rows_s, flow_cpu=flowing.task_cpu,
-                   flow_tx=flowing.transactions_s, flow_rows=flowing.rows_s, flow_pg=flowing.postgres_cpu,
-                   p99=p99)  # fmt: skip
+        print(
+            f"  {label:<9} latency at {args.latency_rate:,}/s over {total:,}: p50 {p50:.0f} ms, p99 {p99:.0f} ms",
+            flush=True,
+        )
+    figures.update(
+        quiet_cpu=quiet.task_cpu,
+        quiet_broker=quiet.broker_cpu,
+        idle_cpu=idle.task_cpu,
+        idle_mib=idle.task_mib,
+        idle_broker=idle.broker_cpu,
+        idle_tx=idle.transactions_s,
+        idle_rows=idle.rows_s,
+        flow_cpu=flowing.task_cpu,
+        flow_tx=flowing.transactions_s,
+        flow_rows=flowing.rows_s,
+        flow_pg=flowing.postgres_cpu,
+        p99=p99,
+    )
     put_connector(store, "narrow", [narrow], NARROW)
     end = end_offsets([narrow], NARROW)
     with task_process(code, url, "narrow") as task:
@@ -417,19 +483,28 @@ def one_round(admin: Engine, code: str | None, label: str, wide: list[str], narr
         loader = start_load([narrow], NARROW, args.rate, WARMUP_S + WINDOW_S + 2)
         time.sleep(WARMUP_S)
         few = measure(task, engine)
-        print(f"  {label:<9} {args.rate:,}/s over {NARROW}: {few} (load written at {written(loader):,.0f}/s)",
-              flush=True)  # fmt: skip
+        print(
+            f"  {label:<9} {args.rate:,}/s over {NARROW}: {few} (load written at {written(loader):,.0f}/s)", flush=True
+        )
         p50_few, p99_few = latency([narrow], NARROW, args.latency_rate)
-        print(f"  {label:<9} latency at {args.latency_rate:,}/s over {NARROW}: p50 {p50_few:.0f} ms, "
-              f"p99 {p99_few:.0f} ms", flush=True)  # fmt: skip
+        print(
+            f"  {label:<9} latency at {args.latency_rate:,}/s over {NARROW}: p50 {p50_few:.0f} ms, "
+            f"p99 {p99_few:.0f} ms",
+            flush=True,
+        )
     figures.update(few_cpu=few.task_cpu, p99_few=p99_few)
     env = {**os.environ, **({"PYTHONPATH": code} if code else {})}
-    out = subprocess.run([sys.executable, "-c", COMMIT_COST, url, "commit-cost", ",".join(wide), str(partitions)],
-                         env=env, check=True, capture_output=True, text=True, cwd=code or kit.ROOT).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", COMMIT_COST, url, "commit-cost", ",".join(wide), str(partitions)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=code or kit.ROOT,
+    ).stdout
     wall_ms, pg_ms = (float(x) for x in out.split())
     figures.update(commit_ms=wall_ms, commit_pg_ms=pg_ms)
-    print(f"  {label:<9} one commit of {total:,} partitions: {wall_ms:.0f} ms, Postgres CPU {pg_ms:.0f} ms",
-          flush=True)  # fmt: skip
+    print(f"  {label:<9} one commit of {total:,} partitions: {wall_ms:.0f} ms, Postgres CPU {pg_ms:.0f} ms", flush=True)
     engine.dispose()
     return figures
 
@@ -475,8 +550,10 @@ def main() -> None:
     prefix = args.prefix or f"estate{int(time.time())}"
     wide = [f"{prefix}-{i:03d}" for i in range(args.topics)]
     narrow = f"{prefix}-narrow"
-    print(f"creating {args.topics} topics x {args.partitions} partitions and one of {NARROW} on both clusters ...",
-          flush=True)  # fmt: skip
+    print(
+        f"creating {args.topics} topics x {args.partitions} partitions and one of {NARROW} on both clusters ...",
+        flush=True,
+    )
     started = time.perf_counter()
     if not args.prefix:
         create_topics(wide, args.partitions)
@@ -505,15 +582,17 @@ def main() -> None:
             print(f"  {label:<9} no completed round")
             continue
         m = {key: median(r[key] for r in runs) for key in runs[0]}
-        print(f"  {label:<9} all committed {m['start_s']:.1f} s | idle {m['idle_cpu']:.1%} CPU "
-              f"{m['idle_mib']:.0f} MiB, broker {m['idle_broker']:.1%} (quiet: {m['quiet_cpu']:.1%}, broker "
-              f"{m['quiet_broker']:.1%}), {m['idle_tx']:.1f} tx/s "
-              f"{m['idle_rows']:.0f} rows/s | "
-              f"{args.rate:,}/s: {m['flow_cpu']:.1%} CPU ({m['flow_cpu'] / max(m['few_cpu'], 1e-9):.2f} x {NARROW} "
-              f"partitions), {m['flow_tx']:.1f} tx/s {m['flow_rows']:,.0f} rows/s, Postgres {m['flow_pg']:.1%} | "
-              f"p99 at {args.latency_rate:,}/s {m['p99']:.0f} ms ({m['p99_few']:.0f} on {NARROW}) | "
-              f"commit {m['commit_ms']:.0f} ms, Postgres {m['commit_pg_ms']:.0f} ms | "
-              f"kill -9 -> replicating {m['takeover_s']:.1f} s")  # fmt: skip
+        print(
+            f"  {label:<9} all committed {m['start_s']:.1f} s | idle {m['idle_cpu']:.1%} CPU "
+            f"{m['idle_mib']:.0f} MiB, broker {m['idle_broker']:.1%} (quiet: {m['quiet_cpu']:.1%}, broker "
+            f"{m['quiet_broker']:.1%}), {m['idle_tx']:.1f} tx/s "
+            f"{m['idle_rows']:.0f} rows/s | "
+            f"{args.rate:,}/s: {m['flow_cpu']:.1%} CPU ({m['flow_cpu'] / max(m['few_cpu'], 1e-9):.2f} x {NARROW} "
+            f"partitions), {m['flow_tx']:.1f} tx/s {m['flow_rows']:,.0f} rows/s, Postgres {m['flow_pg']:.1%} | "
+            f"p99 at {args.latency_rate:,}/s {m['p99']:.0f} ms ({m['p99_few']:.0f} on {NARROW}) | "
+            f"commit {m['commit_ms']:.0f} ms, Postgres {m['commit_pg_ms']:.0f} ms | "
+            f"kill -9 -> replicating {m['takeover_s']:.1f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -66,8 +66,9 @@ class AssignmentFollower:
             if future.exception() is None:
                 self.map_destinations(list(task.book.states.values()), future.result())
             else:
-                log.warning("destination metadata unavailable for %s-%d: %s", task.connector, task.task_id,
-                            future.exception())  # fmt: skip
+                log.warning(
+                    "destination metadata unavailable for %s-%d: %s", task.connector, task.task_id, future.exception()
+                )
         states = task.book.states
         if (
             self.metadata_in_flight is None
@@ -207,8 +208,11 @@ class AssignmentFollower:
                 forwarder.route(state, state.partition, len(topic.ids))
             elif config.requires_destination_partition:
                 if state.paused_reason is None:
-                    self.pause(state, f"destination partition {state.destination_topic}[{state.partition}] "
-                                      "does not exist (partitions are preserved)")  # fmt: skip
+                    self.pause(
+                        state,
+                        f"destination partition {state.destination_topic}[{state.partition}] "
+                        "does not exist (partitions are preserved)",
+                    )
             else:
                 forwarder.route(state, UNASSIGNED_PARTITION, len(topic.ids))
 

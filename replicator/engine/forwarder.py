@@ -163,8 +163,16 @@ class Forwarder:
                 try:
                     # Positional: confluent-kafka parses keyword arguments at a cost per record (~0.3 µs). The order
                     # is its keyword list's: topic, value, key, partition, callback, on_delivery, timestamp, headers.
-                    hstate.produce(hstate.destination_topic, value, key, hstate.destination_partition, callback, None,
-                                   hts, hheaders)  # fmt: skip
+                    hstate.produce(
+                        hstate.destination_topic,
+                        value,
+                        key,
+                        hstate.destination_partition,
+                        callback,
+                        None,
+                        hts,
+                        hheaders,
+                    )
                     produced = True
                 except (BufferError, KafkaException) as exc:
                     produced = self._produce_again(exc, hstate, run, hoffset, value, key, callback, hts, hheaders)
@@ -188,16 +196,25 @@ class Forwarder:
             held, hstate, hoffset, hheaders, hts = msg, state, offset, headers, ts if ts_type else 0
 
     def _produce_again(
-        self, exc: Exception, state: PartitionState, run: InFlight, offset: int, value: bytes | None,
-        key: bytes | None, callback: Callable[..., None] | None, ts: int, headers: Any,
-    ) -> bool:  # fmt: skip
+        self,
+        exc: Exception,
+        state: PartitionState,
+        run: InFlight,
+        offset: int,
+        value: bytes | None,
+        key: bytes | None,
+        callback: Callable[..., None] | None,
+        ts: int,
+        headers: Any,
+    ) -> bool:
         """`produce()` raised: serve acknowledgements while the local queue is full, then try again; a record refused
         before sending pauses its partition and cuts its run short. Whether the record was produced."""
         while isinstance(exc, BufferError):
             self.serve(0.05)
             try:
-                state.produce(state.destination_topic, value, key, state.destination_partition, callback, None, ts,
-                              headers)  # fmt: skip
+                state.produce(
+                    state.destination_topic, value, key, state.destination_partition, callback, None, ts, headers
+                )
                 return True
             except (BufferError, KafkaException) as again:
                 exc = again

@@ -116,12 +116,20 @@ class TaskMetrics:
             c = self.counters.get(topic) or TopicCounters()
             samples.append(
                 MetricRow(
-                    task_id=self.task_id, topic=topic, interval_start=self.interval_start, interval_end=end,
-                    records=c.records, bytes=c.bytes, latency_min_ms=c.latency_min, latency_max_ms=c.latency_max,
-                    latency_sum_ms=c.latency_sum, latency_count=c.latency_count,
-                    latency_histogram=c.cumulative_histogram(), lag=topic_lags[topic],
+                    task_id=self.task_id,
+                    topic=topic,
+                    interval_start=self.interval_start,
+                    interval_end=end,
+                    records=c.records,
+                    bytes=c.bytes,
+                    latency_min_ms=c.latency_min,
+                    latency_max_ms=c.latency_max,
+                    latency_sum_ms=c.latency_sum,
+                    latency_count=c.latency_count,
+                    latency_histogram=c.cumulative_histogram(),
+                    lag=topic_lags[topic],
                 )
-            )  # fmt: skip
+            )
         self.counters = {}
         self.interval_start = end
         self.reported_lags = dict(lags)

@@ -137,10 +137,12 @@ class TaskOwnership:
         holds it, or None when another instance claimed it first meanwhile."""
         ids = {"c": self.connector, "t": self.task_id}
         row = conn.execute(
-            text("SELECT epoch, state, heartbeat_at < now() - :stale AS silent FROM task_leases"
-                 " WHERE connector = :c AND task_id = :t FOR UPDATE"),
+            text(
+                "SELECT epoch, state, heartbeat_at < now() - :stale AS silent FROM task_leases"
+                " WHERE connector = :c AND task_id = :t FOR UPDATE"
+            ),
             {**ids, "stale": self.stale_after},
-        ).first()  # fmt: skip
+        ).first()
         current = int(row.epoch) if row is not None else 0
         heartbeating = row is not None and row.state == LEASE_HELD and not row.silent
         # The owner's lock is free only if its lock transaction is gone; taken here, it is given back when `conn` ends.
@@ -149,13 +151,15 @@ class TaskOwnership:
         # Held before the new epoch commits: whoever reads the epoch finds its lock held.
         self.held = self._lock(current + 1)
         raised = conn.execute(
-            text("INSERT INTO task_leases (connector, task_id, epoch, owner, state, error, claimed_at, heartbeat_at)"
-                 " VALUES (:c, :t, 1, :owner, :held, NULL, now(), now())"
-                 " ON CONFLICT (connector, task_id) DO UPDATE SET epoch = task_leases.epoch + 1, owner = :owner,"
-                 " state = :held, error = NULL, claimed_at = now(), heartbeat_at = now()"
-                 " WHERE task_leases.epoch = :current RETURNING epoch"),
+            text(
+                "INSERT INTO task_leases (connector, task_id, epoch, owner, state, error, claimed_at, heartbeat_at)"
+                " VALUES (:c, :t, 1, :owner, :held, NULL, now(), now())"
+                " ON CONFLICT (connector, task_id) DO UPDATE SET epoch = task_leases.epoch + 1, owner = :owner,"
+                " state = :held, error = NULL, claimed_at = now(), heartbeat_at = now()"
+                " WHERE task_leases.epoch = :current RETURNING epoch"
+            ),
             {**ids, "owner": self.owner, "held": LEASE_HELD, "current": current},
-        ).first()  # fmt: skip
+        ).first()
         if raised is None:  # no row was there when read, and another instance inserted the first epoch since
             self._release()
             return None
@@ -178,9 +182,11 @@ class TaskOwnership:
             # would end it and hand the task of a live owner to a standby. Off in this transaction, for those of
             # the two this server knows.
             self.conn.execute(
-                text("SELECT set_config(name, '0', true) FROM pg_settings"
-                     " WHERE name IN ('idle_in_transaction_session_timeout', 'transaction_timeout')")
-            )  # fmt: skip
+                text(
+                    "SELECT set_config(name, '0', true) FROM pg_settings"
+                    " WHERE name IN ('idle_in_transaction_session_timeout', 'transaction_timeout')"
+                )
+            )
             self.conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": self._key(epoch)})
         except BaseException:
             transaction.rollback()

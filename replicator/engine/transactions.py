@@ -153,10 +153,16 @@ def resume_offsets(
     for tp, point in points.items():
         prefix = provenance.source_prefix(source_cluster, *tp)
         wanted.setdefault((point.topic, point.partition), {})[prefix] = tp
-    consumer = Consumer({
-        **settings, "group.id": "mirus-resume", "isolation.level": "read_committed", "enable.auto.commit": False,
-        "enable.partition.eof": True, "auto.offset.reset": "earliest",
-    })  # fmt: skip
+    consumer = Consumer(
+        {
+            **settings,
+            "group.id": "mirus-resume",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
     try:
         starts = {(p.topic, p.partition): p.start for p in points.values()}
         consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING if s is None else s) for (t, p), s in starts.items()])
@@ -223,8 +229,10 @@ class TransactionalCommitter(Committer):
         settings = task.config.admin_settings("destination")
         for tp, offset in resume_offsets(settings, task.source_cluster, points).items():
             if offset > stored.get(tp, 0):
-                task.on_event(f"{tp[0]}[{tp[1]}] resumes at {offset} after its last copy at the destination "
-                              f"(Postgres had {stored.get(tp)})")  # fmt: skip
+                task.on_event(
+                    f"{tp[0]}[{tp[1]}] resumes at {offset} after its last copy at the destination "
+                    f"(Postgres had {stored.get(tp)})"
+                )
                 stored[tp] = offset
 
     def claimed_from(self, silent_tasks: set[int]) -> None:

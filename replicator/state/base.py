@@ -71,10 +71,13 @@ class StoreBase:
     def _fence_check(self, s: Session, lease: Lease, **values: Any) -> None:
         result = s.execute(
             update(TaskLease)
-            .where(TaskLease.connector == lease.connector, TaskLease.task_id == lease.task_id,
-                   TaskLease.epoch == lease.epoch)
+            .where(
+                TaskLease.connector == lease.connector,
+                TaskLease.task_id == lease.task_id,
+                TaskLease.epoch == lease.epoch,
+            )
             .values(heartbeat_at=func.now(), **values)
-        )  # fmt: skip
+        )
         if result.rowcount == 0:
             raise FencedError(
                 f"task {lease.connector}-{lease.task_id} epoch {lease.epoch} was fenced by a newer instance "

@@ -37,11 +37,15 @@ from replicator.state.schema import (
 
 def _record(row: Connector, config: dict[str, Any]) -> ConnectorRecord:
     return ConnectorRecord(
-        name=row.name, version=row.version, state=ConnectorState(row.state),
-        assignment_generation=row.assignment_generation, tasks_max=row.tasks_max, properties=config,
+        name=row.name,
+        version=row.version,
+        state=ConnectorState(row.state),
+        assignment_generation=row.assignment_generation,
+        tasks_max=row.tasks_max,
+        properties=config,
         restart_requested_at=row.restart_requested_at,
         updated_at=row.updated_at,
-    )  # fmt: skip
+    )
 
 
 def _timestamp(value: str | None) -> datetime | None:
@@ -102,10 +106,12 @@ class ConnectorStore(StoreBase):
         with Session(self.engine) as s:
             row = s.execute(
                 select(Connector, ConnectorConfig.config)
-                .join(ConnectorConfig, and_(ConnectorConfig.connector == Connector.name,
-                                            ConnectorConfig.version == Connector.version))
+                .join(
+                    ConnectorConfig,
+                    and_(ConnectorConfig.connector == Connector.name, ConnectorConfig.version == Connector.version),
+                )
                 .where(Connector.name == name)
-            ).one_or_none()  # fmt: skip
+            ).one_or_none()
             if row is None:
                 raise UnknownConnectorError(f"connector {name!r} does not exist")
             return _record(row[0], row[1])
@@ -114,18 +120,21 @@ class ConnectorStore(StoreBase):
         with Session(self.engine) as s:
             rows = s.execute(
                 select(Connector, ConnectorConfig.config)
-                .join(ConnectorConfig, and_(ConnectorConfig.connector == Connector.name,
-                                            ConnectorConfig.version == Connector.version))
+                .join(
+                    ConnectorConfig,
+                    and_(ConnectorConfig.connector == Connector.name, ConnectorConfig.version == Connector.version),
+                )
                 .order_by(Connector.name)
-            ).all()  # fmt: skip
+            ).all()
             return [_record(c, cfg) for c, cfg in rows]
 
     def connector_head(self, name: str) -> ConnectorHead | None:
         with self.engine.connect() as conn:
             row = conn.execute(
-                select(Connector.version, Connector.state, Connector.assignment_generation,
-                       Connector.restart_requested_at).where(Connector.name == name)
-            ).one_or_none()  # fmt: skip
+                select(
+                    Connector.version, Connector.state, Connector.assignment_generation, Connector.restart_requested_at
+                ).where(Connector.name == name)
+            ).one_or_none()
         return ConnectorHead(row[0], ConnectorState(row[1]), *row[2:]) if row else None
 
     def set_connector_state(self, name: str, state: ConnectorState) -> None:
@@ -157,10 +166,23 @@ class ConnectorStore(StoreBase):
             rows = conn.execute(_STATUS_QUERY, {"name": name}).all()
         return [
             ConnectorStatus(
-                name=r.name, state=ConnectorState(r.state), version=r.version,
-                assignment_generation=r.assignment_generation, properties=r.config,
-                tasks=[TaskStatus(t["task_id"], t["partitions"], t["state"], _timestamp(t["heartbeat_at"]),
-                                  t["restart_attempts"], t["owner"], t["error"]) for t in r.tasks],
+                name=r.name,
+                state=ConnectorState(r.state),
+                version=r.version,
+                assignment_generation=r.assignment_generation,
+                properties=r.config,
+                tasks=[
+                    TaskStatus(
+                        t["task_id"],
+                        t["partitions"],
+                        t["state"],
+                        _timestamp(t["heartbeat_at"]),
+                        t["restart_attempts"],
+                        t["owner"],
+                        t["error"],
+                    )
+                    for t in r.tasks
+                ],
                 metadata_errors=dict(r.metadata_errors),
                 unhealthy_partitions={
                     (p["topic"], p["partition"]): PartitionStatusRow(
@@ -168,8 +190,10 @@ class ConnectorStore(StoreBase):
                     )
                     for p in r.unhealthy
                 },
-                cluster_ids=(r.source_cluster_id, r.destination_cluster_id), flow_problems=dict(r.flow_problems),
-                heartbeats=list(r.heartbeats), heartbeats_committed=r.heartbeats_committed,
+                cluster_ids=(r.source_cluster_id, r.destination_cluster_id),
+                flow_problems=dict(r.flow_problems),
+                heartbeats=list(r.heartbeats),
+                heartbeats_committed=r.heartbeats_committed,
             )
             for r in rows
-        ]  # fmt: skip
+        ]

@@ -72,14 +72,16 @@ class FlowStore(StoreBase):
             return
         with Session(self.engine) as s, s.begin():
             # A connector deleted since its poll has no flow to keep (and its row would break the foreign key).
-            existing = set(s.scalars(select(Connector.name).where(Connector.name.in_(list(values))).with_for_update(
-                read=True
-            )))  # fmt: skip
+            existing = set(
+                s.scalars(select(Connector.name).where(Connector.name.in_(list(values))).with_for_update(read=True))
+            )
             for connector in sorted(existing):  # a fixed order: two writers never lock rows in opposite orders
                 stmt = insert(Flow).values(connector=connector, **values[connector])
-                s.execute(stmt.on_conflict_do_update(
-                    index_elements=[Flow.connector], set_={**values[connector], "updated_at": func.now()}
-                ))  # fmt: skip
+                s.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[Flow.connector], set_={**values[connector], "updated_at": func.now()}
+                    )
+                )
 
     def save_checkpoints(self, connector: str, group_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Store a group's translated offsets (keys: topic, partition, source_offset, destination_topic,

@@ -57,8 +57,15 @@ def _add_to_totals(connector: str, samples: Sequence[MetricRow]) -> Any:
     for r in samples:
         total = totals.get(r.topic)
         if total is None:
-            total = totals[r.topic] = {"connector": connector, "topic": r.topic, "records": 0, "bytes": 0,
-                                       "latency_sum_ms": 0, "latency_count": 0, "latency_histogram": {}}  # fmt: skip
+            total = totals[r.topic] = {
+                "connector": connector,
+                "topic": r.topic,
+                "records": 0,
+                "bytes": 0,
+                "latency_sum_ms": 0,
+                "latency_count": 0,
+                "latency_histogram": {},
+            }
         total["records"] += r.records
         total["bytes"] += r.bytes
         total["latency_sum_ms"] += r.latency_sum_ms
@@ -71,11 +78,15 @@ def _add_to_totals(connector: str, samples: Sequence[MetricRow]) -> Any:
     add = insert(MetricTotal).values([totals[t] for t in sorted(totals)])
     return add.on_conflict_do_update(
         index_elements=[MetricTotal.connector, MetricTotal.topic],
-        set_={"records": MetricTotal.records + add.excluded.records, "bytes": MetricTotal.bytes + add.excluded.bytes,
-              "latency_sum_ms": MetricTotal.latency_sum_ms + add.excluded.latency_sum_ms,
-              "latency_count": MetricTotal.latency_count + add.excluded.latency_count,
-              "latency_histogram": HISTOGRAM_SUM, "updated_at": func.now()},
-    )  # fmt: skip
+        set_={
+            "records": MetricTotal.records + add.excluded.records,
+            "bytes": MetricTotal.bytes + add.excluded.bytes,
+            "latency_sum_ms": MetricTotal.latency_sum_ms + add.excluded.latency_sum_ms,
+            "latency_count": MetricTotal.latency_count + add.excluded.latency_count,
+            "latency_histogram": HISTOGRAM_SUM,
+            "updated_at": func.now(),
+        },
+    )
 
 
 class MetricStore(StoreBase):
@@ -93,10 +104,15 @@ class MetricStore(StoreBase):
                 conn.execute(_add_to_totals(connector, interval.samples))
             if interval.lags:
                 by_topic = by_topic_order(interval.lags)
-                conn.execute(_MERGE_LAGS, {
-                    "connector": connector, "measured_at": interval.measured_at, "topics": list(by_topic),
-                    "lags": [array_literal(lags) for lags in by_topic.values()],
-                })  # fmt: skip
+                conn.execute(
+                    _MERGE_LAGS,
+                    {
+                        "connector": connector,
+                        "measured_at": interval.measured_at,
+                        "topics": list(by_topic),
+                        "lags": [array_literal(lags) for lags in by_topic.values()],
+                    },
+                )
 
     def partition_lags(self, connector: str) -> dict[SourcePartition, int | None]:
         """Each measured source partition's latest lag (None where the broker gave no usable end)."""

@@ -77,10 +77,14 @@ class OffsetStore(StoreBase):
         with Session(self.engine) as s, s.begin():
             self._fence_check(s, lease)
             if offsets:
-                s.execute(_MERGE_OFFSETS, {
-                    "connector": lease.connector, "epoch": lease.epoch,
-                    **_topic_arrays(offsets, destination_offsets or {}),
-                })  # fmt: skip
+                s.execute(
+                    _MERGE_OFFSETS,
+                    {
+                        "connector": lease.connector,
+                        "epoch": lease.epoch,
+                        **_topic_arrays(offsets, destination_offsets or {}),
+                    },
+                )
 
     def load_offsets(
         self, connector: str, partitions: Iterable[SourcePartition] | None = None
@@ -130,10 +134,11 @@ class OffsetStore(StoreBase):
                 )
             live = s.scalars(
                 select(TaskLease.task_id).where(
-                    TaskLease.connector == connector, TaskLease.state == LEASE_HELD,
+                    TaskLease.connector == connector,
+                    TaskLease.state == LEASE_HELD,
                     TaskLease.heartbeat_at > func.now() - stale_after,
                 )
-            ).all()  # fmt: skip
+            ).all()
             if live:
                 raise TasksStillStoppingError(
                     f"connector {connector!r} is paused but task(s) {', '.join(map(str, sorted(live)))} are still "
@@ -160,6 +165,12 @@ class OffsetStore(StoreBase):
                     s.delete(row)
                     s.flush()
                 if any(p is not None for p in positions):
-                    s.add(Offset(connector=connector, topic=topic, positions=positions, epoch=0,
-                                 destination_positions=destinations if any(d is not None for d in destinations)
-                                 else None))  # fmt: skip
+                    s.add(
+                        Offset(
+                            connector=connector,
+                            topic=topic,
+                            positions=positions,
+                            epoch=0,
+                            destination_positions=destinations if any(d is not None for d in destinations) else None,
+                        )
+                    )

@@ -52,14 +52,22 @@ class OwnershipStore(StoreBase):
                 return None
             row.assignment_generation += 1
             for task_id, parts in wanted.items():
-                s.add(Assignment(connector=connector, generation=row.assignment_generation, task_id=task_id,
-                                 partitions=[list(tp) for tp in parts]))  # fmt: skip
+                s.add(
+                    Assignment(
+                        connector=connector,
+                        generation=row.assignment_generation,
+                        task_id=task_id,
+                        partitions=[list(tp) for tp in parts],
+                    )
+                )
             # Older generations are history nobody reads: a task reads the generation it just saw in the head row,
             # and keeping a few lets one that saw it moments ago still read it.
-            s.execute(delete(Assignment).where(
-                Assignment.connector == connector,
-                Assignment.generation <= row.assignment_generation - KEPT_GENERATIONS,
-            ))  # fmt: skip
+            s.execute(
+                delete(Assignment).where(
+                    Assignment.connector == connector,
+                    Assignment.generation <= row.assignment_generation - KEPT_GENERATIONS,
+                )
+            )
             return row.assignment_generation
 
     def read_assignment(self, connector: str, generation: int | None = None) -> dict[int, list[SourcePartition]]:
@@ -91,14 +99,25 @@ class OwnershipStore(StoreBase):
             if s.get(Connector, connector) is None:
                 raise UnknownConnectorError(f"connector {connector!r} does not exist")
             stmt = insert(TaskLease).values(
-                connector=connector, task_id=task_id, epoch=1, owner=owner, state=LEASE_HELD,
-                claimed_at=func.now(), heartbeat_at=func.now(),
-            )  # fmt: skip
+                connector=connector,
+                task_id=task_id,
+                epoch=1,
+                owner=owner,
+                state=LEASE_HELD,
+                claimed_at=func.now(),
+                heartbeat_at=func.now(),
+            )
             stmt = stmt.on_conflict_do_update(
                 index_elements=[TaskLease.connector, TaskLease.task_id],
-                set_={"epoch": TaskLease.epoch + 1, "owner": owner, "state": LEASE_HELD, "error": None,
-                      "claimed_at": func.now(), "heartbeat_at": func.now()},
-            ).returning(TaskLease.epoch)  # fmt: skip
+                set_={
+                    "epoch": TaskLease.epoch + 1,
+                    "owner": owner,
+                    "state": LEASE_HELD,
+                    "error": None,
+                    "claimed_at": func.now(),
+                    "heartbeat_at": func.now(),
+                },
+            ).returning(TaskLease.epoch)
             return Lease(connector, task_id, s.execute(stmt).scalar_one())
 
     def finish_task(self, lease: Lease, state: str, error: str | None = None) -> None:
@@ -155,13 +174,18 @@ class OwnershipStore(StoreBase):
         with Session(self.engine) as s, s.begin():
             self._fence_check(s, lease)
             held = dict(
-                ((t, p), task) for t, p, task in s.execute(
+                ((t, p), task)
+                for t, p, task in s.execute(
                     select(PartitionStatus.topic, PartitionStatus.partition, PartitionStatus.task_id)
-                    .where(PartitionStatus.connector == lease.connector, PartitionStatus.task_id.is_not(None),
-                           PartitionStatus.task_id != lease.task_id, status_rows_of(partitions))
+                    .where(
+                        PartitionStatus.connector == lease.connector,
+                        PartitionStatus.task_id.is_not(None),
+                        PartitionStatus.task_id != lease.task_id,
+                        status_rows_of(partitions),
+                    )
                     .with_for_update()
                 )
-            )  # fmt: skip
+            )
             # The conflicting row's owner is referenced by name: a correlated subquery cannot be expressed here.
             owner_gone = text(
                 "NOT EXISTS (SELECT 1 FROM task_leases l WHERE l.connector = partition_status.connector"
@@ -171,9 +195,14 @@ class OwnershipStore(StoreBase):
             pairs = partition_rows(partitions)
             stmt = insert(PartitionStatus).from_select(
                 ["connector", "topic", "partition", "task_id", "state"],
-                select(literal(lease.connector), pairs.c.topic, pairs.c.partition, literal(lease.task_id),
-                       literal(PartitionHealth.ACTIVE.value)),
-            )  # fmt: skip
+                select(
+                    literal(lease.connector),
+                    pairs.c.topic,
+                    pairs.c.partition,
+                    literal(lease.task_id),
+                    literal(PartitionHealth.ACTIVE.value),
+                ),
+            )
             stmt = stmt.on_conflict_do_update(
                 index_elements=[PartitionStatus.connector, PartitionStatus.topic, PartitionStatus.partition],
                 set_={
@@ -194,10 +223,13 @@ class OwnershipStore(StoreBase):
             self._fence_check(s, lease)
             s.execute(
                 update(PartitionStatus)
-                .where(PartitionStatus.connector == lease.connector, PartitionStatus.task_id == lease.task_id,
-                       status_rows_of(wanted))
+                .where(
+                    PartitionStatus.connector == lease.connector,
+                    PartitionStatus.task_id == lease.task_id,
+                    status_rows_of(wanted),
+                )
                 .values(task_id=None, updated_at=func.now())
-            )  # fmt: skip
+            )
 
     def set_partition_state(
         self, lease: Lease, partition: SourcePartition, state: PartitionHealth, reason: str | None
@@ -206,9 +238,13 @@ class OwnershipStore(StoreBase):
         with Session(self.engine) as s, s.begin():
             self._fence_check(s, lease)
             stmt = insert(PartitionStatus).values(
-                connector=lease.connector, topic=partition[0], partition=partition[1], task_id=lease.task_id,
-                state=state, reason=reason,
-            )  # fmt: skip
+                connector=lease.connector,
+                topic=partition[0],
+                partition=partition[1],
+                task_id=lease.task_id,
+                state=state,
+                reason=reason,
+            )
             s.execute(
                 stmt.on_conflict_do_update(
                     index_elements=[PartitionStatus.connector, PartitionStatus.topic, PartitionStatus.partition],
@@ -225,33 +261,51 @@ class OwnershipStore(StoreBase):
         with Session(self.engine) as s, s.begin():
             if held:
                 stmt = insert(PartitionStatus).values(
-                    [{"connector": connector, "topic": t, "partition": p, "task_id": None,
-                      "state": PartitionHealth.PAUSED, "reason": reason} for (t, p), reason in sorted(held.items())]
-                )  # fmt: skip
+                    [
+                        {
+                            "connector": connector,
+                            "topic": t,
+                            "partition": p,
+                            "task_id": None,
+                            "state": PartitionHealth.PAUSED,
+                            "reason": reason,
+                        }
+                        for (t, p), reason in sorted(held.items())
+                    ]
+                )
                 s.execute(
                     stmt.on_conflict_do_update(
                         index_elements=[PartitionStatus.connector, PartitionStatus.topic, PartitionStatus.partition],
-                        set_={"state": PartitionHealth.PAUSED, "reason": stmt.excluded.reason,
-                              "updated_at": func.now()},
-                        where=and_(PartitionStatus.task_id.is_(None), or_(
-                            PartitionStatus.state != PartitionHealth.PAUSED,
-                            PartitionStatus.reason.is_distinct_from(stmt.excluded.reason))),
+                        set_={
+                            "state": PartitionHealth.PAUSED,
+                            "reason": stmt.excluded.reason,
+                            "updated_at": func.now(),
+                        },
+                        where=and_(
+                            PartitionStatus.task_id.is_(None),
+                            or_(
+                                PartitionStatus.state != PartitionHealth.PAUSED,
+                                PartitionStatus.reason.is_distinct_from(stmt.excluded.reason),
+                            ),
+                        ),
                     )
-                )  # fmt: skip
+                )
             unowned = s.execute(
                 select(PartitionStatus.topic, PartitionStatus.partition).where(
-                    PartitionStatus.connector == connector, PartitionStatus.task_id.is_(None),
+                    PartitionStatus.connector == connector,
+                    PartitionStatus.task_id.is_(None),
                     PartitionStatus.state == PartitionHealth.PAUSED,
                 )
-            ).all()  # fmt: skip
+            ).all()
             stale = [(t, p) for t, p in unowned if (t, p) not in keep]
             if stale:
                 s.execute(
                     delete(PartitionStatus).where(
-                        PartitionStatus.connector == connector, PartitionStatus.task_id.is_(None),
+                        PartitionStatus.connector == connector,
+                        PartitionStatus.task_id.is_(None),
                         status_rows_of(stale),
                     )
-                )  # fmt: skip
+                )
 
     def unowned_paused(self) -> dict[str, set[SourcePartition]]:
         """Every connector's PAUSED partitions no task owns (those the monitor holds back, and stale ones it

@@ -197,15 +197,17 @@ class PartitionLag(Base):
     connector: Mapped[str] = mapped_column(Text, primary_key=True)
     topic: Mapped[str] = mapped_column(Text, primary_key=True)
     lags: Mapped[list[int | None]] = mapped_column(
-        ARRAY(BigInteger), nullable=False,
+        ARRAY(BigInteger),
+        nullable=False,
         doc="Element p + 1 is partition p's lag; NULL where none is known (never measured, or the broker gave no "
         "usable end offset).",
-    )  # fmt: skip
+    )
     measured_at: Mapped[list[datetime | None]] = mapped_column(
-        ARRAY(DateTime(timezone=True)), nullable=False,
+        ARRAY(DateTime(timezone=True)),
+        nullable=False,
         doc="Element p + 1: when partition p's lag was measured (NULL: never). Per partition, because two tasks "
         "share a topic and each must lose only to a newer measurement of the same partition.",
-    )  # fmt: skip
+    )
     updated_at: Mapped[datetime] = _now()
 
 
@@ -221,9 +223,11 @@ class Flow(Base):
     groups_synced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_emitted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeats: Mapped[list[list[int]]] = mapped_column(
-        JSONB, nullable=False, server_default="[]",
+        JSONB,
+        nullable=False,
+        server_default="[]",
         doc="Recent heartbeats emitted at the source: [partition, offset, timestamp ms], newest last.",
-    )  # fmt: skip
+    )
     problems: Mapped[dict[str, str]] = mapped_column(
         JSONB, nullable=False, server_default="{}", doc="What failed in the last topic or group sync -> why."
     )
