@@ -34,15 +34,20 @@ from replicator.state.schema import (
 
 # Every changed partition of a commit in one statement: per topic, an array with the new offsets at their partitions
 # and NULL elsewhere, merged into the stored array element by element (a NULL keeps the stored value; the longer
-# array sets the length). Rows come in topic order, so two tasks sharing topics never lock them in opposite orders.
+# array sets the length). An array without a NULL that is as long as the stored one replaces it as it is (a busy
+# topic's every partition moved: no merge to compute). Rows come in topic order, so two tasks sharing topics never
+# lock them in opposite orders.
 _MERGE_OFFSETS = text("""
 INSERT INTO offsets AS o (connector, topic, positions, destination_positions, epoch, updated_at)
 SELECT :connector, u.topic, CAST(u.positions AS bigint[]), CAST(u.destinations AS bigint[]), :epoch, now()
 FROM unnest(CAST(:topics AS text[]), CAST(:positions AS text[]), CAST(:destinations AS text[]))
   AS u(topic, positions, destinations)
 ON CONFLICT (connector, topic) DO UPDATE SET
-  positions = (SELECT array_agg(coalesce(n, s) ORDER BY i)
-               FROM unnest(o.positions, excluded.positions) WITH ORDINALITY AS m(s, n, i)),
+  positions = CASE
+    WHEN array_position(excluded.positions, NULL) IS NULL
+         AND cardinality(excluded.positions) >= cardinality(o.positions) THEN excluded.positions
+    ELSE (SELECT array_agg(coalesce(n, s) ORDER BY i)
+          FROM unnest(o.positions, excluded.positions) WITH ORDINALITY AS m(s, n, i)) END,
   destination_positions = CASE WHEN excluded.destination_positions IS NULL THEN o.destination_positions ELSE
     (SELECT array_agg(coalesce(n, s) ORDER BY i)
      FROM unnest(o.destination_positions, excluded.destination_positions) WITH ORDINALITY AS m(s, n, i)) END,
