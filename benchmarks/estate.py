@@ -232,7 +232,8 @@ def load(topics: str, partitions: int, rate: int, seconds: float) -> None:
     value = b"v" * 100
     produce = {t: partial(producer.produce, on_delivery=count) for t, producer in producers.items()}
     sent, start, total = 0, time.perf_counter(), int(rate * seconds)
-    while sent < total:
+    # Until `seconds` are over: behind the rate (a broker taking a produce request per partition), it writes fewer.
+    while sent < total and time.perf_counter() - start < seconds:
         due = min(int((time.perf_counter() - start) * rate), total)
         while sent < due:
             topic, partition = targets[sent % len(targets)]
@@ -245,8 +246,10 @@ def load(topics: str, partitions: int, rate: int, seconds: float) -> None:
         for producer in producers.values():
             producer.poll(0)
         time.sleep(0.001)
-    for producer in producers.values():
-        producer.flush(30)
+    deadline = time.perf_counter() + 20
+    while any(len(p) for p in producers.values()) and time.perf_counter() < deadline:
+        for producer in producers.values():
+            producer.poll(0.01)
     print(f"{acked[0] / max(last[0] - start, seconds):.0f}", flush=True)
 
 

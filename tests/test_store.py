@@ -173,6 +173,12 @@ def test_tasks_sharing_a_topic_commit_their_own_partitions_without_undoing_each_
     store.commit(first, {("t", 2): 32})
     assert store.load_destination_offsets(unique, [("t", 0), ("t", 1), ("t", 2)]) == {("t", 0): 500, ("t", 1): 600}
     assert store.load_offsets(unique, [("t", 0), ("t", 1), ("t", 2)]) == {("t", 0): 12, ("t", 1): 21, ("t", 2): 32}
+    # Every partition of a topic at once replaces its array; every partition of a shorter one keeps the rest.
+    store.commit(first, {("t", p): 100 + p for p in range(8)})
+    store.commit(second, {("t", p): 200 + p for p in range(3)})
+    assert store.load_offsets(unique, [("t", p) for p in range(8)]) == {
+        ("t", p): (200 if p < 3 else 100) + p for p in range(8)
+    }
 
 
 def test_tasks_sharing_a_topic_record_their_own_lags_as_one_row_per_topic(store: Store, unique: str) -> None:
