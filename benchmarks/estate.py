@@ -50,6 +50,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from sqlalchemy import Engine, create_engine, text
 
 # isort: split
+from replicator.clusters import log_offsets
 from replicator.configuration.connector import validate_submission
 from replicator.engine.source_reader import DORMANT_AFTER_S, QUIET_AFTER_S
 from replicator.state.store import Store
@@ -274,8 +275,12 @@ def latency(topics: list[str], partitions: int, rate: int, seconds: float = 15.0
             "fetch.wait.max.ms": 10,
         }
     )
-    reader.assign([TopicPartition(t, p, OFFSET_END) for t in topics for p in range(partitions)])
-    reader.consume(1, 3.0)  # the END offsets are resolved before the load starts
+    # The ends asked in one ListOffsets request (a consumer assigned OFFSET_END asks partition by partition: behind a
+    # task's produce requests, a destination broker took longer than the whole window to answer 10,000 of them).
+    wanted = [(t, p) for t in topics for p in range(partitions)]
+    ends = log_offsets(AdminClient({"bootstrap.servers": DESTINATION}), wanted, latest=True)
+    reader.assign([TopicPartition(t, p, ends.get((t, p), OFFSET_END)) for t, p in wanted])
+    reader.consume(1, 3.0)
     loader = start_load(topics, partitions, rate, seconds)
     seen: list[tuple[int, list[int]]] = []
     deadline = time.monotonic() + seconds + 20
@@ -379,13 +384,11 @@ def committed(engine: Engine, connector: str) -> tuple[int, int]:
 
 def end_offsets(topics: list[str], partitions: int) -> int:
     """The sum of the source partitions' end offsets: where a task that has copied everything has committed."""
-    reader = Consumer({"bootstrap.servers": SOURCE, "group.id": "estate-ends"})
-    try:
-        return sum(
-            reader.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1] for t in topics for p in range(partitions)
-        )
-    finally:
-        reader.close()
+    wanted = [(t, p) for t in topics for p in range(partitions)]
+    ends = log_offsets(AdminClient({"bootstrap.servers": SOURCE}), wanted, latest=True)
+    if len(ends) < len(wanted):
+        raise RuntimeError(f"the source gave {len(ends):,} of {len(wanted):,} end offsets")
+    return sum(ends.values())
 
 
 def caught_up(engine: Engine, connector: str, partitions: int, end: int) -> bool:
