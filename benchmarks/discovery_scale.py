@@ -81,6 +81,7 @@ class Rounds:
             self.rounds.append((time.monotonic(), done))
             return done
 
+        # Deliberate: this watcher's method is wrapped to record its rounds; mypy refuses assigning to a method.
         watcher.watch_once = recorded  # type: ignore[method-assign]
         self.thread = threading.Thread(target=watcher.run, args=(self.stopped.is_set,), daemon=True)
         self.thread.start()

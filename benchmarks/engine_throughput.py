@@ -14,6 +14,8 @@ import resource
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -72,7 +74,7 @@ def engine_copy(
     task.run(done)
 
 
-def measure(label: str, fn, records: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+def measure(label: str, fn: Callable[[], object], records: int) -> tuple[float, float]:
     wall, cpu = time.perf_counter(), cpu_seconds()
     fn()
     wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
@@ -116,7 +118,7 @@ def main() -> None:
                 ("engine, no provenance headers", f"{topic}.engine-plain", False),
             ):
                 eng, eng_cpu = measure(
-                    label, lambda t=target, h=headers: engine_copy(store, src, dst, topic, t, n, args.partitions, h), n
+                    label, partial(engine_copy, store, src, dst, topic, target, n, args.partitions, headers), n
                 )
                 print(f"  {label}: throughput ratio to naive {naive / eng:.2f}, CPU ratio {eng_cpu / naive_cpu:.2f}")
         finally:

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
@@ -80,7 +81,13 @@ def destination_reader(bootstrap: str, topic: str) -> Consumer:
     return consumer
 
 
-def first_record(consumer: Consumer, accept, timeout: float, seen: list[float] | None = None, seen_after: float = 0):  # type: ignore[no-untyped-def]
+def first_record(
+    consumer: Consumer,
+    accept: Callable[[Message], object],
+    timeout: float,
+    seen: list[float] | None = None,
+    seen_after: float = 0,
+) -> float:
     """Poll until a record satisfying `accept` arrives; returns the monotonic time it was received. `seen` gets the
     time the first record of any kind arrived after `seen_after`."""
     deadline = time.monotonic() + timeout
@@ -186,7 +193,9 @@ def new_topic_latency(dev: DagsterDev, store: Store, endpoints: StackEndpoints, 
 def kill_latency(dev: DagsterDev, store: Store, traffic: Traffic, reader: Consumer) -> tuple[float, str]:
     """Kill the owner run's worker; seconds until a record produced after the kill is copied, and a breakdown."""
     victim = owner_run(dev, store)
-    epoch = store.lease_of(CONNECTOR, 0).epoch  # type: ignore[union-attr]
+    lease = store.lease_of(CONNECTOR, 0)
+    assert lease is not None, "owner_run returned a run that holds no lease"
+    epoch = lease.epoch
     while reader.consume(1000, 0):
         pass  # copies made before the kill
     killed = dev.kill_run_worker(victim.run_id)  # returns once the worker and its children are gone

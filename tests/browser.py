@@ -12,8 +12,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.debian import ensure_debian_packages
+
+if TYPE_CHECKING:
+    from selenium.webdriver.remote.webdriver import WebDriver
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -46,11 +50,11 @@ def ensure_chromium() -> None:
 class Browser:
     """A headless Chromium driven by selenium, with its own empty profile directory."""
 
-    driver: object
+    driver: WebDriver
     profile: Path
 
     def quit(self) -> None:
-        self.driver.quit()  # type: ignore[attr-defined]
+        self.driver.quit()
         shutil.rmtree(self.profile, ignore_errors=True)
 
 

@@ -138,6 +138,7 @@ def instance() -> Iterator[dg.DagsterInstance]:
     with dg.instance_for_test() as instance:
         # Each run start re-applies logging.config.dictConfig (for YAML-defined handlers, none here). Two runs in
         # threads of one process then deadlock on logging's locks; real runs are separate processes. Skip it.
+        # Deliberate monkeypatch of this instance's method: mypy refuses assigning to a method.
         instance.get_yaml_python_handlers = list  # type: ignore[method-assign]
         yield instance
 

@@ -1,4 +1,5 @@
-"""Running replicator tasks in tests: a connector in the store, a task in a thread, and waiting on outcomes."""
+"""Running replicator tasks in tests: a connector in the store, a task in a thread, and waiting on outcomes; the
+failure message of an in-process Dagster run."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, text
 
@@ -22,6 +23,9 @@ from replicator.state.database import make_engine, upgrade
 from replicator.state.records import MetricRow
 from replicator.state.store import Store
 
+if TYPE_CHECKING:
+    import dagster as dg
+
 
 def connector_properties(stack: StackEndpoints, name: str, **extra: Any) -> dict[str, Any]:
     """Mirus-style properties between the test stack's two clusters."""
@@ -33,6 +37,15 @@ def connector_properties(stack: StackEndpoints, name: str, **extra: Any) -> dict
         "offset.flush.interval.ms": "200",
         **extra,
     }
+
+
+def step_failure_message(result: dg.ExecuteInProcessResult) -> str:
+    """The error message of the first failed step of an in-process Dagster run (asserting there is one)."""
+    failures = result.get_step_failure_events()
+    assert failures, "no step of the run failed"
+    error = failures[0].step_failure_data.error
+    assert error is not None, "the failed step carries no error"
+    return error.message
 
 
 def private_database(stack: StackEndpoints, name: str) -> Engine:

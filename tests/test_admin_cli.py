@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from .kafka_helpers import consume_all, create_topics, produce
 
 
 @pytest.fixture
-def mirus(stack: StackEndpoints, tmp_path: Path):  # type: ignore[no-untyped-def]
+def mirus(stack: StackEndpoints, tmp_path: Path) -> Callable[..., Result]:
     """Runs `mirus ARGS...` in-process against the test stack."""
     runner = CliRunner()
     env = {**stack.as_env(), "MIRUS_STATE_DIR": str(tmp_path / "state")}

@@ -27,7 +27,7 @@ from replicator.configuration.connector import ConnectorConfigError, validate_su
 from replicator.configuration.masking import mask_properties
 from replicator.state.store import Store
 from tests.api_helpers import serve_api
-from tests.engine_helpers import connector_properties
+from tests.engine_helpers import connector_properties, step_failure_message
 from tests.invalid_configs import SECRET_IN_URL, InvalidCase, invalid_cases
 
 JOBS = {job.name: job for job in admin_jobs}
@@ -49,7 +49,7 @@ def refused_by_the_launchpad(
         raise_on_error=False,
     )
     assert not result.success
-    failure = result.get_step_failure_events()[0].event_specific_data.error.message  # type: ignore[union-attr]
+    failure = step_failure_message(result)
     store = Store(db_engine)
     if stored is None:
         assert name not in [c.name for c in store.list_connectors()]

@@ -59,21 +59,24 @@ def test_every_row_is_documented_known_and_masked_by_the_one_rule(spec: Property
 
 @pytest.mark.parametrize("spec", FIELDS, ids=lambda s: s.name)
 def test_every_field_row_is_a_model_field_with_its_default_and_bounds(spec: PropertySpec) -> None:
-    field = ConnectorConfig.model_fields[spec.field]  # type: ignore[index]
+    name = spec.field
+    assert name is not None  # FIELDS holds the rows with a field
+    field = ConnectorConfig.model_fields[name]
     assert field.description == spec.doc
     if not spec.required:
         assert field.default == spec.default
         config = validate_submission({**BASE, "name": "c"} if spec.name != "name" else BASE)
-        assert getattr(config, spec.field) == (spec.default if spec.name != "name" else "c")  # type: ignore[arg-type]
+        assert getattr(config, name) == (spec.default if spec.name != "name" else "c")
     if spec.kind is Kind.INT:
         low = spec.minimum if spec.minimum is not None else 0
-        valid = int(spec.default) + 1  # type: ignore[call-overload]
-        assert getattr(validate_submission({**BASE, spec.name: str(valid)}), spec.field) == valid  # type: ignore[arg-type]
+        assert isinstance(spec.default, int)
+        valid = spec.default + 1
+        assert getattr(validate_submission({**BASE, spec.name: str(valid)}), name) == valid
         with pytest.raises(ConnectorConfigError) as caught:
             validate_submission({**BASE, spec.name: low - 1})
         assert caught.value.errors == [(spec.name, f"must be an integer {spec.bounds()}, got {low - 1}")]
     if spec.kind is Kind.BOOLEAN:
-        assert getattr(validate_submission({**BASE, spec.name: "false"}), spec.field) is False  # type: ignore[arg-type]
+        assert getattr(validate_submission({**BASE, spec.name: "false"}), name) is False
 
 
 def _typo(name: str) -> str:

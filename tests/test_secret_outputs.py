@@ -33,7 +33,7 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import load
 from replicator.state.store import Store
 from tests.api_helpers import serve_api
-from tests.engine_helpers import connector_properties
+from tests.engine_helpers import connector_properties, step_failure_message
 from tests.kafka_helpers import consume_all, create_topics, produce
 from tests.test_sensors import InProcessRun, evaluate, requests_for, watched
 
@@ -208,7 +208,7 @@ def test_a_rejected_literal_secret_does_not_stay_in_the_run_history(
     )
 
     assert not put.success
-    failure = put.get_step_failure_events()[0].event_specific_data.error.message  # type: ignore[union-attr]
+    failure = step_failure_message(put)
     assert "producer.sasl.password" in failure
     run = instance.get_run_by_id(put.run_id)
     assert run is not None and run.status == dg.DagsterRunStatus.FAILURE  # later status updates kept the mask

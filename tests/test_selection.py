@@ -156,7 +156,7 @@ def test_invalid_java_only_syntax_is_reported() -> None:
 def test_selector_is_frozen_and_patterns_compiled_once() -> None:
     selector = TopicSelector(include=("orders.*",))
     with pytest.raises(ValidationError):
-        selector.include = ("x",)  # type: ignore[misc]
+        selector.include = ("x",)  # type: ignore[misc]  # deliberate: assigning a frozen field must raise
     before = compile_java_regex.cache_info().misses
     for i in range(2000):
         selector.matches(f"orders-{i}")

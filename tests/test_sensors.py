@@ -2,8 +2,9 @@
 
 import sys
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import dagster as dg
 import pytest
@@ -37,7 +38,7 @@ from mirus_dagster.sensors.task_runs import PRIORITY_TAG, STANDBY_PRIORITY, task
 from mirus_dagster.settings import StackEndpoints
 from replicator.discovery.watcher import MetadataWatcher, WatchRound
 from replicator.state.store import Store
-from tests.engine_helpers import connector_properties
+from tests.engine_helpers import connector_properties, step_failure_message
 from tests.kafka_helpers import consume_all, create_topics, produce
 
 JOBS = {job.name: job for job in admin_jobs}
@@ -47,15 +48,20 @@ JOBS = {job.name: job for job in admin_jobs}
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def history(**kw: object) -> TaskRunHistory:
-    base = {
-        "live_runs": 0,
-        "live_started_at": None,
-        "latest_status": None,
-        "latest_ended_at": None,
-        "consecutive_failures": 0,
-    }
-    return TaskRunHistory(**{**base, **kw})  # type: ignore[arg-type]
+class HistoryFields(TypedDict, total=False):
+    live_runs: int
+    live_started_at: datetime | None
+    latest_status: str | None
+    latest_ended_at: datetime | None
+    consecutive_failures: int
+    latest_lived_s: float | None
+
+
+def history(**kw: Unpack[HistoryFields]) -> TaskRunHistory:
+    base = TaskRunHistory(
+        live_runs=0, live_started_at=None, latest_status=None, latest_ended_at=None, consecutive_failures=0
+    )
+    return replace(base, **kw)
 
 
 def test_the_monitor_starts_idle_tasks_and_leaves_failures_to_the_supervisor() -> None:
@@ -174,14 +180,29 @@ def admin(instance: dg.DagsterInstance, resources: dict, action: str, name: str)
     )
 
 
-def evaluate(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, resources: dict, cursor: str | None):  # type: ignore[no-untyped-def]
+def evaluate(
+    sensor: dg.SensorDefinition, instance: dg.DagsterInstance, resources: dict, cursor: str | None
+) -> dg.SensorResult | dg.SkipReason:
+    """One evaluation of `sensor`: the platform's sensors return a `SensorResult`, or a `SkipReason`."""
     context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
-    return sensor(context)
+    result = sensor(context)
+    assert isinstance(result, dg.SensorResult | dg.SkipReason), result
+    return result
 
 
-def requests_for(result: dg.SensorResult, connector: str) -> list[dg.RunRequest]:
+def evaluated(
+    sensor: dg.SensorDefinition, instance: dg.DagsterInstance, resources: dict, cursor: str | None
+) -> dg.SensorResult:
+    """One evaluation of `sensor` that did not skip."""
+    result = evaluate(sensor, instance, resources, cursor)
+    assert isinstance(result, dg.SensorResult), result
+    return result
+
+
+def requests_for(result: dg.SensorResult | dg.SkipReason, connector: str) -> list[dg.RunRequest]:
     """This test's replicator run requests: connectors of other tests share the database."""
-    return [r for r in result.run_requests if r.tags.get(TAG_CONNECTOR) == connector]
+    assert isinstance(result, dg.SensorResult), result
+    return [r for r in result.run_requests or () if r.tags.get(TAG_CONNECTOR) == connector]
 
 
 def watch(store: Store) -> WatchRound:
@@ -196,7 +217,7 @@ def watched(store: Store, connector: str) -> WatchRound:
         done = watch(store)
         return done if connector in done.polled and connector not in done.errors else None
 
-    return wait_until(polled, what=f"a watcher round polling {connector}")  # type: ignore[return-value]
+    return wait_until(polled, what=f"a watcher round polling {connector}")
 
 
 class InProcessRun:
@@ -234,7 +255,7 @@ def test_a_rejected_config_fails_the_run_and_changes_nothing(
     result = put(instance, resources, bad)
 
     assert not result.success
-    failure = result.get_step_failure_events()[0].event_specific_data.error.message  # type: ignore[union-attr]
+    failure = step_failure_message(result)
     assert "tasks.max" in failure and "topics.regex" in failure and "nothing was stored" in failure
     record = store.get_connector(unique)
     assert record.version == 1 and record.properties == good
@@ -248,7 +269,7 @@ def test_a_literal_secret_is_refused_from_the_launchpad(
     result = put(instance, resources, properties)
 
     assert not result.success
-    failure = result.get_step_failure_events()[0].event_specific_data.error.message  # type: ignore[union-attr]
+    failure = step_failure_message(result)
     assert "consumer.sasl.password" in failure and "${env:NAME}" in failure and "pw1" not in failure
     assert unique not in [c.name for c in Store(db_engine).list_connectors()]
 
@@ -292,7 +313,7 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
 
     assert requests_for(evaluate(kafka_monitor, instance, resources, None), unique) == []  # nothing assigned yet
     assert unique in [r.connector for r in watched(store, unique).changed]
-    result = evaluate(kafka_monitor, instance, resources, None)
+    result = evaluated(kafka_monitor, instance, resources, None)
     assert [r.job_name for r in result.run_requests if TAG_CONNECTOR not in r.tags] == [WATCHER_JOB]
     requests = requests_for(result, unique)
     assert sorted((r.tags[TAG_CONNECTOR], r.tags[TAG_TASK]) for r in requests) == [(unique, "0"), (unique, "1")]
@@ -354,7 +375,7 @@ def test_unreachable_source_backs_off_without_affecting_other_connectors(
     assert snapshot is not None and "source cluster metadata unavailable" in snapshot.error
     assert watcher.watches[broken].failures == 1  # backing off: 1 s, then 2, 4 … 64 s
     assert watcher.watches[broken].retry_at > watcher.watches[healthy].retry_at
-    result = evaluate(kafka_monitor, instance, resources, None)
+    result = evaluated(kafka_monitor, instance, resources, None)
     assert [r.tags[TAG_CONNECTOR] for r in requests_for(result, healthy) + requests_for(result, broken)] == [
         healthy
     ] * 2
@@ -386,7 +407,7 @@ def test_a_connector_the_watcher_cannot_load_shows_why_until_it_can(
 
     assert "MIRUS_TEST_SOURCE" in failed.errors[unique]
     assert "MIRUS_TEST_SOURCE" in store.connector_statuses(unique)[0].flow_problems["watch"]
-    result = evaluate(kafka_monitor, instance, resources, None)
+    result = evaluated(kafka_monitor, instance, resources, None)
     shown = next(e for e in result.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET))
     assert "watch: " in str(shown.metadata["connectors"].value)
 
