@@ -4,10 +4,10 @@
 Why more than one: a librdkafka producer sends a produce request per partition (its issue #1700) and its broker
 thread visits every partition of every topic it knows at each wake-up, so its cost grows with records/s x the
 partitions of its topics. Measured on Apache Kafka (benchmarks/README.md, "Producers per group of topics"): one
-record to each of 10,000 partitions (20 topics x 500) took one producer 6.0-6.6 s of a whole core, twenty producers
-of one topic each 0.95-1.1 s; at 2,000 records/s spread over them, one producer fell behind at a whole core, twenty
-kept up at 38 %. Splitting a topic's partitions over producers does not help (each knows the whole topic: measured
-dearer), so a group holds whole topics and a topic wider than the limit has a producer of its own.
+record to each of 10,000 partitions (20 topics x 500) took one producer 6-7 s of a core, twenty producers of one
+topic each 0.9 s; at 2,000 records/s spread over them, one producer fell behind at a whole core, twenty kept up at
+a third of one. Splitting a topic's partitions over producers does not help (each then knows every topic: the
+dearest layout measured), so a group holds whole topics and a topic wider than the limit has a producer of its own.
 
 A partition writes through its topic's producer only (`PartitionState.producer`), so its records stay in order and
 one acknowledgement still stands for a run. Exactly-once mode keeps one producer: a transaction spans the task's
