@@ -9,7 +9,7 @@ topic each 0.9 s; at 2,000 records/s spread over them, one producer fell behind 
 a third of one. Splitting a topic's partitions over producers does not help (each then knows every topic: the
 dearest layout measured), so a group holds whole topics and a topic wider than the limit has a producer of its own.
 
-A partition writes through its topic's producer only (`PartitionState.producer`), so its records stay in order and
+A partition writes through its topic's producer only (`PartitionState.produce`), so its records stay in order and
 one acknowledgement still stands for a run. Exactly-once mode keeps one producer: a transaction spans the task's
 partitions, and a transactional id belongs to one producer.
 """
