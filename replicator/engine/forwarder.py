@@ -72,8 +72,7 @@ class Forwarder:
 
     def producer_of(self, topic: str) -> Producer | None:
         """The producer writing destination `topic`, once a partition of it was routed."""
-        index = self.producers.topics.get(topic)
-        return None if index is None else self.producers.all[index]
+        return self.producers.of(topic)
 
     def route(self, state: PartitionState, partition: int, destination_partitions: int) -> None:
         """Write `state`'s records to destination `partition`, through the producer of its destination topic (of
@@ -331,10 +330,10 @@ class Forwarder:
 
     def replace_producers(self) -> None:
         """New producers in place of the failed ones, each partition writing through its topic's new producer."""
-        replaced = self.producers.replace()
+        self.producers.replace()
         for state in self.task.book.states.values():
-            if state.routed:
-                state.produce = replaced[id(getattr(state.produce, "__self__", None))].produce
+            if (producer := self.producers.of(state.destination_topic)) is not None:
+                state.produce = producer.produce
 
     def serve(self, timeout: float) -> None:
         """Serve acknowledgements; a fatal producer error (raised by poll()) marks the producer for replacement."""

@@ -75,8 +75,11 @@ class DestinationProducers:
         for producer in self.all:
             producer.purge()
 
-    def replace(self) -> dict[int, Producer]:
-        """New producers in place of all of them (after a fatal error), each writing the same topics as before: the
-        new one by the `id()` of the one it replaces."""
-        old, self.all = self.all, [self.make() for _ in self.all]
-        return {id(before): after for before, after in zip(old, self.all, strict=True)}
+    def of(self, topic: str) -> Producer | None:
+        """The producer writing `topic`, once it was given one (`for_topic`)."""
+        index = self.topics.get(topic)
+        return None if index is None else self.all[index]
+
+    def replace(self) -> None:
+        """New producers in place of all of them (after a fatal error), each writing the same topics as before."""
+        self.all = [self.make() for _ in self.all]
