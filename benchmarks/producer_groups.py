@@ -57,8 +57,11 @@ def layout(
         made = [Producer({**settings, "log_level": 3}) for _ in range(spread)]
         return made, [made[partition % spread] for _, partition in targets]
     producers.PARTITIONS_PER_PRODUCER = group or 1 << 30
-    grouped = producers.DestinationProducers(lambda: Producer({**settings, "log_level": 3}), grouped=True)
-    return grouped.all, [grouped.for_topic(topic, widths[topic]) for topic, _ in targets]
+    grouped = producers.DestinationProducers(
+        lambda: Producer({**settings, "log_level": 3}), grouped=True, idle_close_s=float("inf")
+    )
+    chosen = [grouped.open(grouped.index_for(topic, widths[topic])) for topic, _ in targets]
+    return [p for p in grouped.all if p is not None], chosen
 
 
 def unacknowledged(made: list[Producer]) -> int:

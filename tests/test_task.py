@@ -248,6 +248,10 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     # Each goes quiet, then dormant (a fetch every 5 s when idle).
     wait_until(lambda: reader.held_in(reader.dormant) == 3, timeout=30, what="every partition in the dormant tier")
     assert [s.held for s in reader.dormant.shards] == [2, 1]
+    # Its producer, idle as long as a partition takes to turn dormant, is closed (an idle client's threads still
+    # wake); the next record opens it again.
+    producers = runner.task.forwarder.producers
+    wait_until(lambda: producers.all == [None], timeout=30, what="the idle producer closed")
     # Records on dormant partitions flow at once, and their partitions go back to eager fetching from the next offset.
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"b%d" % i} for i in range(50)])
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 2, "value": b"c%d" % i} for i in range(5)])

@@ -149,7 +149,7 @@ class AssignmentFollower:
         self.check_destination(partitions)  # routes each partition through its destination topic's producer
         for topic in {task.book.states[tp].destination_topic for tp in partitions}:
             if (producer := task.forwarder.producer_of(topic)) is None:
-                continue  # no partition of it routed: it is missing, and its partitions are paused
+                continue  # missing (its partitions are paused), or closed while idle: reopened with fresh metadata
             try:  # a destination topic grown a moment ago: its producer must know its new partitions
                 producer.list_topics(topic, timeout=5)
             except KafkaException as exc:

@@ -54,7 +54,12 @@ class Forwarder:
 
     def __init__(self, task: TaskContext) -> None:
         self.task = task
-        self.producers = DestinationProducers(self.new_producer, grouped=not task.config.exactly_once)
+        self.producers = DestinationProducers(
+            self.new_producer,
+            grouped=not task.config.exactly_once,
+            idle_close_s=task.reader.quiet_after_s + task.reader.dormant_after_s,
+        )
+        self.ordered_acks = task.config.ordered_acks
         queue_limit = int(task.config.producer_settings(task.task_id)["queue.buffering.max.messages"])
         self.intake_limit = max(queue_limit - BATCH, queue_limit // 2)  # records waiting above which none are read
         self.fatal_error: KafkaError | None = None  # the producer is done for: the loop replaces it
@@ -77,8 +82,35 @@ class Forwarder:
     def route(self, state: PartitionState, partition: int, destination_partitions: int) -> None:
         """Write `state`'s records to destination `partition`, through the producer of its destination topic (of
         `destination_partitions` partitions)."""
-        state.route(partition, self.task.config.ordered_acks)
-        state.produce = self.producers.for_topic(state.destination_topic, destination_partitions).produce
+        if state.routed and state.destination_partition == partition:
+            return  # (the periodic destination check finds most partitions where they were)
+        state.route(partition, self.ordered_acks)
+        state.produce = self._produce_through(self.producers.index_for(state.destination_topic, destination_partitions))
+
+    def _produce_through(self, group: int) -> Callable[..., None]:
+        """`produce` of the group's producer; while it is closed, a function that opens it again first."""
+        producer = self.producers.all[group]
+        if producer is not None:
+            return producer.produce
+
+        def reopen_and_produce(*args: Any) -> None:
+            opened = self.producers.open(group)
+            self._point({group: opened.produce})
+            opened.produce(*args)
+
+        return reopen_and_produce
+
+    def _point(self, produce_by_group: dict[int, Callable[..., None]]) -> None:
+        """Each partition of these groups' topics writes through the group's `produce` from now on."""
+        group_of = self.producers.topics
+        for state in self.task.book.states.values():
+            if (group := group_of.get(state.destination_topic)) in produce_by_group:
+                state.produce = produce_by_group[group]
+
+    def close_idle_producers(self, now: float) -> None:
+        """Close the producers idle for as long as a partition takes to turn dormant (`DestinationProducers`)."""
+        if closed := self.producers.close_idle(now):
+            self._point({group: self._produce_through(group) for group in closed})
 
     # -- fetch, map, produce ----------------------------------------------------------------------------
 
@@ -319,7 +351,7 @@ class Forwarder:
         again = 0
         for state in task.book.states.values():
             if state.destination_partition != UNASSIGNED_PARTITION:
-                state.route(state.destination_partition, task.config.ordered_acks)
+                state.route(state.destination_partition, self.ordered_acks)
             # Partitions the destination did not refuse go on at once, from their first unacknowledged record;
             # a refused one waits for its backoff (`AssignmentFollower.resume`).
             if state.paused_reason is None or state.paused_reason is AWAITING_NEW_PRODUCER:
@@ -331,9 +363,7 @@ class Forwarder:
     def replace_producers(self) -> None:
         """New producers in place of the failed ones, each partition writing through its topic's new producer."""
         self.producers.replace()
-        for state in self.task.book.states.values():
-            if (producer := self.producers.of(state.destination_topic)) is not None:
-                state.produce = producer.produce
+        self._point({group: self._produce_through(group) for group in range(len(self.producers.all))})
 
     def serve(self, timeout: float) -> None:
         """Serve acknowledgements; a fatal producer error (raised by poll()) marks the producer for replacement."""
