@@ -223,6 +223,59 @@ def test_kip_875_offsets_change_only_while_paused(api: str, stack: StackEndpoint
     assert store.load_offsets(unique) == {}
 
 
+def test_mirrormaker_2_offsets_resume_after_the_last_record_it_copied(
+    api: str, stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    """MM2 stores the offset of the last record replicated; taken over, the next record is the first copied."""
+    topic, name = unique, f"{unique}-mm2"
+    create_topics(stack.source_bootstrap_servers, {topic: 1})
+    produce(stack.source_bootstrap_servers, values(10, topic))
+    config = connector_properties(
+        stack,
+        name,
+        **{
+            "connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector",
+            "source.cluster.alias": "primary",
+            "topics": topic,
+            "emit.heartbeats.enabled": "false",
+        },
+    )
+    created = requests.post(f"{api}/connectors", json={"name": name, "config": config, "initial_state": "STOPPED"})
+    assert created.status_code == 201, created.text
+    # What Kafka Connect's GET /connectors/{name}/offsets shows for an MM2 connector that copied records 0..4.
+    mm2 = {"offsets": [{"partition": {"cluster": "primary", "topic": topic, "partition": 0}, "offset": {"offset": 4}}]}
+    assert requests.patch(f"{api}/connectors/{name}/offsets", json=mm2).status_code == 200
+    assert store.load_offsets(name) == {(topic, 0): 5}
+    assert requests.get(f"{api}/connectors/{name}/offsets").json() == mm2  # round trip in MM2's format
+
+    assert requests.put(f"{api}/connectors/{name}/resume").status_code == 202
+    KafkaMonitor(store).poll(name)
+    runner = TaskThread.start(store, name, 0)
+    copied = consume_all(stack.destination_bootstrap_servers, f"primary.{topic}", 1, expected=5)
+    runner.finish()
+    assert [r.value for r in copied] == [f"{topic}-{i}".encode() for i in range(5, 10)]
+    assert requests.get(f"{api}/connectors/{name}/offsets").json()["offsets"][0]["offset"] == {"offset": 9}
+
+    requests.put(f"{api}/connectors/{name}/stop")
+    # MM2's "nothing copied yet" (-1) is the first record; Mirus's format on the same connector means the next one.
+    none_yet = {
+        "offsets": [{"partition": {"cluster": "primary", "topic": topic, "partition": 0}, "offset": {"offset": -1}}]
+    }
+    assert requests.patch(f"{api}/connectors/{name}/offsets", json=none_yet).status_code == 200
+    assert store.load_offsets(name) == {(topic, 0): 0}
+    assert requests.get(f"{api}/connectors/{name}/offsets").json() == none_yet
+    mirus = {"offsets": [{"partition": {"topic": topic, "partition": 0}, "offset": {"offset": 7}}]}
+    assert requests.patch(f"{api}/connectors/{name}/offsets", json=mirus).status_code == 200
+    assert store.load_offsets(name) == {(topic, 0): 7}
+    below = {
+        "offsets": [{"partition": {"cluster": "primary", "topic": topic, "partition": 0}, "offset": {"offset": -2}}]
+    }
+    assert requests.patch(f"{api}/connectors/{name}/offsets", json=below).status_code == 400
+    assert store.load_offsets(name) == {(topic, 0): 7}
+    assert requests.delete(f"{api}/connectors/{name}/offsets").status_code == 200
+    assert requests.get(f"{api}/connectors/{name}/offsets").json() == {"offsets": []}
+
+
 def test_errors_have_kafka_connect_status_codes_and_bodies(api: str, stack: StackEndpoints, unique: str) -> None:
     for method, path in [
         ("GET", "/connectors/nope"),

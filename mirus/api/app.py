@@ -32,7 +32,7 @@ from replicator.assignment import SourcePartition
 from replicator.configuration import connectors
 from replicator.configuration.connector import ConnectorConfigError, validate_submission
 from replicator.configuration.masking import mask_properties
-from replicator.configuration.properties import MIRUS_CONNECTOR_CLASS, MM2_CONNECTOR_CLASS
+from replicator.configuration.properties import MIRUS_CONNECTOR_CLASS, MM2_CONNECTOR_CLASS, SPECS
 from replicator.state.records import (
     ConnectorNotStoppedError,
     ConnectorRecord,
@@ -270,10 +270,25 @@ class ConnectApi:
 
     def get_offsets(self, call: Call) -> Response:
         name = call.path["name"]
-        self._record(name)
+        properties = self._record(name).properties
         offsets = sorted(self.store.load_offsets(name).items())
+        if not _is_mm2(properties):
+            return JSONResponse(
+                {
+                    "offsets": [
+                        {"partition": {"topic": t, "partition": p}, "offset": {"offset": o}} for (t, p), o in offsets
+                    ]
+                }
+            )
+        # MirrorMaker 2 stores the offset of the last record it replicated; ours is the next one to replicate.
+        cluster = str(properties.get("source.cluster.alias") or SPECS["source.cluster.alias"].default)
         return JSONResponse(
-            {"offsets": [{"partition": {"topic": t, "partition": p}, "offset": {"offset": o}} for (t, p), o in offsets]}
+            {
+                "offsets": [
+                    {"partition": {"cluster": cluster, "topic": t, "partition": p}, "offset": {"offset": o - 1}}
+                    for (t, p), o in offsets
+                ]
+            }
         )
 
     def alter_offsets(self, call: Call) -> Response:
@@ -371,6 +386,10 @@ def _location(call: Call, name: str) -> dict[str, str]:
     return {"Location": f"{call.base_url.rstrip('/')}/connectors/{name}"}
 
 
+def _is_mm2(properties: Mapping[str, object]) -> bool:
+    return _plugin_matches(MM2_CONNECTOR_CLASS, str(properties.get("connector.class", "")))
+
+
 def _plugin_matches(cls: str, requested: str) -> bool:
     simple = cls.rsplit(".", 1)[-1]
     return requested in (cls, simple, simple.removesuffix("Connector"))
@@ -412,7 +431,12 @@ def _validation_result(cls: str, submitted: Mapping[str, Any], errors: list[tupl
 
 
 def _parse_offsets(body: Any) -> dict[SourcePartition, int | None]:
-    """KIP-875's `{"offsets": [{"partition": {"topic", "partition"}, "offset": {"offset": N} | null}]}`."""
+    """KIP-875's `{"offsets": [{"partition": {...}, "offset": {"offset": N} | null}]}`, in either connector's format.
+
+    Mirus's partition `{"topic", "partition"}` carries N = the next source offset to replicate, as stored here.
+    MirrorMaker 2's `{"cluster", "topic", "partition"}` carries the offset of the last record it replicated (its
+    task seeks to N + 1), so N + 1 is stored: the record at N is not copied again. -1 there means "none yet".
+    """
     entries = _object(body, "request body").get("offsets")
     if not isinstance(entries, list):
         raise ApiError(400, 'The request body must contain an "offsets" list')
@@ -423,26 +447,36 @@ def _parse_offsets(body: Any) -> dict[SourcePartition, int | None]:
         partition = entry["partition"]
         unknown = set(partition) - {"topic", "partition", "cluster"}
         topic, number = partition.get("topic"), partition.get("partition")
-        if unknown or not isinstance(topic, str) or not topic or not _non_negative_int(number):
+        mm2 = "cluster" in partition
+        if (
+            unknown
+            or not isinstance(topic, str)
+            or not topic
+            or not _int_at_least(number, 0)
+            or (mm2 and not isinstance(partition["cluster"], str))
+        ):
             raise ApiError(
                 400,
-                f'offsets[{i}].partition: expected {{"topic": <name>, "partition": <number >= 0>}}, '
+                f'offsets[{i}].partition: expected {{"topic": <name>, "partition": <number >= 0>}} (Mirus) or '
+                f'{{"cluster": <alias>, "topic": <name>, "partition": <number >= 0>}} (MirrorMaker 2), '
                 f"got {json.dumps(partition)}",
             )
         offset = entry.get("offset")
+        lowest = -1 if mm2 else 0
         if offset is None:
             out[(topic, number)] = None
-        elif isinstance(offset, dict) and set(offset) == {"offset"} and _non_negative_int(offset["offset"]):
-            out[(topic, number)] = offset["offset"]
+        elif isinstance(offset, dict) and set(offset) == {"offset"} and _int_at_least(offset["offset"], lowest):
+            out[(topic, number)] = offset["offset"] + 1 if mm2 else offset["offset"]
         else:
             raise ApiError(
-                400, f'offsets[{i}].offset: expected {{"offset": <number >= 0>}} or null, got {json.dumps(offset)}'
+                400,
+                f'offsets[{i}].offset: expected {{"offset": <number >= {lowest}>}} or null, got {json.dumps(offset)}',
             )
     return out
 
 
-def _non_negative_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _int_at_least(value: Any, lowest: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lowest <= value < 2**63 - 1
 
 
 # -- the application -------------------------------------------------------------------------------------------
