@@ -10,10 +10,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -26,7 +28,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from mirus.api import definitions
 from mirus.api.auth import ApiSettings, AuthMiddleware, Credentials
+from mirus.api.loggers import LoggerLevels, valid_level
 from mirus.api.metrics import StoreCollector
 from replicator.assignment import SourcePartition
 from replicator.configuration import connectors
@@ -45,7 +49,17 @@ from replicator.state.store import Store
 log = logging.getLogger(__name__)
 
 PLUGINS = (MIRUS_CONNECTOR_CLASS, MM2_CONNECTOR_CLASS)
+REGEX_ROUTER = "org.apache.kafka.connect.transforms.RegexRouter"
+BYTE_ARRAY_CONVERTER = "org.apache.kafka.connect.converters.ByteArrayConverter"
+# The other plug-ins a connector config may name (`connectorsOnly=false`), with their config definitions.
+OTHER_PLUGINS: dict[str, tuple[str, list[dict[str, Any]]]] = {
+    REGEX_ROUTER: ("transformation", definitions.regex_router_definitions()),
+    BYTE_ARRAY_CONVERTER: ("converter", []),
+}
 CONNECTOR_TYPE = "source"
+# Larger request bodies are refused with 413 before they are read: a connector config with a few CA bundles in
+# it is well under this.
+MAX_BODY_BYTES = 1024 * 1024
 
 
 class ApiError(Exception):
@@ -84,8 +98,8 @@ class Call:
     body: Any = None
     base_url: str = ""
 
-    def flag(self, name: str) -> bool:
-        values = self.query.get(name, ["false"])
+    def flag(self, name: str, default: bool = False) -> bool:
+        values = self.query.get(name, [str(default)])
         value = values[-1].lower()
         if value not in ("true", "false"):
             raise ApiError(400, f"query parameter {name} must be true or false, got {values[-1]!r}")
@@ -98,6 +112,7 @@ class ConnectApi:
     worker_id: str  # host:port of this API, Kafka Connect's worker id
     destination_bootstrap_servers: str | None = None
     _cluster_id: str | None = field(default=None, init=False)
+    loggers: LoggerLevels = field(default_factory=LoggerLevels, init=False)
 
     # -- shapes --------------------------------------------------------------------------------------------
 
@@ -137,7 +152,7 @@ class ConnectApi:
     # -- routes --------------------------------------------------------------------------------------------
 
     def root(self, call: Call) -> Response:
-        return JSONResponse({"version": _version(), "commit": "unknown", "kafka_cluster_id": self.cluster_id()})
+        return JSONResponse({"version": _version(), "commit": _commit(), "kafka_cluster_id": self.cluster_id()})
 
     def list_connectors(self, call: Call) -> Response:
         expand = call.query.get("expand")
@@ -200,6 +215,11 @@ class ConnectApi:
             tasks.append({"id": {"connector": name, "task": task_id}, "config": {**config, "partitions": listed}})
         return JSONResponse(tasks)
 
+    def get_tasks_config(self, call: Call) -> Response:
+        """Kafka Connect's deprecated `{"<connector>-<task>": config}` form of `get_tasks`."""
+        tasks = json.loads(self.get_tasks(call).body)
+        return JSONResponse({f"{t['id']['connector']}-{t['id']['task']}": t["config"] for t in tasks})
+
     def get_task_status(self, call: Call) -> Response:
         name, task_id = call.path["name"], call.path["task"]
         for task in self.status(name)["tasks"]:
@@ -212,6 +232,12 @@ class ConnectApi:
         self._record(name)
         topics = sorted({t for parts in self.store.read_assignment(name).values() for t, _ in parts})
         return JSONResponse({name: {"topics": topics}})
+
+    def reset_topics(self, call: Call) -> Response:
+        """Kafka Connect forgets the topics a connector used; the topics listed here are those assigned now, so no
+        topic the connector stopped using is ever listed and there is nothing to forget (docs/API.md)."""
+        self._record(call.path["name"])
+        return Response(status_code=202)
 
     def restart_connector(self, call: Call) -> Response:
         name = call.path["name"]
@@ -248,7 +274,19 @@ class ConnectApi:
         return Response(status_code=204)
 
     def plugins(self, call: Call) -> Response:
-        return JSONResponse([{"class": c, "type": CONNECTOR_TYPE, "version": _version()} for c in PLUGINS])
+        listed = [{"class": c, "type": CONNECTOR_TYPE, "version": _version()} for c in PLUGINS]
+        if not call.flag("connectorsOnly", default=True):
+            listed += [{"class": c, "type": kind, "version": _version()} for c, (kind, _) in OTHER_PLUGINS.items()]
+        return JSONResponse(listed)
+
+    def plugin_config(self, call: Call) -> Response:
+        plugin = call.path["plugin"]
+        if any(_plugin_matches(c, plugin) for c in PLUGINS):
+            return JSONResponse(definitions.definitions())
+        other = next((keys for c, (_, keys) in OTHER_PLUGINS.items() if _plugin_matches(c, plugin)), None)
+        if other is None:
+            raise ApiError(404, f"Unknown plugin {plugin}.")
+        return JSONResponse(other)
 
     def validate(self, call: Call) -> Response:
         plugin = call.path["plugin"]
@@ -266,7 +304,7 @@ class ConnectApi:
             errors: list[tuple[str, str]] = []
         except ConnectorConfigError as exc:
             errors = exc.errors
-        return JSONResponse(_validation_result(cls, submitted, errors))
+        return JSONResponse(definitions.validation(cls, submitted, errors))
 
     def get_offsets(self, call: Call) -> Response:
         name = call.path["name"]
@@ -299,6 +337,29 @@ class ConnectApi:
     def reset_offsets(self, call: Call) -> Response:
         self._alter(call.path["name"], None)
         return JSONResponse({"message": "The offsets for this connector have been reset successfully"})
+
+    def list_loggers(self, call: Call) -> Response:
+        return JSONResponse(self.loggers.all())
+
+    def get_logger(self, call: Call) -> Response:
+        name = call.path["logger"]
+        level = self.loggers.get(name)
+        if level is None:
+            raise ApiError(404, f"Logger {name} not found.")
+        return JSONResponse(level)
+
+    def set_logger(self, call: Call) -> Response:
+        level = _object(call.body, "request body").get("level")
+        if level is None:
+            raise ApiError(400, "Desired 'level' parameter was not specified in request.")
+        if not valid_level(level):
+            raise ApiError(404, f"invalid log level '{level}'.")
+        scope = (call.query.get("scope") or ["worker"])[-1].lower()
+        if scope not in ("worker", "cluster"):
+            log.warning("Received invalid scope '%s' in request to adjust logging level; will default to worker", scope)
+        changed = self.loggers.set(call.path["logger"], level)
+        log.info("log level of %s set to %s (scope %s)", call.path["logger"], level, scope)
+        return Response(status_code=204) if scope == "cluster" else JSONResponse(changed)
 
     def metrics(self, call: Call) -> Response:
         registry = CollectorRegistry(auto_describe=False)
@@ -351,6 +412,31 @@ class ConnectApi:
 
 
 @functools.cache
+def _commit() -> str:
+    """The git commit the package was installed from: pip's record of a VCS install, else the source checkout's
+    HEAD (editable installs); "unknown" for an install from a tree without git history."""
+    try:
+        direct = metadata.distribution("mirus-dagster").read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        direct = None
+    commit = (json.loads(direct).get("vcs_info") or {}).get("commit_id") if direct else None
+    if commit:
+        return str(commit)
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() or "unknown"
+
+
+@functools.cache
 def _version() -> str:
     try:
         return metadata.version("mirus-dagster")
@@ -393,41 +479,6 @@ def _is_mm2(properties: Mapping[str, object]) -> bool:
 def _plugin_matches(cls: str, requested: str) -> bool:
     simple = cls.rsplit(".", 1)[-1]
     return requested in (cls, simple, simple.removesuffix("Connector"))
-
-
-def _validation_result(cls: str, submitted: Mapping[str, Any], errors: list[tuple[str, str]]) -> dict[str, Any]:
-    by_name: dict[str, list[str]] = defaultdict(list)
-    for name, reason in errors:
-        by_name[name].append(reason)
-    shown = _config_strings(mask_properties(submitted))
-    names = list(shown) + [n for n in by_name if n not in shown]
-    configs = []
-    for order, name in enumerate(names, start=1):
-        configs.append(
-            {
-                "definition": {
-                    "name": name,
-                    "type": "STRING",
-                    "required": False,
-                    "default_value": None,
-                    "importance": "MEDIUM",
-                    "documentation": "",
-                    "group": "Common",
-                    "width": "NONE",
-                    "display_name": name,
-                    "dependents": [],
-                    "order": order,
-                },
-                "value": {
-                    "name": name,
-                    "value": shown.get(name),
-                    "recommended_values": [],
-                    "errors": by_name.get(name, []),
-                    "visible": True,
-                },
-            }
-        )
-    return {"name": cls, "error_count": len(by_name), "groups": ["Common"], "configs": configs}
 
 
 def _parse_offsets(body: Any) -> dict[SourcePartition, int | None]:
@@ -484,22 +535,47 @@ def _int_at_least(value: Any, lowest: int) -> bool:
 Handler = Callable[[Call], Response]
 
 
+async def _read_body(request: Request) -> bytes:
+    """The body, or `ApiError` 413 as soon as it is known to exceed `MAX_BODY_BYTES` (declared or streamed)."""
+    too_large = ApiError(413, f"Request body is larger than {MAX_BODY_BYTES} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _endpoint(handler: Handler, *, reads_body: bool) -> Callable[[Request], Any]:
     async def endpoint(request: Request) -> Response:
-        body = None
-        if reads_body:
-            raw = await request.body()
-            try:
-                body = json.loads(raw) if raw else None
-            except ValueError as exc:
-                return _error(400, f"Request body is not valid JSON: {exc}")
-        query: dict[str, list[str]] = defaultdict(list)
-        for key, value in request.query_params.multi_items():
-            query[key].append(value)
-        call = Call(dict(request.path_params), dict(query), body, str(request.base_url))
         try:
+            body = None
+            if reads_body:
+                raw = await _read_body(request)
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError as exc:
+                    raise ApiError(400, f"Request body is not valid JSON: {exc}") from None
+            query: dict[str, list[str]] = defaultdict(list)
+            for key, value in request.query_params.multi_items():
+                query[key].append(value)
+            call = Call(dict(request.path_params), dict(query), body, str(request.base_url))
             return await run_in_threadpool(handler, call)
         except ApiError as exc:
+            # Messages name properties and reasons, never values of secrets (the config parser redacts them).
+            log.log(
+                logging.WARNING if exc.status == 413 else logging.INFO,
+                "refused %s %s from %s: %d %s",
+                request.method,
+                request.url.path,
+                request.client.host if request.client else "?",
+                exc.status,
+                exc.message.splitlines()[0],
+            )
             return _error(exc.status, exc.message)
 
     return endpoint
@@ -519,9 +595,11 @@ def create_app(store: Store, settings: ApiSettings, destination_bootstrap_server
         ("PUT", "/connectors/{name}/config", api.put_config),
         ("GET", "/connectors/{name}/status", api.get_status),
         ("GET", "/connectors/{name}/tasks", api.get_tasks),
+        ("GET", "/connectors/{name}/tasks-config", api.get_tasks_config),
         ("GET", "/connectors/{name}/tasks/{task:int}/status", api.get_task_status),
         ("POST", "/connectors/{name}/tasks/{task:int}/restart", api.restart_task),
         ("GET", "/connectors/{name}/topics", api.get_topics),
+        ("PUT", "/connectors/{name}/topics/reset", api.reset_topics),
         ("POST", "/connectors/{name}/restart", api.restart_connector),
         ("PUT", "/connectors/{name}/pause", api.pause),
         ("PUT", "/connectors/{name}/stop", api.pause),
@@ -530,7 +608,11 @@ def create_app(store: Store, settings: ApiSettings, destination_bootstrap_server
         ("PATCH", "/connectors/{name}/offsets", api.alter_offsets),
         ("DELETE", "/connectors/{name}/offsets", api.reset_offsets),
         ("GET", "/connector-plugins", api.plugins),
+        ("GET", "/connector-plugins/{plugin}/config", api.plugin_config),
         ("PUT", "/connector-plugins/{plugin}/config/validate", api.validate),
+        ("GET", "/admin/loggers", api.list_loggers),
+        ("GET", "/admin/loggers/{logger}", api.get_logger),
+        ("PUT", "/admin/loggers/{logger}", api.set_logger),
     ]
     # Routes sharing a path are tried in turn; a method no route takes gets 405.
     starlette_routes = [
