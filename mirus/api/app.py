@@ -205,20 +205,24 @@ class ConnectApi:
     def get_status(self, call: Call) -> Response:
         return JSONResponse(self.status(call.path["name"]))
 
+    def task_configs(self, name: str) -> dict[int, dict[str, str]]:
+        """Each task's config: the connector's (secrets masked) and the partitions assigned to the task."""
+        config = _config_strings(mask_properties(self._record(name).properties))
+        return {
+            task_id: {**config, "partitions": json.dumps([{"topic": t, "partition": p} for t, p in partitions])}
+            for task_id, partitions in sorted(self.store.read_assignment(name).items())
+        }
+
     def get_tasks(self, call: Call) -> Response:
         name = call.path["name"]
-        record = self._record(name)
-        config = _config_strings(mask_properties(record.properties))
-        tasks = []
-        for task_id, partitions in sorted(self.store.read_assignment(name).items()):
-            listed = json.dumps([{"topic": t, "partition": p} for t, p in partitions])
-            tasks.append({"id": {"connector": name, "task": task_id}, "config": {**config, "partitions": listed}})
-        return JSONResponse(tasks)
+        return JSONResponse(
+            [{"id": {"connector": name, "task": t}, "config": c} for t, c in self.task_configs(name).items()]
+        )
 
     def get_tasks_config(self, call: Call) -> Response:
-        """Kafka Connect's deprecated `{"<connector>-<task>": config}` form of `get_tasks`."""
-        tasks = json.loads(self.get_tasks(call).body)
-        return JSONResponse({f"{t['id']['connector']}-{t['id']['task']}": t["config"] for t in tasks})
+        """Kafka Connect's deprecated form of `get_tasks`: `{"<connector>-<task>": config}`."""
+        name = call.path["name"]
+        return JSONResponse({f"{name}-{t}": c for t, c in self.task_configs(name).items()})
 
     def get_task_status(self, call: Call) -> Response:
         name, task_id = call.path["name"], call.path["task"]
@@ -550,6 +554,21 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
+def _refused(request: Request, status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    """The error response, logged. Messages name properties and reasons, never values of secrets (the config
+    parser redacts them); only their first line is logged."""
+    log.log(
+        logging.WARNING if status == 413 else logging.INFO,
+        "refused %s %s from %s: %d %s",
+        request.method,
+        request.url.path,
+        request.client.host if request.client else "?",
+        status,
+        message.splitlines()[0] if message else "",
+    )
+    return _error(status, message, headers)
+
+
 def _endpoint(handler: Handler, *, reads_body: bool) -> Callable[[Request], Any]:
     async def endpoint(request: Request) -> Response:
         try:
@@ -566,17 +585,7 @@ def _endpoint(handler: Handler, *, reads_body: bool) -> Callable[[Request], Any]
             call = Call(dict(request.path_params), dict(query), body, str(request.base_url))
             return await run_in_threadpool(handler, call)
         except ApiError as exc:
-            # Messages name properties and reasons, never values of secrets (the config parser redacts them).
-            log.log(
-                logging.WARNING if exc.status == 413 else logging.INFO,
-                "refused %s %s from %s: %d %s",
-                request.method,
-                request.url.path,
-                request.client.host if request.client else "?",
-                exc.status,
-                exc.message.splitlines()[0],
-            )
-            return _error(exc.status, exc.message)
+            return _refused(request, exc.status, exc.message)
 
     return endpoint
 
@@ -620,9 +629,9 @@ def create_app(store: Store, settings: ApiSettings, destination_bootstrap_server
         for method, path, handler in routes
     ]
 
-    async def http_error(_request: Request, exc: Exception) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        return _error(exc.status_code, exc.detail, exc.headers)
+        return _refused(request, exc.status_code, exc.detail, exc.headers)
 
     app = Starlette(routes=starlette_routes, exception_handlers={HTTPException: http_error})
     return AuthMiddleware(app, Credentials(settings))
