@@ -278,7 +278,9 @@ def test_mirrormaker_2_offsets_resume_after_the_last_record_it_copied(
     assert requests.get(f"{api}/connectors/{name}/offsets").json() == {"offsets": []}
 
 
-def test_errors_have_kafka_connect_status_codes_and_bodies(api: str, stack: StackEndpoints, unique: str) -> None:
+def test_errors_have_kafka_connect_status_codes_and_bodies(
+    api: str, stack: StackEndpoints, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
     for method, path in [
         ("GET", "/connectors/nope"),
         ("GET", "/connectors/nope/config"),
@@ -311,6 +313,7 @@ def test_errors_have_kafka_connect_status_codes_and_bodies(api: str, stack: Stac
     literal = requests.put(f"{api}/connectors/{unique}/config", json={**config, "consumer.sasl.password": "hunter2"})
     assert literal.status_code == 400 and "consumer.sasl.password" in literal.json()["message"]
     assert "hunter2" not in literal.text
+    assert f"refused PUT /connectors/{unique}/config" in caplog.text and "hunter2" not in caplog.text
     assert requests.get(f"{api}/connectors/{unique}").status_code == 404  # nothing was stored
 
     assert requests.post(f"{api}/connectors", json={"name": unique, "config": config}).status_code == 201

@@ -193,6 +193,13 @@ def test_every_operation_of_the_description_answers_as_it_says(
         ("DELETE", "/connectors/{connector}", {"path_parameters": connector}, 204),
     ]
     assert {(method, path) for method, path, _, _ in calls} == operations(raw)
+    # Without the token every operation but the version probe is refused, and changes nothing.
+    before = stored(store)
+    for method, path, request, _ in calls[1:]:
+        url = server + path.format(**request.get("path_parameters", {}))
+        refused = requests.request(method, url, params=request.get("query"), json=request.get("body"), timeout=30)
+        assert (refused.status_code, refused.json()["error_code"]) == (401, 401), f"{method} {path}"
+    assert stored(store) == before
     for method, path, request, status in calls:
         case = schema[path][method].Case(**request)
         response = case.call(base_url=server, headers=AUTH)

@@ -106,19 +106,17 @@ def regex_router_definitions() -> list[dict[str, Any]]:
     ]
 
 
-def _other_definition(name: str, order: int) -> dict[str, Any]:
+def _other_definition(name: str) -> dict[str, Any]:
     """A submitted name that is no row of the table: a client setting, an ignored property or an unknown one."""
     prefix = next((p for p in CLIENT_PREFIXES if name.startswith(p.prefix)), None)
     if prefix is not None:
         setting = name.removeprefix(prefix.prefix)
         documentation = f"librdkafka setting `{setting}` of the {prefix.client.value}. {prefix.doc}"
         importance = "HIGH" if setting == "bootstrap.servers" else "MEDIUM"
-        return _key(name, "STRING", CLIENTS_GROUP, order, documentation, importance=importance)
+        return _key(name, "STRING", CLIENTS_GROUP, 0, documentation, importance=importance)
     if name in IGNORED_PROPERTIES or name.startswith(IGNORED_PREFIXES):
-        return _key(
-            name, "STRING", IGNORED_GROUP, order, "Accepted for compatibility; changes nothing.", importance="LOW"
-        )
-    return _key(name, "STRING", UNKNOWN_GROUP, order, "Not a property of this connector.", importance="LOW")
+        return _key(name, "STRING", IGNORED_GROUP, 0, "Accepted for compatibility; changes nothing.", importance="LOW")
+    return _key(name, "STRING", UNKNOWN_GROUP, 0, "Not a property of this connector.", importance="LOW")
 
 
 def validation(cls: str, submitted: Mapping[str, Any], errors: list[tuple[str, str]]) -> dict[str, Any]:
@@ -138,9 +136,10 @@ def validation(cls: str, submitted: Mapping[str, Any], errors: list[tuple[str, s
     others = [n for n in shown if n not in SPECS] + [n for n in by_name if n not in SPECS and n not in shown]
     counts: dict[str, int] = defaultdict(int)
     for name in others:
-        group = _other_definition(name, 0)["group"]
-        counts[group] += 1
-        configs.append(_config(_other_definition(name, counts[group]), shown.get(name), by_name.get(name, []), None))
+        definition = _other_definition(name)
+        counts[definition["group"]] += 1
+        definition["order"] = counts[definition["group"]]
+        configs.append(_config(definition, shown.get(name), by_name.get(name, []), None))
     groups = list(dict.fromkeys(c["definition"]["group"] for c in configs))
     return {"name": cls, "error_count": len(errors), "groups": groups, "configs": configs}
 
