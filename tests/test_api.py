@@ -638,9 +638,10 @@ def test_metrics_can_require_the_token_and_refusals_are_logged_without_it(
         assert requests.get(url).status_code == 200
         assert requests.get(f"{url}/metrics").status_code == 401
         assert requests.get(f"{url}/metrics", headers={"Authorization": "Bearer t0ken-valu"}).status_code == 401
+        assert requests.get(f"{url}/metrics", headers={"Authorization": "t0ken-valu"}).status_code == 401
         assert requests.get(f"{url}/metrics", headers={"Authorization": "Bearer t0ken-value"}).status_code == 200
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    assert len(refusals) == 2 and all("GET /metrics" in r and "401" in r for r in refusals)
+    assert len(refusals) == 3 and all("GET /metrics" in r and "401" in r for r in refusals)
     assert "t0ken-valu" not in caplog.text
     # Beyond loopback the API does not start without credentials, nor guard /metrics with none.
     with pytest.raises(ValueError, match="without authentication"):

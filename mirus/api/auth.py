@@ -150,10 +150,12 @@ class AuthMiddleware:
         if self.credentials.accepts(authorization):
             await self.app(scope, receive, send)
             return
-        # The scheme alone: a wrong password or token may be a right one mistyped.
-        scheme = authorization.partition(" ")[0][:20] if authorization else "no credentials"
+        # A known scheme's name alone: a wrong password or token may be a right one mistyped, and a header without
+        # a scheme may be a bare token.
+        scheme = (authorization or "").partition(" ")[0]
+        shown = scheme if scheme.lower() in ("basic", "bearer") else "no credentials" if not scheme else "other"
         client = scope.get("client") or ("?", 0)
-        log.warning("refused %s %s from %s: 401 (%s)", scope["method"], scope["path"], client[0], scheme)
+        log.warning("refused %s %s from %s: 401 (%s)", scope["method"], scope["path"], client[0], shown)
         body = json.dumps({"error_code": 401, "message": "Unauthorized: valid credentials are required"}).encode()
         await send(
             {
