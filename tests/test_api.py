@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,11 +13,12 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
-from mirus.api.auth import ApiSettings
+from mirus.api.auth import ApiSettings, Credentials
 from mirus.waiting import wait_until
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET
 from mirus_dagster.definitions import kafka_monitor
 from mirus_dagster.settings import StackEndpoints
+from replicator.configuration.properties import PROPERTIES
 from replicator.configuration.secrets import ENV_ALLOWED_PATHS
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.engine.task import TaskExit
@@ -223,7 +225,62 @@ def test_kip_875_offsets_change_only_while_paused(api: str, stack: StackEndpoint
     assert store.load_offsets(unique) == {}
 
 
-def test_errors_have_kafka_connect_status_codes_and_bodies(api: str, stack: StackEndpoints, unique: str) -> None:
+def test_mirrormaker_2_offsets_resume_after_the_last_record_it_copied(
+    api: str, stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    """MM2 stores the offset of the last record replicated; taken over, the next record is the first copied."""
+    topic, name = unique, f"{unique}-mm2"
+    create_topics(stack.source_bootstrap_servers, {topic: 1})
+    produce(stack.source_bootstrap_servers, values(10, topic))
+    config = connector_properties(
+        stack,
+        name,
+        **{
+            "connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector",
+            "source.cluster.alias": "primary",
+            "topics": topic,
+            "emit.heartbeats.enabled": "false",
+        },
+    )
+    created = requests.post(f"{api}/connectors", json={"name": name, "config": config, "initial_state": "STOPPED"})
+    assert created.status_code == 201, created.text
+    # What Kafka Connect's GET /connectors/{name}/offsets shows for an MM2 connector that copied records 0..4.
+    mm2 = {"offsets": [{"partition": {"cluster": "primary", "topic": topic, "partition": 0}, "offset": {"offset": 4}}]}
+    assert requests.patch(f"{api}/connectors/{name}/offsets", json=mm2).status_code == 200
+    assert store.load_offsets(name) == {(topic, 0): 5}
+    assert requests.get(f"{api}/connectors/{name}/offsets").json() == mm2  # round trip in MM2's format
+
+    assert requests.put(f"{api}/connectors/{name}/resume").status_code == 202
+    KafkaMonitor(store).poll(name)
+    runner = TaskThread.start(store, name, 0)
+    copied = consume_all(stack.destination_bootstrap_servers, f"primary.{topic}", 1, expected=5)
+    runner.finish()
+    assert [r.value for r in copied] == [f"{topic}-{i}".encode() for i in range(5, 10)]
+    assert requests.get(f"{api}/connectors/{name}/offsets").json()["offsets"][0]["offset"] == {"offset": 9}
+
+    requests.put(f"{api}/connectors/{name}/stop")
+    # MM2's "nothing copied yet" (-1) is the first record; Mirus's format on the same connector means the next one.
+    none_yet = {
+        "offsets": [{"partition": {"cluster": "primary", "topic": topic, "partition": 0}, "offset": {"offset": -1}}]
+    }
+    assert requests.patch(f"{api}/connectors/{name}/offsets", json=none_yet).status_code == 200
+    assert store.load_offsets(name) == {(topic, 0): 0}
+    assert requests.get(f"{api}/connectors/{name}/offsets").json() == none_yet
+    mirus = {"offsets": [{"partition": {"topic": topic, "partition": 0}, "offset": {"offset": 7}}]}
+    assert requests.patch(f"{api}/connectors/{name}/offsets", json=mirus).status_code == 200
+    assert store.load_offsets(name) == {(topic, 0): 7}
+    below = {
+        "offsets": [{"partition": {"cluster": "primary", "topic": topic, "partition": 0}, "offset": {"offset": -2}}]
+    }
+    assert requests.patch(f"{api}/connectors/{name}/offsets", json=below).status_code == 400
+    assert store.load_offsets(name) == {(topic, 0): 7}
+    assert requests.delete(f"{api}/connectors/{name}/offsets").status_code == 200
+    assert requests.get(f"{api}/connectors/{name}/offsets").json() == {"offsets": []}
+
+
+def test_errors_have_kafka_connect_status_codes_and_bodies(
+    api: str, stack: StackEndpoints, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
     for method, path in [
         ("GET", "/connectors/nope"),
         ("GET", "/connectors/nope/config"),
@@ -256,6 +313,7 @@ def test_errors_have_kafka_connect_status_codes_and_bodies(api: str, stack: Stac
     literal = requests.put(f"{api}/connectors/{unique}/config", json={**config, "consumer.sasl.password": "hunter2"})
     assert literal.status_code == 400 and "consumer.sasl.password" in literal.json()["message"]
     assert "hunter2" not in literal.text
+    assert f"refused PUT /connectors/{unique}/config" in caplog.text and "hunter2" not in caplog.text
     assert requests.get(f"{api}/connectors/{unique}").status_code == 404  # nothing was stored
 
     assert requests.post(f"{api}/connectors", json={"name": unique, "config": config}).status_code == 201
@@ -444,3 +502,150 @@ def test_a_connector_put_over_the_api_shows_in_dagster(
         for n in r.partition_keys
     ]
     assert unique in removed
+
+
+def test_validation_describes_every_property_from_the_table_and_lists_what_a_put_would_refuse(
+    api: str, stack: StackEndpoints, unique: str
+) -> None:
+    config = connector_properties(
+        stack,
+        unique,
+        **{
+            "topics.whitelist": unique,
+            "tasks.max": "0",
+            "exactly.once.support": "sometimes",
+            "consumer.sasl.password": "hunter2",
+            "poll.timeout.msec": "5",
+        },
+    )
+    answer = requests.put(f"{api}/connector-plugins/MirusSourceConnector/config/validate", json=config)
+    assert answer.status_code == 200 and "hunter2" not in answer.text
+    body = answer.json()
+    by_name = {c["definition"]["name"]: c for c in body["configs"]}
+    tasks_max = by_name["tasks.max"]["definition"]
+    assert (tasks_max["type"], tasks_max["default_value"], tasks_max["importance"], tasks_max["group"]) == (
+        "INT",
+        "1",
+        "HIGH",
+        "Connector",
+    )
+    assert "between 1 and 256" in tasks_max["documentation"]
+    heartbeats = by_name["emit.heartbeats.enabled"]
+    assert heartbeats["definition"]["type"] == "BOOLEAN" and heartbeats["definition"]["group"] == "Failover"
+    assert heartbeats["value"] == {
+        "name": "emit.heartbeats.enabled",
+        "value": "true",  # unset: the default, as Connect shows it
+        "recommended_values": ["true", "false"],
+        "errors": [],
+        "visible": True,
+    }
+    assert by_name["topics"]["definition"]["type"] == "LIST"
+    assert by_name["replication.policy.class"]["definition"]["type"] == "CLASS"
+    assert by_name["exactly.once.support"]["value"]["recommended_values"] == ["disabled", "requested", "required"]
+    assert by_name["consumer.sasl.password"]["definition"]["type"] == "PASSWORD"
+    assert by_name["consumer.sasl.password"]["definition"]["group"] == "Clients"
+    assert by_name["poll.timeout.msec"]["definition"]["group"] == "Unknown"
+    assert {"Connector", "Topic selection", "Clients", "Unknown"} <= set(body["groups"])
+
+    # Every error of a PUT of the same config, each under its property, counted in error_count.
+    put = requests.put(f"{api}/connectors/{unique}/config", json=config)
+    assert put.status_code == 400
+    refused = {line for line in put.json()["message"].splitlines()[1:-1]}
+    listed = {f"{name}: {e}" for name, c in by_name.items() for e in c["value"]["errors"]}
+    assert listed == refused and body["error_count"] == len(refused) == 4
+    assert requests.get(f"{api}/connectors/{unique}").status_code == 404
+
+    # The same definitions, without values, for forms built before any config exists.
+    definitions = requests.get(f"{api}/connector-plugins/MirrorSourceConnector/config").json()
+    assert [d["name"] for d in definitions] == [spec.name for spec in PROPERTIES]
+    assert definitions == [c["definition"] for c in body["configs"]][: len(PROPERTIES)]
+    assert requests.get(f"{api}/connector-plugins/NoSuchPlugin/config").status_code == 404
+    everything = requests.get(f"{api}/connector-plugins?connectorsOnly=false").json()
+    assert {"class": "org.apache.kafka.connect.transforms.RegexRouter", "type": "transformation"}.items() <= next(
+        p for p in everything if p["class"].endswith("RegexRouter")
+    ).items()
+    regex_router = requests.get(f"{api}/connector-plugins/RegexRouter/config").json()
+    assert [d["name"] for d in regex_router] == ["regex", "replacement"]
+
+
+def test_tasks_config_topic_reset_loggers_and_the_version_probe(
+    api: str, stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    create_topics(stack.source_bootstrap_servers, {unique: 2})
+    config = connector_properties(stack, unique, **{"topics.whitelist": unique, "emit.heartbeats.enabled": "false"})
+    requests.put(f"{api}/connectors/{unique}/config", json=config)
+    KafkaMonitor(store).poll(unique)
+
+    tasks = requests.get(f"{api}/connectors/{unique}/tasks").json()
+    assert requests.get(f"{api}/connectors/{unique}/tasks-config").json() == {f"{unique}-0": tasks[0]["config"]}
+    reset = requests.put(f"{api}/connectors/{unique}/topics/reset")
+    assert (reset.status_code, reset.content) == (202, b"")
+    # Only topics in use are listed: the reset leaves exactly those.
+    assert requests.get(f"{api}/connectors/{unique}/topics").json() == {unique: {"topics": [unique]}}
+    assert requests.put(f"{api}/connectors/{unique}-nope/topics/reset").status_code == 404
+
+    root = requests.get(api).json()
+    assert len(root["commit"]) == 40 and int(root["commit"], 16) >= 0  # installed from this checkout
+
+    logger = f"mirus.test.{unique}"
+    before = logging.getLogger(logger)
+    logging.getLogger(f"{logger}.child")
+    try:
+        assert "root" in requests.get(f"{api}/admin/loggers").json()
+        changed = requests.put(f"{api}/admin/loggers/{logger}", json={"level": "DEBUG"})
+        assert changed.status_code == 200 and changed.json() == [logger, f"{logger}.child"]
+        assert logging.getLogger(f"{logger}.child").getEffectiveLevel() == logging.DEBUG  # this very process
+        shown = requests.get(f"{api}/admin/loggers/{logger}").json()
+        assert shown["level"] == "DEBUG" and shown["last_modified"] > 0
+        assert requests.get(f"{api}/admin/loggers").json()[logger]["level"] == "DEBUG"
+        cluster = requests.put(f"{api}/admin/loggers/{logger}?scope=cluster", json={"level": "WARN"})
+        assert cluster.status_code == 204 and before.level == logging.WARNING
+        invalid = requests.put(f"{api}/admin/loggers/{logger}", json={"level": "LOUD"})
+        assert (invalid.status_code, invalid.json()["message"]) == (404, "invalid log level 'LOUD'.")
+        assert requests.put(f"{api}/admin/loggers/{logger}", json={}).status_code == 400
+        assert before.level == logging.WARNING
+        assert requests.get(f"{api}/admin/loggers/{logger}.nobody").status_code == 404
+    finally:
+        for name in (logger, f"{logger}.child"):
+            logging.getLogger(name).setLevel(logging.NOTSET)
+
+
+def test_oversized_bodies_and_too_many_tasks_are_refused_and_nothing_is_stored(
+    api: str, stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    config = connector_properties(stack, unique, **{"topics.whitelist": unique})
+    huge = {**config, "destination.topic.name.prefix": "x" * (1024 * 1024)}
+    declared = requests.put(f"{api}/connectors/{unique}/config", json=huge)
+    assert (declared.status_code, declared.json()["error_code"]) == (413, 413)
+    streamed = requests.put(  # chunked: no Content-Length to trust
+        f"{api}/connectors/{unique}/config",
+        data=(b"x" * 65536 for _ in range(20)),
+        headers={"Content-Type": "application/json"},
+    )
+    assert streamed.status_code == 413
+    many = requests.put(f"{api}/connectors/{unique}/config", json={**config, "tasks.max": "257"})
+    assert many.status_code == 400 and "tasks.max: must be an integer between 1 and 256" in many.json()["message"]
+    assert store.connector_head(unique) is None
+    assert requests.put(f"{api}/connectors/{unique}/config", json={**config, "tasks.max": "256"}).status_code == 201
+
+
+def test_metrics_can_require_the_token_and_refusals_are_logged_without_it(
+    db_engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("MIRUS_TEST_API_TOKEN", "t0ken-value")
+    settings = ApiSettings(bearer_token="${env:MIRUS_TEST_API_TOKEN}", metrics_auth=True)
+    with caplog.at_level(logging.INFO), serve_api(Store(db_engine), settings) as url:
+        assert requests.get(url).status_code == 200
+        assert requests.get(f"{url}/metrics").status_code == 401
+        assert requests.get(f"{url}/metrics", headers={"Authorization": "Bearer t0ken-valu"}).status_code == 401
+        assert requests.get(f"{url}/metrics", headers={"Authorization": "t0ken-valu"}).status_code == 401
+        assert requests.get(f"{url}/metrics", headers={"Authorization": "Bearer t0ken-value"}).status_code == 200
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 3 and all("GET /metrics" in r and "401" in r for r in refusals)
+    assert "t0ken-valu" not in caplog.text
+    # Beyond loopback the API does not start without credentials, nor guard /metrics with none.
+    with pytest.raises(ValueError, match="without authentication"):
+        Credentials(ApiSettings(host="0.0.0.0"))
+    with pytest.raises(ValueError, match="MIRUS_API_METRICS_AUTH"):
+        Credentials(ApiSettings(metrics_auth=True))
+    assert Credentials(ApiSettings(host="::1")).required is False

@@ -311,10 +311,10 @@ def test_selection_properties_are_comma_lists_with_whitespace_trimmed() -> None:
 
 def test_bad_tasks_max_names_the_property_and_value() -> None:
     err = errors_of({**BASE, "tasks.max": "x"})
-    assert "tasks.max: must be an integer >= 1, got 'x'" in str(err).splitlines()
-    assert error_for("tasks.max", **{"tasks.max": 0}) == "must be an integer >= 1, got 0"
-    assert error_for("tasks.max", **{"tasks.max": True}) == "must be an integer >= 1, got True"
-    assert error_for("tasks.max", **{"tasks.max": 1.5}) == "must be an integer >= 1, got 1.5"
+    assert "tasks.max: must be an integer between 1 and 256, got 'x'" in str(err).splitlines()
+    assert error_for("tasks.max", **{"tasks.max": 0}) == "must be an integer between 1 and 256, got 0"
+    assert error_for("tasks.max", **{"tasks.max": True}) == "must be an integer between 1 and 256, got True"
+    assert error_for("tasks.max", **{"tasks.max": 1.5}) == "must be an integer between 1 and 256, got 1.5"
 
 
 def test_missing_source_bootstrap() -> None:
@@ -618,7 +618,7 @@ def test_error_messages_never_show_secret_values() -> None:
     )
     text = str(err)
     assert "consumer.sasl.jaas.config" in text
-    assert "tasks.max: must be an integer >= 1, got '********'" in text.splitlines()
+    assert "tasks.max: must be an integer between 1 and 256, got '********'" in text.splitlines()
     assert "hunter2" not in text
     assert "hunter2" not in repr(err.errors)
 
@@ -734,7 +734,7 @@ def test_unresolvable_references_are_reported_per_property_all_at_once(
     assert reasons["consumer.sasl.jaas.config"].startswith(
         "cannot resolve ${vault:kafka/pw}: unknown config provider 'vault'"
     )
-    assert reasons["tasks.max"] == "must be an integer >= 1, got 'x'"
+    assert reasons["tasks.max"] == "must be an integer between 1 and 256, got 'x'"
     # Each unresolved property is reported once: its reference text is not also judged as a value.
     assert [name for name, _ in err.errors].count("consumer.sasl.jaas.config") == 1
     assert f"consumer.sasl.password: {reasons['consumer.sasl.password']}" in str(err).splitlines()

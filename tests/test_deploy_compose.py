@@ -20,6 +20,7 @@ from dagster._core.launcher import RunLauncher
 from dagster._core.run_coordinator import QueuedRunCoordinator
 from dagster._serdes.config_class import ConfigurableClassData
 
+from mirus.api.auth import ApiSettings, Credentials
 from mirus_dagster.jobs import replicator
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,8 +121,9 @@ def test_every_reference_inside_the_compose_file_resolves(compose: dict[str, Any
                 assert source in compose["volumes"], f"{name} mounts undeclared volume {source}"
             elif source.startswith("."):
                 assert (ROOT / source).exists(), f"{name} mounts {source}, which is not in the repository"
-    # Compose interpolation: ${NAME}, ${NAME:-default} or ${NAME-default}; anything else makes compose fail.
-    for expression in re.findall(r"\$\{([^}]*)\}", "\n".join(strings(compose))):
+    # Compose interpolation: ${NAME}, ${NAME:-default} or ${NAME-default}; anything else makes compose fail. `$${`
+    # is an escaped `${` (a config-provider reference read by the process, not by compose).
+    for expression in re.findall(r"(?<!\$)\$\{([^}]*)\}", "\n".join(strings(compose))):
         assert re.fullmatch(r"[A-Z_][A-Z0-9_]*(:?-[^}]*)?", expression), f"bad interpolation ${{{expression}}}"
 
 
@@ -232,3 +234,26 @@ def test_the_api_and_the_ui_are_published(compose: dict[str, Any]) -> None:
     assert published.get("3000") == "dagster-webserver"
     assert published.get("8083") == "mirus-api"
     assert option(compose["services"]["mirus-api"]["command"], "--port") == "8083"
+
+
+def test_the_api_is_published_on_loopback_with_a_generated_or_given_token(
+    compose: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api, token_service = compose["services"]["mirus-api"], compose["services"]["mirus-api-token"]
+    assert api["ports"] == ["${MIRUS_API_PUBLISH_ADDRESS:-127.0.0.1}:8083:8083"]
+    assert api["depends_on"]["mirus-api-token"] == {"condition": "service_completed_successfully"}
+    # The token service's script, run against a directory here: generated once, kept, or the given one.
+    mount = next(v for v in token_service["volumes"] if v.startswith("mirus-api-token:")).split(":")[1]
+    script = token_service["command"][2].replace(mount, str(tmp_path))
+    monkeypatch.delenv("MIRUS_API_TOKEN", raising=False)
+    subprocess.run([sys.executable, "-c", script], check=True)
+    generated = (tmp_path / "token").read_text()
+    subprocess.run([sys.executable, "-c", script], check=True)
+    assert (tmp_path / "token").read_text() == generated and len(generated) >= 32
+    # The API reads it through its reference (compose's `$$` is a literal `$`) and listens beyond loopback.
+    reference = api["environment"]["MIRUS_API_BEARER_TOKEN"].replace("$$", "$").replace(mount, str(tmp_path))
+    credentials = Credentials(ApiSettings(host="0.0.0.0", bearer_token=reference))
+    assert credentials.accepts(f"Bearer {generated}") and not credentials.accepts("Bearer guess")
+    monkeypatch.setenv("MIRUS_API_TOKEN", "given-token")
+    subprocess.run([sys.executable, "-c", script], check=True)
+    assert Credentials(ApiSettings(host="0.0.0.0", bearer_token=reference)).accepts("Bearer given-token")

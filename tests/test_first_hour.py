@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+from kafka_connect import KafkaConnect
 
 from mirus.local.devserver import DagsterDev, RunInfo
 from mirus.local.stack import LocalStack, port_is_free
@@ -237,6 +238,20 @@ def test_the_rest_api_answers_on_its_port_with_the_demo_connector_running(demo: 
     assert [t["id"] for t in status["tasks"]] == [0, 1]
     config = requests.get(f"{api}/connectors/{DEMO_CONNECTOR}/config", timeout=30).json()
     assert config["name"] == DEMO_CONNECTOR and config["topics.whitelist"] == DEMO_TOPIC, config
+
+
+def test_a_kafka_connect_client_from_pypi_resets_the_demo_connectors_topics(demo: Demo) -> None:
+    client = KafkaConnect("http://127.0.0.1:8083")
+    client.reset_connector_topics(DEMO_CONNECTOR)  # raises on an error status, as against Kafka Connect
+    # The demo's topic stays listed (it is in use), once the monitor has assigned it.
+    wait_until(
+        lambda: DEMO_TOPIC in client.list_connector_topics(DEMO_CONNECTOR)[DEMO_CONNECTOR]["topics"],
+        120,
+        0.5,
+        what="the demo topic among the connector's active topics",
+    )
+    with pytest.raises(requests.HTTPError, match="404"):
+        client.reset_connector_topics("no-such-connector")
 
 
 # -- the CLI against the running demo ------------------------------------------------------------------------

@@ -10,10 +10,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -26,13 +28,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from mirus.api import definitions
 from mirus.api.auth import ApiSettings, AuthMiddleware, Credentials
+from mirus.api.loggers import LoggerLevels, valid_level
 from mirus.api.metrics import StoreCollector
 from replicator.assignment import SourcePartition
 from replicator.configuration import connectors
 from replicator.configuration.connector import ConnectorConfigError, validate_submission
 from replicator.configuration.masking import mask_properties
-from replicator.configuration.properties import MIRUS_CONNECTOR_CLASS, MM2_CONNECTOR_CLASS
+from replicator.configuration.properties import MIRUS_CONNECTOR_CLASS, MM2_CONNECTOR_CLASS, SPECS
 from replicator.state.records import (
     ConnectorNotStoppedError,
     ConnectorRecord,
@@ -45,7 +49,17 @@ from replicator.state.store import Store
 log = logging.getLogger(__name__)
 
 PLUGINS = (MIRUS_CONNECTOR_CLASS, MM2_CONNECTOR_CLASS)
+REGEX_ROUTER = "org.apache.kafka.connect.transforms.RegexRouter"
+BYTE_ARRAY_CONVERTER = "org.apache.kafka.connect.converters.ByteArrayConverter"
+# The other plug-ins a connector config may name (`connectorsOnly=false`), with their config definitions.
+OTHER_PLUGINS: dict[str, tuple[str, list[dict[str, Any]]]] = {
+    REGEX_ROUTER: ("transformation", definitions.regex_router_definitions()),
+    BYTE_ARRAY_CONVERTER: ("converter", []),
+}
 CONNECTOR_TYPE = "source"
+# Larger request bodies are refused with 413 before they are read: a connector config with a few CA bundles in
+# it is well under this.
+MAX_BODY_BYTES = 1024 * 1024
 
 
 class ApiError(Exception):
@@ -84,8 +98,8 @@ class Call:
     body: Any = None
     base_url: str = ""
 
-    def flag(self, name: str) -> bool:
-        values = self.query.get(name, ["false"])
+    def flag(self, name: str, default: bool = False) -> bool:
+        values = self.query.get(name, [str(default)])
         value = values[-1].lower()
         if value not in ("true", "false"):
             raise ApiError(400, f"query parameter {name} must be true or false, got {values[-1]!r}")
@@ -98,6 +112,7 @@ class ConnectApi:
     worker_id: str  # host:port of this API, Kafka Connect's worker id
     destination_bootstrap_servers: str | None = None
     _cluster_id: str | None = field(default=None, init=False)
+    loggers: LoggerLevels = field(default_factory=LoggerLevels, init=False)
 
     # -- shapes --------------------------------------------------------------------------------------------
 
@@ -137,7 +152,7 @@ class ConnectApi:
     # -- routes --------------------------------------------------------------------------------------------
 
     def root(self, call: Call) -> Response:
-        return JSONResponse({"version": _version(), "commit": "unknown", "kafka_cluster_id": self.cluster_id()})
+        return JSONResponse({"version": _version(), "commit": _commit(), "kafka_cluster_id": self.cluster_id()})
 
     def list_connectors(self, call: Call) -> Response:
         expand = call.query.get("expand")
@@ -190,15 +205,24 @@ class ConnectApi:
     def get_status(self, call: Call) -> Response:
         return JSONResponse(self.status(call.path["name"]))
 
+    def task_configs(self, name: str) -> dict[int, dict[str, str]]:
+        """Each task's config: the connector's (secrets masked) and the partitions assigned to the task."""
+        config = _config_strings(mask_properties(self._record(name).properties))
+        return {
+            task_id: {**config, "partitions": json.dumps([{"topic": t, "partition": p} for t, p in partitions])}
+            for task_id, partitions in sorted(self.store.read_assignment(name).items())
+        }
+
     def get_tasks(self, call: Call) -> Response:
         name = call.path["name"]
-        record = self._record(name)
-        config = _config_strings(mask_properties(record.properties))
-        tasks = []
-        for task_id, partitions in sorted(self.store.read_assignment(name).items()):
-            listed = json.dumps([{"topic": t, "partition": p} for t, p in partitions])
-            tasks.append({"id": {"connector": name, "task": task_id}, "config": {**config, "partitions": listed}})
-        return JSONResponse(tasks)
+        return JSONResponse(
+            [{"id": {"connector": name, "task": t}, "config": c} for t, c in self.task_configs(name).items()]
+        )
+
+    def get_tasks_config(self, call: Call) -> Response:
+        """Kafka Connect's deprecated form of `get_tasks`: `{"<connector>-<task>": config}`."""
+        name = call.path["name"]
+        return JSONResponse({f"{name}-{t}": c for t, c in self.task_configs(name).items()})
 
     def get_task_status(self, call: Call) -> Response:
         name, task_id = call.path["name"], call.path["task"]
@@ -212,6 +236,12 @@ class ConnectApi:
         self._record(name)
         topics = sorted({t for parts in self.store.read_assignment(name).values() for t, _ in parts})
         return JSONResponse({name: {"topics": topics}})
+
+    def reset_topics(self, call: Call) -> Response:
+        """Kafka Connect forgets the topics a connector used; the topics listed here are those assigned now, so no
+        topic the connector stopped using is ever listed and there is nothing to forget (docs/API.md)."""
+        self._record(call.path["name"])
+        return Response(status_code=202)
 
     def restart_connector(self, call: Call) -> Response:
         name = call.path["name"]
@@ -248,7 +278,19 @@ class ConnectApi:
         return Response(status_code=204)
 
     def plugins(self, call: Call) -> Response:
-        return JSONResponse([{"class": c, "type": CONNECTOR_TYPE, "version": _version()} for c in PLUGINS])
+        listed = [{"class": c, "type": CONNECTOR_TYPE, "version": _version()} for c in PLUGINS]
+        if not call.flag("connectorsOnly", default=True):
+            listed += [{"class": c, "type": kind, "version": _version()} for c, (kind, _) in OTHER_PLUGINS.items()]
+        return JSONResponse(listed)
+
+    def plugin_config(self, call: Call) -> Response:
+        plugin = call.path["plugin"]
+        if any(_plugin_matches(c, plugin) for c in PLUGINS):
+            return JSONResponse(definitions.definitions())
+        other = next((keys for c, (_, keys) in OTHER_PLUGINS.items() if _plugin_matches(c, plugin)), None)
+        if other is None:
+            raise ApiError(404, f"Unknown plugin {plugin}.")
+        return JSONResponse(other)
 
     def validate(self, call: Call) -> Response:
         plugin = call.path["plugin"]
@@ -266,14 +308,29 @@ class ConnectApi:
             errors: list[tuple[str, str]] = []
         except ConnectorConfigError as exc:
             errors = exc.errors
-        return JSONResponse(_validation_result(cls, submitted, errors))
+        return JSONResponse(definitions.validation(cls, submitted, errors))
 
     def get_offsets(self, call: Call) -> Response:
         name = call.path["name"]
-        self._record(name)
+        properties = self._record(name).properties
         offsets = sorted(self.store.load_offsets(name).items())
+        if not _is_mm2(properties):
+            return JSONResponse(
+                {
+                    "offsets": [
+                        {"partition": {"topic": t, "partition": p}, "offset": {"offset": o}} for (t, p), o in offsets
+                    ]
+                }
+            )
+        # MirrorMaker 2 stores the offset of the last record it replicated; ours is the next one to replicate.
+        cluster = str(properties.get("source.cluster.alias") or SPECS["source.cluster.alias"].default)
         return JSONResponse(
-            {"offsets": [{"partition": {"topic": t, "partition": p}, "offset": {"offset": o}} for (t, p), o in offsets]}
+            {
+                "offsets": [
+                    {"partition": {"cluster": cluster, "topic": t, "partition": p}, "offset": {"offset": o - 1}}
+                    for (t, p), o in offsets
+                ]
+            }
         )
 
     def alter_offsets(self, call: Call) -> Response:
@@ -284,6 +341,29 @@ class ConnectApi:
     def reset_offsets(self, call: Call) -> Response:
         self._alter(call.path["name"], None)
         return JSONResponse({"message": "The offsets for this connector have been reset successfully"})
+
+    def list_loggers(self, call: Call) -> Response:
+        return JSONResponse(self.loggers.all())
+
+    def get_logger(self, call: Call) -> Response:
+        name = call.path["logger"]
+        level = self.loggers.get(name)
+        if level is None:
+            raise ApiError(404, f"Logger {name} not found.")
+        return JSONResponse(level)
+
+    def set_logger(self, call: Call) -> Response:
+        level = _object(call.body, "request body").get("level")
+        if level is None:
+            raise ApiError(400, "Desired 'level' parameter was not specified in request.")
+        if not valid_level(level):
+            raise ApiError(404, f"invalid log level '{level}'.")
+        scope = (call.query.get("scope") or ["worker"])[-1].lower()
+        if scope not in ("worker", "cluster"):
+            log.warning("Received invalid scope '%s' in request to adjust logging level; will default to worker", scope)
+        changed = self.loggers.set(call.path["logger"], level)
+        log.info("log level of %s set to %s (scope %s)", call.path["logger"], level, scope)
+        return Response(status_code=204) if scope == "cluster" else JSONResponse(changed)
 
     def metrics(self, call: Call) -> Response:
         registry = CollectorRegistry(auto_describe=False)
@@ -336,6 +416,31 @@ class ConnectApi:
 
 
 @functools.cache
+def _commit() -> str:
+    """The git commit the package was installed from: pip's record of a VCS install, else the source checkout's
+    HEAD (editable installs); "unknown" for an install from a tree without git history."""
+    try:
+        direct = metadata.distribution("mirus-dagster").read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        direct = None
+    commit = (json.loads(direct).get("vcs_info") or {}).get("commit_id") if direct else None
+    if commit:
+        return str(commit)
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() or "unknown"
+
+
+@functools.cache
 def _version() -> str:
     try:
         return metadata.version("mirus-dagster")
@@ -371,48 +476,22 @@ def _location(call: Call, name: str) -> dict[str, str]:
     return {"Location": f"{call.base_url.rstrip('/')}/connectors/{name}"}
 
 
+def _is_mm2(properties: Mapping[str, object]) -> bool:
+    return _plugin_matches(MM2_CONNECTOR_CLASS, str(properties.get("connector.class", "")))
+
+
 def _plugin_matches(cls: str, requested: str) -> bool:
     simple = cls.rsplit(".", 1)[-1]
     return requested in (cls, simple, simple.removesuffix("Connector"))
 
 
-def _validation_result(cls: str, submitted: Mapping[str, Any], errors: list[tuple[str, str]]) -> dict[str, Any]:
-    by_name: dict[str, list[str]] = defaultdict(list)
-    for name, reason in errors:
-        by_name[name].append(reason)
-    shown = _config_strings(mask_properties(submitted))
-    names = list(shown) + [n for n in by_name if n not in shown]
-    configs = []
-    for order, name in enumerate(names, start=1):
-        configs.append(
-            {
-                "definition": {
-                    "name": name,
-                    "type": "STRING",
-                    "required": False,
-                    "default_value": None,
-                    "importance": "MEDIUM",
-                    "documentation": "",
-                    "group": "Common",
-                    "width": "NONE",
-                    "display_name": name,
-                    "dependents": [],
-                    "order": order,
-                },
-                "value": {
-                    "name": name,
-                    "value": shown.get(name),
-                    "recommended_values": [],
-                    "errors": by_name.get(name, []),
-                    "visible": True,
-                },
-            }
-        )
-    return {"name": cls, "error_count": len(by_name), "groups": ["Common"], "configs": configs}
-
-
 def _parse_offsets(body: Any) -> dict[SourcePartition, int | None]:
-    """KIP-875's `{"offsets": [{"partition": {"topic", "partition"}, "offset": {"offset": N} | null}]}`."""
+    """KIP-875's `{"offsets": [{"partition": {...}, "offset": {"offset": N} | null}]}`, in either connector's format.
+
+    Mirus's partition `{"topic", "partition"}` carries N = the next source offset to replicate, as stored here.
+    MirrorMaker 2's `{"cluster", "topic", "partition"}` carries the offset of the last record it replicated (its
+    task seeks to N + 1), so N + 1 is stored: the record at N is not copied again. -1 there means "none yet".
+    """
     entries = _object(body, "request body").get("offsets")
     if not isinstance(entries, list):
         raise ApiError(400, 'The request body must contain an "offsets" list')
@@ -423,26 +502,36 @@ def _parse_offsets(body: Any) -> dict[SourcePartition, int | None]:
         partition = entry["partition"]
         unknown = set(partition) - {"topic", "partition", "cluster"}
         topic, number = partition.get("topic"), partition.get("partition")
-        if unknown or not isinstance(topic, str) or not topic or not _non_negative_int(number):
+        mm2 = "cluster" in partition
+        if (
+            unknown
+            or not isinstance(topic, str)
+            or not topic
+            or not _int_at_least(number, 0)
+            or (mm2 and not isinstance(partition["cluster"], str))
+        ):
             raise ApiError(
                 400,
-                f'offsets[{i}].partition: expected {{"topic": <name>, "partition": <number >= 0>}}, '
+                f'offsets[{i}].partition: expected {{"topic": <name>, "partition": <number >= 0>}} (Mirus) or '
+                f'{{"cluster": <alias>, "topic": <name>, "partition": <number >= 0>}} (MirrorMaker 2), '
                 f"got {json.dumps(partition)}",
             )
         offset = entry.get("offset")
+        lowest = -1 if mm2 else 0
         if offset is None:
             out[(topic, number)] = None
-        elif isinstance(offset, dict) and set(offset) == {"offset"} and _non_negative_int(offset["offset"]):
-            out[(topic, number)] = offset["offset"]
+        elif isinstance(offset, dict) and set(offset) == {"offset"} and _int_at_least(offset["offset"], lowest):
+            out[(topic, number)] = offset["offset"] + 1 if mm2 else offset["offset"]
         else:
             raise ApiError(
-                400, f'offsets[{i}].offset: expected {{"offset": <number >= 0>}} or null, got {json.dumps(offset)}'
+                400,
+                f'offsets[{i}].offset: expected {{"offset": <number >= {lowest}>}} or null, got {json.dumps(offset)}',
             )
     return out
 
 
-def _non_negative_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _int_at_least(value: Any, lowest: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lowest <= value < 2**63 - 1
 
 
 # -- the application -------------------------------------------------------------------------------------------
@@ -450,23 +539,53 @@ def _non_negative_int(value: Any) -> bool:
 Handler = Callable[[Call], Response]
 
 
+async def _read_body(request: Request) -> bytes:
+    """The body, or `ApiError` 413 as soon as it is known to exceed `MAX_BODY_BYTES` (declared or streamed)."""
+    too_large = ApiError(413, f"Request body is larger than {MAX_BODY_BYTES} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _refused(request: Request, status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    """The error response, logged. Messages name properties and reasons, never values of secrets (the config
+    parser redacts them); only their first line is logged."""
+    log.log(
+        logging.WARNING if status == 413 else logging.INFO,
+        "refused %s %s from %s: %d %s",
+        request.method,
+        request.url.path,
+        request.client.host if request.client else "?",
+        status,
+        message.splitlines()[0] if message else "",
+    )
+    return _error(status, message, headers)
+
+
 def _endpoint(handler: Handler, *, reads_body: bool) -> Callable[[Request], Any]:
     async def endpoint(request: Request) -> Response:
-        body = None
-        if reads_body:
-            raw = await request.body()
-            try:
-                body = json.loads(raw) if raw else None
-            except ValueError as exc:
-                return _error(400, f"Request body is not valid JSON: {exc}")
-        query: dict[str, list[str]] = defaultdict(list)
-        for key, value in request.query_params.multi_items():
-            query[key].append(value)
-        call = Call(dict(request.path_params), dict(query), body, str(request.base_url))
         try:
+            body = None
+            if reads_body:
+                raw = await _read_body(request)
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError as exc:
+                    raise ApiError(400, f"Request body is not valid JSON: {exc}") from None
+            query: dict[str, list[str]] = defaultdict(list)
+            for key, value in request.query_params.multi_items():
+                query[key].append(value)
+            call = Call(dict(request.path_params), dict(query), body, str(request.base_url))
             return await run_in_threadpool(handler, call)
         except ApiError as exc:
-            return _error(exc.status, exc.message)
+            return _refused(request, exc.status, exc.message)
 
     return endpoint
 
@@ -485,9 +604,11 @@ def create_app(store: Store, settings: ApiSettings, destination_bootstrap_server
         ("PUT", "/connectors/{name}/config", api.put_config),
         ("GET", "/connectors/{name}/status", api.get_status),
         ("GET", "/connectors/{name}/tasks", api.get_tasks),
+        ("GET", "/connectors/{name}/tasks-config", api.get_tasks_config),
         ("GET", "/connectors/{name}/tasks/{task:int}/status", api.get_task_status),
         ("POST", "/connectors/{name}/tasks/{task:int}/restart", api.restart_task),
         ("GET", "/connectors/{name}/topics", api.get_topics),
+        ("PUT", "/connectors/{name}/topics/reset", api.reset_topics),
         ("POST", "/connectors/{name}/restart", api.restart_connector),
         ("PUT", "/connectors/{name}/pause", api.pause),
         ("PUT", "/connectors/{name}/stop", api.pause),
@@ -496,7 +617,11 @@ def create_app(store: Store, settings: ApiSettings, destination_bootstrap_server
         ("PATCH", "/connectors/{name}/offsets", api.alter_offsets),
         ("DELETE", "/connectors/{name}/offsets", api.reset_offsets),
         ("GET", "/connector-plugins", api.plugins),
+        ("GET", "/connector-plugins/{plugin}/config", api.plugin_config),
         ("PUT", "/connector-plugins/{plugin}/config/validate", api.validate),
+        ("GET", "/admin/loggers", api.list_loggers),
+        ("GET", "/admin/loggers/{logger}", api.get_logger),
+        ("PUT", "/admin/loggers/{logger}", api.set_logger),
     ]
     # Routes sharing a path are tried in turn; a method no route takes gets 405.
     starlette_routes = [
@@ -504,9 +629,9 @@ def create_app(store: Store, settings: ApiSettings, destination_bootstrap_server
         for method, path, handler in routes
     ]
 
-    async def http_error(_request: Request, exc: Exception) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        return _error(exc.status_code, exc.detail, exc.headers)
+        return _refused(request, exc.status_code, exc.detail, exc.headers)
 
     app = Starlette(routes=starlette_routes, exception_handlers={HTTPException: http_error})
     return AuthMiddleware(app, Credentials(settings))

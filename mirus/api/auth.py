@@ -9,7 +9,9 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import ipaddress
 import json
+import logging
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -22,10 +24,13 @@ ENV_HOST = "MIRUS_API_HOST"
 ENV_PORT = "MIRUS_API_PORT"
 ENV_BASIC_AUTH_USERS = "MIRUS_API_BASIC_AUTH_USERS"
 ENV_BEARER_TOKEN = "MIRUS_API_BEARER_TOKEN"
+ENV_METRICS_AUTH = "MIRUS_API_METRICS_AUTH"
+
+log = logging.getLogger(__name__)
 
 # Kafka Connect's own port, so that scripts written for Mirus work unchanged.
 DEFAULT_PORT = 8083
-# Readable without credentials, as in Kafka Connect (version probe) and for Prometheus scrapers.
+# Readable without credentials, as in Kafka Connect (version probe); /metrics too unless `metrics_auth`.
 OPEN_PATHS = frozenset({"/", "/metrics"})
 
 
@@ -39,6 +44,9 @@ class ApiSettings(BaseModel):
     )
     bearer_token: str | None = Field(
         default=None, description="Reference to the bearer token, e.g. ${env:MIRUS_TOKEN} (MIRUS_API_BEARER_TOKEN)."
+    )
+    metrics_auth: bool = Field(
+        default=False, description="/metrics requires the same credentials as the API (MIRUS_API_METRICS_AUTH)."
     )
 
     @field_validator("basic_auth_users", "bearer_token")
@@ -56,15 +64,26 @@ class ApiSettings(BaseModel):
             ("port", ENV_PORT),
             ("basic_auth_users", ENV_BASIC_AUTH_USERS),
             ("bearer_token", ENV_BEARER_TOKEN),
+            ("metrics_auth", ENV_METRICS_AUTH),
         ):
             if os.environ.get(var):
                 values[field] = os.environ[var]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.model_validate(values)
 
+    @property
+    def loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
 
 class Credentials:
-    """The resolved users and token; `SecretReferenceError` at construction if a reference cannot be read."""
+    """The resolved users and token; `SecretReferenceError` at construction if a reference cannot be read, and
+    `ValueError` for an API that would listen beyond loopback without any (or guard /metrics with none)."""
 
     def __init__(self, settings: ApiSettings) -> None:
         self.users: dict[str, str] = {}
@@ -77,6 +96,14 @@ class Credentials:
             self.token = resolve_references(settings.bearer_token, restricted=False).strip()
             if not self.token:
                 raise ValueError(f"{ENV_BEARER_TOKEN}: the referenced value is empty")
+        if not self.required and not settings.loopback:
+            raise ValueError(
+                f"the API would listen on {settings.host} without authentication: set {ENV_BEARER_TOKEN} or "
+                f"{ENV_BASIC_AUTH_USERS}, or listen on a loopback address ({ENV_HOST}=127.0.0.1)"
+            )
+        if settings.metrics_auth and not self.required:
+            raise ValueError(f"{ENV_METRICS_AUTH} needs {ENV_BEARER_TOKEN} or {ENV_BASIC_AUTH_USERS}")
+        self.open_paths = OPEN_PATHS - ({"/metrics"} if settings.metrics_auth else set())
 
     @property
     def required(self) -> bool:
@@ -115,13 +142,20 @@ class AuthMiddleware:
         self.credentials = credentials
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.credentials.required or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or not self.credentials.required or scope["path"] in self.credentials.open_paths:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.credentials.accepts(headers.get("authorization")):
+        authorization = headers.get("authorization")
+        if self.credentials.accepts(authorization):
             await self.app(scope, receive, send)
             return
+        # A known scheme's name alone: a wrong password or token may be a right one mistyped, and a header without
+        # a scheme may be a bare token.
+        scheme = (authorization or "").partition(" ")[0]
+        shown = scheme if scheme.lower() in ("basic", "bearer") else "no credentials" if not scheme else "other"
+        client = scope.get("client") or ("?", 0)
+        log.warning("refused %s %s from %s: 401 (%s)", scope["method"], scope["path"], client[0], shown)
         body = json.dumps({"error_code": 401, "message": "Unauthorized: valid credentials are required"}).encode()
         await send(
             {

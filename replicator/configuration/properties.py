@@ -55,6 +55,8 @@ DEFAULT_CONFIG_PROPERTIES_EXCLUDE = (
     r"unclean\.leader\.election\.enable",
     r"min\.insync\.replicas",
 )
+# A bound on tasks.max, so that one request cannot ask the platform for thousands of run processes.
+MAX_TASKS = 256
 MAX_TOPIC_NAME = 249  # Kafka's limit on topic names (`Topic.MAX_NAME_LENGTH`)
 MIRUS_CONNECTOR_CLASS = "com.salesforce.mirus.MirusSourceConnector"
 MM2_CONNECTOR_CLASS = "org.apache.kafka.connect.mirror.MirrorSourceConnector"
@@ -127,8 +129,9 @@ PROPERTIES: tuple[PropertySpec, ...] = (
                  choices=frozenset({MIRUS_CONNECTOR_CLASS, MM2_CONNECTOR_CLASS, "MirusSourceConnector",
                                     "MirrorSourceConnector"}),
                  expected=f"{MIRUS_CONNECTOR_CLASS} or {MM2_CONNECTOR_CLASS} (or their short names)"),
-    PropertySpec("tasks.max", _I, "How many tasks (one Dagster run each) share the connector's partitions.",
-                 default=1, field="tasks_max", minimum=1),
+    PropertySpec("tasks.max", _I, "How many tasks (one Dagster run each) share the connector's partitions. At "
+                 f"most {MAX_TASKS}: each task is a process with its own clients and Postgres connections, and a "
+                 "task holds thousands of partitions.", default=1, field="tasks_max", minimum=1, maximum=MAX_TASKS),
     PropertySpec("source.cluster.alias", _S, "The source cluster's name: the prefix of remote topic names under "
                  "MM2 naming, and the origin written in provenance headers.", default="source", field="source_alias"),
     PropertySpec("target.cluster.alias", _S, "The destination cluster's name: records that originated there are "
@@ -279,6 +282,33 @@ IGNORED_PREFIXES = (
     "offset-syncs.",
 )
 
+# The table's sections, as Kafka Connect's config groups: a row belongs to the last section starting at or before it.
+_SECTION_STARTS = {
+    "name": "Connector",
+    "topics.whitelist": "Topic selection",
+    "replication.policy.class": "Destination naming",
+    "destination.bootstrap.servers": "Clients",
+    "enable.partition.matching": "Replication",
+    "topic.creation.enable": "Topic management",
+    "groups": "Failover",
+    "source.key.converter": "Converters",
+}
+# Kafka's ConfigDef importance: what every connector must decide. Every other property is MEDIUM.
+HIGH_IMPORTANCE = frozenset(
+    {"name", "connector.class", "tasks.max", "source.cluster.alias", "topics.whitelist", "topics.regex",
+     "topics.regex.list", "topics", "topics.exclude", "destination.bootstrap.servers"}
+)  # fmt: skip
+
+
+def _sections() -> dict[str, str]:
+    out, section = {}, ""
+    for spec in PROPERTIES:
+        section = _SECTION_STARTS.get(spec.name, section)
+        out[spec.name] = section
+    return out
+
+
+GROUPS: dict[str, str] = _sections()  # property name -> its section
 SPECS: dict[str, PropertySpec] = {name: spec for spec in PROPERTIES for name in spec.names}
 KNOWN_PROPERTIES = frozenset(SPECS)
 FIELD_PROPERTIES: dict[str, str] = {spec.field: spec.name for spec in PROPERTIES if spec.field}
