@@ -434,17 +434,24 @@ def test_a_connector_the_watcher_cannot_load_shows_why_until_it_can(
     admin(instance, resources, "delete", unique)
 
 
-def test_a_run_whose_connector_was_deleted_before_it_started_ends_success_saying_so(
+def a_requested_run(
     instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
-) -> None:
-    """A run the monitor requested a moment before the connector was deleted: an operator's action, not red."""
+) -> tuple[Store, dict[str, Any], dg.RunRequest]:
+    """A connector of one task and no standby, assigned, and the run the monitor requests for its task."""
     store = Store(db_engine)
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
     properties = connector_properties(stack, unique, **{"topics.whitelist": unique, "task.standby.runs": "0"})
     assert put(instance, resources, properties).success
     watched(store, unique)
-    request = requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
+    return store, properties, requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
+
+
+def test_a_run_whose_connector_was_deleted_before_it_started_ends_success_saying_so(
+    instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
+) -> None:
+    """A run the monitor requested a moment before the connector was deleted: an operator's action, not red."""
+    *_, request = a_requested_run(instance, resources, stack, db_engine, unique)
     assert admin(instance, resources, "delete", unique).success
     result = InProcessRun(instance, resources, request).join()
     assert result.success
@@ -455,13 +462,7 @@ def test_a_run_whose_connector_was_deleted_before_it_started_ends_success_saying
 def test_the_supervisor_restarts_a_failed_task(
     instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
 ) -> None:
-    store = Store(db_engine)
-    create_topics(stack.source_bootstrap_servers, {unique: 1})
-    create_topics(stack.destination_bootstrap_servers, {unique: 1})
-    properties = connector_properties(stack, unique, **{"topics.whitelist": unique, "task.standby.runs": "0"})
-    assert put(instance, resources, properties).success
-    watched(store, unique)
-    request = requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
+    store, properties, request = a_requested_run(instance, resources, stack, db_engine, unique)
     # A real failure: the stored configuration no longer loads when the run starts (as one an older version stored
     # under rules it has since tightened). A connector deleted under the run would not do: that run ends SUCCESS.
     store.put_connector(unique, {**properties, "tasks.max": "0"}, 1)
