@@ -259,6 +259,33 @@ def test_verify_on_the_running_demo_ends_with_a_verdict(demo: Demo) -> None:
     assert "checked up to" in result.stdout
 
 
+# -- no false alarms ---------------------------------------------------------------------------------------
+
+
+def test_a_connector_restarted_then_deleted_leaves_no_red_run(demo: Demo) -> None:
+    """The launchpad's example connector, restarted and then deleted by its admin jobs: every run of the session
+    (the Runs page's list) is free of FAILURE, the connector's replicator runs having ended SUCCESS."""
+    replicator_runs(demo, EXAMPLE_CONNECTOR, 2, what="the example connector's tasks running")
+    for action in ("restart", "delete"):
+        run_id = demo.dev.client.submit_job_execution(
+            f"{action}_connector",
+            run_config={"ops": {f"{action}_connector_op": {"config": {"name": EXAMPLE_CONNECTOR}}}},
+        )
+        demo.dev.wait_for_status(run_id, {"SUCCESS"}, timeout=120)
+    live = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
+    ended = demo.dev.until(
+        lambda: (
+            (runs := demo.dev.runs({CONNECTOR: EXAMPLE_CONNECTOR}, job_name="replicator"))
+            and not [r for r in runs if r.status in live]
+            and runs
+        ),
+        90,
+        "the deleted connector's replicator runs to end",
+    )
+    assert {r.status for r in ended} == {"SUCCESS"}, [(r.run_id, r.status) for r in ended]
+    assert demo.dev.runs(statuses=["FAILURE"]) == []
+
+
 # -- Ctrl-C ------------------------------------------------------------------------------------------------
 
 
