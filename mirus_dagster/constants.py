@@ -45,6 +45,7 @@ def admin_op_name(action: str) -> str:
 # -- sensors --
 MONITOR_SENSOR = "kafka_monitor"
 SUPERVISOR_SENSOR = "task_supervisor"
+FAILURE_SENSOR = "run_failure_alerts"
 REPORTS_SCHEDULE = "reports_schedule"
 
 # -- run tags --
@@ -67,6 +68,7 @@ ENV_SOURCE_PORT = "MIRUS_SOURCE_PORT"
 ENV_DESTINATION_PORT = "MIRUS_DESTINATION_PORT"
 ENV_POSTGRES_PORT = "MIRUS_POSTGRES_PORT"
 ENV_TASK_AUTO_RESTART = "MIRUS_TASK_AUTO_RESTART"
+ENV_ALERT_WEBHOOK_URL = "MIRUS_ALERT_WEBHOOK_URL"  # the run-failure sensor posts each failed run there
 ENV_SPARK_MASTER = "MIRUS_SPARK_MASTER"
 ENV_LAKE_DIR = "MIRUS_LAKE_DIR"
 ENV_RETENTION_HOURS = "MIRUS_METRICS_RETENTION_HOURS"

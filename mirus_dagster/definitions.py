@@ -17,11 +17,12 @@ from mirus_dagster.assets.flows import flow_materialization, flows_spec
 from mirus_dagster.assets.lake import platform_lake
 from mirus_dagster.assets.reports import report_assets
 from mirus_dagster.assets.topology import destination_topics, source_topics
-from mirus_dagster.constants import ENV_DATABASE_URL, ENV_TASK_AUTO_RESTART
+from mirus_dagster.constants import ENV_ALERT_WEBHOOK_URL, ENV_DATABASE_URL, ENV_TASK_AUTO_RESTART
 from mirus_dagster.jobs import build_admin_jobs, build_watcher_job, replicator
 from mirus_dagster.report_schedule import reports_job, reports_schedule
 from mirus_dagster.reporting import Reporting, spark_config, spark_master_from_env
-from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
+from mirus_dagster.resources import FailureWebhook, PlatformDatabase, SupervisorPolicy
+from mirus_dagster.sensors.failures import build_run_failure_alerts
 from mirus_dagster.sensors.monitor import build_kafka_monitor
 from mirus_dagster.sensors.supervisor import build_task_supervisor
 from mirus_dagster.settings import PlatformSettings
@@ -40,6 +41,7 @@ kafka_monitor = build_kafka_monitor(
     replicator, metadata_watcher, connectors_event=connectors_materialization, refresh_s=REFRESH_S
 )
 task_supervisor = build_task_supervisor(replicator)
+run_failure_alerts = build_run_failure_alerts([replicator, *admin_jobs], connectors_materialization)
 
 defs = dg.Definitions(
     assets=[connectors_spec, flows_spec, source_topics, destination_topics, platform_lake, *report_assets],
@@ -47,11 +49,15 @@ defs = dg.Definitions(
     schedules=[reports_schedule],
     # Asset runs launched from the UI run in one process: the reports then share one Spark session.
     executor=dg.in_process_executor,
-    sensors=[kafka_monitor, task_supervisor],
+    sensors=[kafka_monitor, task_supervisor, run_failure_alerts],
     resources={
         "platform": PlatformDatabase(database_url=_database_url()),
         "supervisor": SupervisorPolicy(
             auto_restart=os.environ.get(ENV_TASK_AUTO_RESTART, "true").lower() != "false",
+        ),
+        # An EnvVar keeps the URL (it often holds a token) out of the UI.
+        "failure_webhook": FailureWebhook(
+            url=dg.EnvVar(ENV_ALERT_WEBHOOK_URL) if os.environ.get(ENV_ALERT_WEBHOOK_URL) else None
         ),
         "reporting": Reporting.from_env(),
         "pyspark": PySparkResource(spark_config=spark_config(spark_master_from_env())),

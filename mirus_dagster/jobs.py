@@ -39,7 +39,7 @@ from replicator.configuration.masking import literal_secrets
 from replicator.discovery.monitor import MonitorResult
 from replicator.discovery.watcher import MetadataWatcher
 from replicator.engine.ownership import run_owned
-from replicator.engine.task import ReplicationTask
+from replicator.engine.task import ReplicationTask, TaskExit
 from replicator.state.records import UnknownConnectorError
 from replicator.state.store import Store
 
@@ -74,25 +74,37 @@ def replicate(context: dg.OpExecutionContext, config: ReplicatorTaskConfig, plat
         on_event=lambda m: context.log.info(f"{name}: {m}"),
     )
     # A task has an owner run and warm standby runs (`task.standby.runs`); whichever gets the lease replicates.
-    outcome = run_owned(task)
-    ended = outcome.value if outcome else "connector deleted while standing by"
+    try:
+        outcome = run_owned(task)
+    except UnknownConnectorError:
+        # Deleted before the run started, or between two of the task's writes: an operator's intended action, so
+        # the run ends like one that saw the deletion itself (SUCCESS), not red. Any other cause is raised.
+        if _connector_exists(task.store, config.connector):
+            raise
+        outcome = TaskExit.DELETED
+    # None: the connector was deleted while this run stood by (nothing else stops a standby here but termination,
+    # which raises). A deletion takes the connector's assignments and leases with it, so a task may see it first as
+    # its removal from the assignment or as a fenced commit: the run then says what happened.
+    deleted = outcome in (None, TaskExit.DELETED) or not _connector_exists(task.store, config.connector)
+    ended = "connector deleted" if deleted or outcome is None else outcome.value
     context.log.info(f"task {name} ended: {ended}")
 
 
-# Each replicator run's pod under the K8sRunLauncher (deploy/helm/values.yaml): one task at full speed uses about
-# two thirds of a core and under 250 MB (docs/DEPLOYMENT.md, capacity planning).
-REPLICATOR_K8S_CONFIG = {
-    "container_config": {
-        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
-    }
-}
+def _connector_exists(store: Store, name: str) -> bool:
+    try:
+        store.get_connector(name)
+    except UnknownConnectorError:
+        return False
+    return True
 
 
 @dg.job(
     name=REPLICATOR_JOB,
     description="One replicator task (a consumer and a producer). Started and kept alive by the sensors.",
     executor_def=dg.in_process_executor,
-    tags={TAG_KIND: KIND_REPLICATOR, "dagster-k8s/config": REPLICATOR_K8S_CONFIG},
+    # Launcher-specific tags (a pod's resources on Kubernetes) are added by the sensors for the launcher in use
+    # (mirus_dagster/run_launchers.py).
+    tags={TAG_KIND: KIND_REPLICATOR},
 )
 def replicator() -> None:
     replicate()

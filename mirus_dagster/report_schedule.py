@@ -2,8 +2,8 @@
 
 Every `MIRUS_REPORT_CRON` (default every 15 minutes). During the first half hour after an hour ends, a second run
 exports that hour once more, so its last samples reach the lake and the hour is sealed (only sealed hours are
-pruned from Postgres). The same job runs on demand from the launchpad; older hours are backfilled from the
-`lake` assets' partitions page.
+pruned from Postgres). The same job runs on demand from the launchpad (with no hour chosen, it exports the latest
+complete hour); older hours are backfilled from the `lake` assets' partitions page.
 """
 
 from __future__ import annotations

@@ -41,3 +41,13 @@ class SupervisorPolicy(dg.ConfigurableResource):
         default=1.0, gt=0, description="Wait before the second restart in a row; the first one is immediate."
     )
     max_backoff_s: float = Field(default=60.0, gt=0, description="Cap of the doubling wait between restarts.")
+
+
+class FailureWebhook(dg.ConfigurableResource):
+    """Where the run-failure sensor posts each failed replicator or admin run (MIRUS_ALERT_WEBHOOK_URL; unset: none).
+
+    The body is JSON with a `text` line (what Slack's and Mattermost's incoming webhooks show) and the run's fields.
+    """
+
+    url: str | None = Field(default=None, description="URL of an incoming webhook; it often holds a token.")
+    timeout_s: float = Field(default=5.0, gt=0, description="How long a post may take before it is given up.")

@@ -1,26 +1,33 @@
 """The platform as an operator runs it: a real `dagster dev` process on the code location, driven over GraphQL.
 
-The slow real-process tests (about two minutes together). One `dagster dev` serves the whole module (the
+The slow real-process tests (about two and a half minutes together). One `dagster dev` serves the whole module (the
 `platform` fixture adds a connector with the `put_connector` job); each scenario is its own test, in order, so a
 failing one does not hide the others. Only the GraphQL API is used to act on the platform.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import dagster as dg
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
+from dagster._core.instance.ref import InstanceRef
 from sqlalchemy import Engine
 
 from mirus.local.devserver import DagsterDev, RunInfo, dagster_dev
 from mirus.waiting import wait_until
 from mirus_dagster.constants import (
+    CONNECTORS_ASSET,
+    ENV_ALERT_WEBHOOK_URL,
     ENV_REPORT_SCHEDULE,
     KIND_REPLICATOR,
     MONITOR_SENSOR,
@@ -37,6 +44,7 @@ from mirus_dagster.constants import (
     admin_job_name,
     admin_op_name,
 )
+from mirus_dagster.run_launchers import K8S_CONFIG_TAG
 from mirus_dagster.settings import StackEndpoints
 from replicator.assignment import SourcePartition
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC
@@ -182,6 +190,31 @@ def assert_replicated(stack: StackEndpoints, topics: Mapping[str, int], traffic:
     return total
 
 
+class WebhookReceiver:
+    """An incoming webhook on a local port: keeps the JSON body of every POST it is sent."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+        bodies = self.bodies
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:  # the test output stays quiet
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hooks/mirus"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 @dataclass
 class Platform:
     """`dagster dev` with one connector `name` replicating `topics` (topic -> partitions) over two tasks."""
@@ -191,6 +224,7 @@ class Platform:
     store: Store
     name: str
     topics: dict[str, int]
+    webhook: WebhookReceiver
 
 
 @pytest.fixture(scope="module")
@@ -203,8 +237,10 @@ def platform(stack: StackEndpoints, db_engine: Engine, tmp_path_factory: pytest.
     produce(
         stack.source_bootstrap_servers, [record(t, i % n, i, "initial") for t, n in topics.items() for i in range(30)]
     )
+    webhook = WebhookReceiver()
     # Report runs (Spark) would only compete for the CPU these scenarios measure.
-    with dagster_dev({**stack.as_env(), ENV_REPORT_SCHEDULE: "stopped"}, tmp_path_factory.mktemp("dagster-dev")) as dev:
+    env = {**stack.as_env(), ENV_REPORT_SCHEDULE: "stopped", ENV_ALERT_WEBHOOK_URL: webhook.url}
+    with dagster_dev(env, tmp_path_factory.mktemp("dagster-dev")) as dev:
         properties = connector_properties(
             stack, name, **{"topics.regex": f"{name}-.*", "tasks.max": "2", "monitor.poll.wait.ms": "1000"}
         )
@@ -212,7 +248,10 @@ def platform(stack: StackEndpoints, db_engine: Engine, tmp_path_factory: pytest.
             PUT_CONNECTOR_JOB, run_config={"ops": {STORE_CONNECTOR_OP: {"config": {"properties": properties}}}}
         )
         dev.wait_for_status(put, {"SUCCESS"}, timeout=120)
-        yield Platform(dev, stack, Store(db_engine), name, topics)
+        try:
+            yield Platform(dev, stack, Store(db_engine), name, topics, webhook)
+        finally:
+            webhook.close()
 
 
 def test_the_monitor_starts_an_owner_and_a_standby_per_task_and_records_are_replicated(platform: Platform) -> None:
@@ -226,6 +265,7 @@ def test_the_monitor_starts_an_owner_and_a_standby_per_task_and_records_are_repl
     )
     for run in (r for runs in started.values() for r in runs):
         assert run.tags[TAG_SENSOR] == MONITOR_SENSOR and run.tags[TAG_KIND] == KIND_REPLICATOR, run.tags
+        assert K8S_CONFIG_TAG not in run.tags, "a Kubernetes tag on a run no Kubernetes launcher starts"
     (watcher,) = dev.wait_for_runs(job_name=WATCHER_JOB, statuses={"STARTED"}, timeout=60)
     assert watcher.tags[TAG_SENSOR] == MONITOR_SENSOR
     for topic, partitions in platform.topics.items():
@@ -278,6 +318,34 @@ def test_a_run_killed_with_sigkill_is_taken_over_by_its_standby_and_replaced_wit
         ), reason
     written = assert_replicated(platform.stack, platform.topics, traffic)
     assert written > sum(platform.topics.values()) * 10, written
+
+
+def test_a_failed_run_is_posted_to_the_webhook_and_shown_on_the_connectors_asset(platform: Platform) -> None:
+    """The run killed above ended FAILURE: the run-failure sensor posts it and records the connectors asset."""
+    dev, name = platform.dev, platform.name
+    failed = {r.run_id for r in dev.runs({TAG_CONNECTOR: name}, job_name=REPLICATOR_JOB, statuses=["FAILURE"])}
+    assert failed, "no failed replicator run (the SIGKILL scenario above makes one)"
+    posted = dev.until(
+        lambda: [b for b in platform.webhook.bodies if b["run_id"] in failed],
+        60,
+        "the failed run posted to the webhook",
+    )
+    body = posted[0]
+    assert body["job"] == REPLICATOR_JOB and body["connector"] == name and body["task"] == 0, body
+    assert body["text"].startswith(f"mirus: replicator run {body['run_id'][:8]} ({name}-0) failed: "), body
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(dev.home))) as instance:
+
+        def shown() -> str | None:
+            event = instance.get_latest_materialization_event(dg.AssetKey(CONNECTORS_ASSET))
+            assert event is not None and event.asset_materialization is not None
+            table = str(event.asset_materialization.metadata["connectors"].value)
+            return (
+                table
+                if f"run [{body['run_id'][:8]}](/runs/{body['run_id']}) of replicator task 0 failed" in table
+                else None
+            )
+
+        dev.until(shown, 60, "the failed run among the connector's problems on the connectors asset")
 
 
 def test_a_terminated_run_commits_ends_canceled_and_is_started_again(platform: Platform) -> None:
@@ -333,6 +401,50 @@ def test_pause_ends_every_replicator_run_and_none_starts_while_paused(platform: 
     assert not [r for r in runs if r.status in LIVE]
     head = platform.store.connector_head(name)
     assert head is not None and head.state == ConnectorState.PAUSED
+
+
+def test_a_connector_deleted_just_after_a_restart_ends_its_runs_without_a_failure(platform: Platform) -> None:
+    """An operator's restart then delete: every run of the connector ends SUCCESS saying why, none red; so does a
+    run that starts after the deletion (as one the monitor requested a moment before it would)."""
+    dev, stack = platform.dev, platform.stack
+    name = f"deleted-{uuid.uuid4().hex[:8]}"
+    topics = {f"{name}-t": 2}
+    create_topics(stack.destination_bootstrap_servers, topics)
+    create_topics(stack.source_bootstrap_servers, topics)
+    produce(stack.source_bootstrap_servers, [record(f"{name}-t", i % 2, i, "deleted") for i in range(20)])
+    properties = connector_properties(stack, name, **{"topics.regex": f"{name}-.*", "tasks.max": "1"})
+    put = dev.client.submit_job_execution(
+        PUT_CONNECTOR_JOB, run_config={"ops": {STORE_CONNECTOR_OP: {"config": {"properties": properties}}}}
+    )
+    dev.wait_for_status(put, {"SUCCESS"}, timeout=120)
+    dev.wait_for_runs({TAG_CONNECTOR: name}, statuses={"STARTED"}, count=2, job_name=REPLICATOR_JOB, timeout=90)
+    assert_copied(stack, f"{name}-t", 2, 20)
+    for action in ("restart", "delete"):
+        admin = dev.client.submit_job_execution(
+            admin_job_name(action), run_config={"ops": {admin_op_name(action): {"config": {"name": name}}}}
+        )
+        dev.wait_for_status(admin, {"SUCCESS"}, timeout=120)
+    late = dev.client.submit_job_execution(
+        REPLICATOR_JOB,
+        run_config={"ops": {"replicate": {"config": {"connector": name, "task_id": 0}}}},
+        tags={TAG_CONNECTOR: name, TAG_TASK: "0", TAG_KIND: KIND_REPLICATOR},
+    )
+    runs = dev.until(
+        lambda: (
+            (found := dev.runs({TAG_CONNECTOR: name}, job_name=REPLICATOR_JOB))
+            and late in {r.run_id for r in found}
+            and not [r for r in found if r.status in LIVE]
+            and found
+        ),
+        90,
+        "every replicator run of the deleted connector to end",
+    )
+    assert {r.status for r in runs} == {"SUCCESS"}, [(r.run_id, r.status) for r in runs]
+    for run in runs:
+        messages = dev.run_messages(run.run_id)
+        task_events = [m for m in messages if f"{name}-0" in m]
+        assert any(m.endswith(f"{name}-0 ended: connector deleted") for m in task_events), (run.run_id, task_events)
+    assert not [b for b in platform.webhook.bodies if b["connector"] == name]
 
 
 def test_dagster_dev_shuts_down_cleanly(platform: Platform) -> None:

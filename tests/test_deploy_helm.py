@@ -1,7 +1,9 @@
-"""deploy/helm/values.yaml for Dagster's Helm chart, checked offline against the schemas that exist in registries.
+"""deploy/helm/values.yaml for Dagster's Helm chart, checked offline.
 
-The chart's own `values.schema.json` is generated in Dagster's repository and published only with the chart, on no
-package registry this project may use, so it is not what validates here. Instead:
+- merged with the chart's defaults as Helm merges them, the values pass the chart's own `values.schema.json`, and
+  the `dagster-user-deployments` section (with `global`), merged with that subchart's defaults, passes the
+  subchart's schema; both schemas and defaults are vendored in tests/data/dagster-helm/ (README there: which
+  snapshot), their Kubernetes references resolved to Kubernetes' own schemas;
 - every Kubernetes-typed value (resources, secret env sources, volumes, mounts) is validated against Kubernetes'
   own JSON schemas (the `kubernetes-validate` wheel) — the definitions the chart's schema refers to for them;
 - the run launcher and run coordinator are rendered into instance config the way the chart's templates render them
@@ -9,7 +11,8 @@ package registry this project may use, so it is not what validates here. Instead
   config schemas;
 - the K8sRunLauncher so configured launches a real replicator run: the Kubernetes Job it submits is captured
   (there is no Kubernetes API server here: the batch API is the one stand-in) and validated against Kubernetes'
-  Job schema, and its pod carries the replicator job's `dagster-k8s/config` resources and the platform's secrets.
+  Job schema, and its pod carries the `dagster-k8s/config` resources the sensors give replicator runs under that
+  launcher (and only under it) and the platform's secrets.
 """
 
 from __future__ import annotations
@@ -34,12 +37,19 @@ from dagster._core.run_coordinator import QueuedRunCoordinator
 from dagster._serdes.config_class import ConfigurableClassData
 from dagster_k8s import K8sRunLauncher
 from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
-from mirus_dagster.jobs import REPLICATOR_K8S_CONFIG, replicator
+from mirus_dagster.jobs import replicator
+from mirus_dagster.run_launchers import K8S_CONFIG_TAG, REPLICATOR_K8S_CONFIG, replicator_launcher_tags
 from mirus_dagster.sensors.task_runs import run_request
 
 ROOT = Path(__file__).resolve().parent.parent
 VALUES = ROOT / "deploy" / "helm" / "values.yaml"
+CHART = ROOT / "tests" / "data" / "dagster-helm"  # the chart's schemas and defaults (its README: which snapshot)
+SUBCHART = "dagster-user-deployments"
+CHART_KUBERNETES_SCHEMA = (
+    "https://raw.githubusercontent.com/yannh/kubernetes-json-schema/master/v1.19.0/_definitions.json"
+)
 KUBERNETES_VERSION = "1.33.0"
 # What the chart derives from the release (`helm install mirus dagster/dagster -n mirus`).
 RELEASE_NAMESPACE = "mirus"
@@ -57,6 +67,70 @@ KUBERNETES_TYPED = {
 @pytest.fixture(scope="module")
 def values() -> dict[str, Any]:
     return yaml.safe_load(VALUES.read_text())
+
+
+def helm_merge(defaults: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Helm's coalescing of a chart's default values with a values file: maps merge key by key, anything else
+    (lists included) replaces the default, and `null` deletes the key."""
+    merged = dict(defaults)
+    for key, value in overrides.items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = helm_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def chart_values(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What Helm validates: the chart's merged values, and its user-deployments subchart's (with `global`)."""
+    merged = helm_merge(yaml.safe_load((CHART / "values.yaml").read_text()), values)
+    subchart = helm_merge(yaml.safe_load((CHART / SUBCHART / "values.yaml").read_text()), merged[SUBCHART])
+    subchart["global"] = helm_merge(subchart.get("global") or {}, merged.get("global") or {})
+    return merged, subchart
+
+
+def chart_schema_errors(instance: dict[str, Any], schema_file: Path) -> list[str]:
+    """Errors of `instance` against one of the chart's schemas, its Kubernetes references resolved offline."""
+    package = Path(kubernetes_validate.__file__).parent
+    definitions = json.loads(
+        (package / "kubernetes-json-schema" / f"v{KUBERNETES_VERSION}-local" / "_definitions.json").read_text()
+    )["$defs"]
+    # The chart refers to `#/definitions/...` of a v1.19 file; the same names exist in the packaged v1.33 one.
+    kubernetes = Resource.from_contents(
+        {"definitions": definitions, "$defs": definitions}, default_specification=DRAFT202012
+    )
+    validator = jsonschema.Draft202012Validator(
+        json.loads(schema_file.read_text()), registry=Registry().with_resource(CHART_KUBERNETES_SCHEMA, kubernetes)
+    )
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(instance)]
+
+
+def test_the_values_merged_with_the_charts_defaults_pass_the_charts_schema(values: dict[str, Any]) -> None:
+    merged, _ = chart_values(values)
+    assert chart_schema_errors(merged, CHART / "values.schema.json") == []
+
+
+def test_the_user_deployment_merged_with_the_subcharts_defaults_passes_the_subcharts_schema(
+    values: dict[str, Any],
+) -> None:
+    _, subchart = chart_values(values)
+    assert subchart["deployments"] == values[SUBCHART]["deployments"]  # a list replaces the default's
+    assert chart_schema_errors(subchart, CHART / SUBCHART / "values.schema.json") == []
+
+
+def test_the_chart_schemas_reject_misspelt_and_mistyped_values(values: dict[str, Any]) -> None:
+    misspelt = yaml.safe_load(VALUES.read_text())
+    launcher = misspelt["runLauncher"]["config"]["k8sRunLauncher"]
+    launcher["envSecret"] = launcher.pop("envSecrets")
+    misspelt["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]["maxConcurrentRuns"] = "many"
+    errors = chart_schema_errors(chart_values(misspelt)[0], CHART / "values.schema.json")
+    assert any("envSecret" in e for e in errors) and any("'many'" in e for e in errors), errors
+    wrong_port = yaml.safe_load(VALUES.read_text())
+    user_deployment(wrong_port)["port"] = "3030"
+    errors = chart_schema_errors(chart_values(wrong_port)[1], CHART / SUBCHART / "values.schema.json")
+    assert any(e.startswith("deployments/0/port") for e in errors), errors
 
 
 def k8s_schema_errors(instance: Any, definition: str) -> list[str]:
@@ -228,9 +302,8 @@ def test_a_replicator_run_becomes_a_valid_kubernetes_job_with_its_resources_and_
         )
     )
     batch = RecordingBatchApi()
-    launcher = K8sRunLauncher(
-        **{**config, "load_incluster_config": False, "kubeconfig_file": str(kubeconfig)}, k8s_client_batch_api=batch
-    )
+    offline = {**config, "load_incluster_config": False, "kubeconfig_file": str(kubeconfig)}
+    launcher = K8sRunLauncher(**offline, k8s_client_batch_api=batch)
     image = f"{user_deployment(values)['image']['repository']}:{user_deployment(values)['image']['tag']}"
     origin = JobPythonOrigin(
         "replicator",
@@ -238,8 +311,13 @@ def test_a_replicator_run_becomes_a_valid_kubernetes_job_with_its_resources_and_
             sys.executable, ModuleCodePointer("mirus_dagster.definitions", "defs", None), container_image=image
         ),
     )
-    request = run_request("orders-mirror", 3, "assigned, never ran")
-    with dg.instance_for_test() as instance:
+    # The instance as the chart configures it: its launcher is what decides the run's tags.
+    with dg.instance_for_test(
+        overrides={"run_launcher": {"module": "dagster_k8s", "class": "K8sRunLauncher", "config": offline}}
+    ) as instance:
+        request = run_request(
+            "orders-mirror", 3, "assigned, never ran", launcher_tags=replicator_launcher_tags(instance)
+        )
         launcher.register_instance(instance)
         run = instance.create_run_for_job(
             replicator,
@@ -266,3 +344,18 @@ def test_a_replicator_run_becomes_a_valid_kubernetes_job_with_its_resources_and_
     assert any(m["mountPath"] == lake for m in container["volumeMounts"])
     # Dagster's storage password comes from its Secret, never from the manifest.
     assert not any("value" in e for e in container["env"] if e["name"] == "DAGSTER_PG_PASSWORD")
+
+
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        None,  # Dagster's default launcher, as under `mirus dev`
+        {"module": "dagster_docker", "class": "DockerRunLauncher", "config": {"network": "mirus"}},  # docker compose
+    ],
+)
+def test_replicator_runs_carry_no_kubernetes_tag_under_other_launchers(launcher: dict[str, Any] | None) -> None:
+    with dg.instance_for_test(overrides={"run_launcher": launcher} if launcher else None) as instance:
+        request = run_request(
+            "orders-mirror", 0, "assigned, never ran", launcher_tags=replicator_launcher_tags(instance)
+        )
+    assert K8S_CONFIG_TAG not in request.tags and K8S_CONFIG_TAG not in replicator.tags

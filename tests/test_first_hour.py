@@ -274,7 +274,63 @@ def test_verify_on_the_running_demo_ends_with_a_verdict(demo: Demo) -> None:
     assert "checked up to" in result.stdout
 
 
+# -- no false alarms ---------------------------------------------------------------------------------------
+
+
+def test_a_connector_restarted_then_deleted_leaves_no_red_run(demo: Demo) -> None:
+    """The launchpad's example connector, restarted and then deleted by its admin jobs: every run of the session
+    (the Runs page's list) is free of FAILURE, the connector's replicator runs having ended SUCCESS."""
+    replicator_runs(demo, EXAMPLE_CONNECTOR, 2, what="the example connector's tasks running")
+    for action in ("restart", "delete"):
+        run_id = demo.dev.client.submit_job_execution(
+            f"{action}_connector",
+            run_config={"ops": {f"{action}_connector_op": {"config": {"name": EXAMPLE_CONNECTOR}}}},
+        )
+        demo.dev.wait_for_status(run_id, {"SUCCESS"}, timeout=120)
+    live = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
+    ended = demo.dev.until(
+        lambda: (
+            (runs := demo.dev.runs({CONNECTOR: EXAMPLE_CONNECTOR}, job_name="replicator"))
+            and not [r for r in runs if r.status in live]
+            and runs
+        ),
+        90,
+        "the deleted connector's replicator runs to end",
+    )
+    assert {r.status for r in ended} == {"SUCCESS"}, [(r.run_id, r.status) for r in ended]
+    assert demo.dev.runs(statuses=["FAILURE"]) == []
+
+
 # -- Ctrl-C ------------------------------------------------------------------------------------------------
+
+
+def test_a_run_canceled_in_the_queue_as_it_was_launched_is_asked_to_terminate_again() -> None:
+    """The race behind a Ctrl-C that waited its whole timeout: canceled while QUEUED just as the dequeuer launched
+    it, a run goes on to start, as Dagster's own storage records it; the stop asks it again once it has started."""
+    import dagster as dg
+    from dagster._core.events import DagsterEvent, DagsterEventType
+
+    from mirus.local.dev import runs_to_terminate
+    from mirus_dagster.jobs import replicator
+    from mirus_dagster.sensors.task_runs import run_request
+
+    def as_seen(instance: dg.DagsterInstance, run_id: str) -> RunInfo:
+        run = instance.get_run_by_id(run_id)
+        assert run is not None
+        return RunInfo(run_id, run.job_name, run.status.value, dict(run.tags), 0.0, None, None)
+
+    with dg.instance_for_test() as instance:
+        request = run_request(DEMO_CONNECTOR, 0, "assigned, never ran")
+        run = instance.create_run_for_job(replicator, run_config=request.run_config, tags=request.tags)
+        # What QueuedRunCoordinator.cancel_run does to a QUEUED run, then the launch the dequeuer had begun.
+        instance.report_run_canceling(run, message="Canceling run from the queue.")
+        instance.report_run_canceled(run)
+        assert runs_to_terminate([as_seen(instance, run.run_id)]) == []
+        for event in (DagsterEventType.PIPELINE_STARTING, DagsterEventType.PIPELINE_START):
+            instance.report_dagster_event(DagsterEvent(event.value, job_name=run.job_name), run.run_id)
+        seen = as_seen(instance, run.run_id)
+        assert seen.status == "STARTED", "Dagster no longer lets a canceled run start: this retry can go"
+        assert runs_to_terminate([seen]) == [run.run_id]
 
 
 def test_ctrl_c_ends_replicator_runs_canceled_after_committing_and_says_what_it_stopped(demo: Demo) -> None:

@@ -21,7 +21,8 @@ from pyspark.sql import SparkSession
 from sqlalchemy import Engine, text
 
 from mirus.waiting import wait_until
-from mirus_dagster.assets.lake import platform_lake
+from mirus_dagster.assets.lake import METRIC_SAMPLES_LAKE as METRIC_SAMPLES
+from mirus_dagster.assets.lake import latest_complete_hour, platform_lake
 from mirus_dagster.assets.reports import report_assets, report_path
 from mirus_dagster.assets.topology import destination_topics, source_topics
 from mirus_dagster.constants import LATENCY_REPORT_ASSET, MISSING_CHECK, MISSING_REPORT_ASSET, P99_CHECK
@@ -376,6 +377,22 @@ def test_schedule_reexports_the_previous_hour_until_it_is_sealed() -> None:
     }
     late = report_run_requests(datetime(2026, 11, 22, 7, 45, tzinfo=UTC))
     assert [r.partition_key for r in late] == ["2026-11-22-07:00"]
+
+
+def test_the_lake_export_launched_without_an_hour_exports_the_latest_complete_one(
+    db_engine: Engine, tmp_path: Path
+) -> None:
+    """`refresh_reports` from the launchpad with no partition chosen: the latest hour that has ended, not an error."""
+    resources = {
+        "platform": PlatformDatabase(database_url=db_engine.url.render_as_string(hide_password=False)),
+        "reporting": Reporting(lake_dir=str(tmp_path)),
+    }
+    before = latest_complete_hour(datetime.now(UTC))
+    result = dg.materialize([platform_lake], resources=resources)
+    after = latest_complete_hour(datetime.now(UTC))
+    assert result.success
+    [samples] = [m for m in result.asset_materializations_for_node("platform_lake") if m.asset_key == METRIC_SAMPLES]
+    assert samples.metadata["hour"].value in {f"{h:%Y-%m-%d %H}:00 UTC" for h in (before, after)}
 
 
 def test_spark_master_is_one_setting(monkeypatch: pytest.MonkeyPatch) -> None:

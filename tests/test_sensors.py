@@ -1,5 +1,6 @@
 """Sensors, jobs and runs on a real Dagster instance with real clusters and Postgres (runs execute in-process)."""
 
+import socket
 import sys
 import threading
 from dataclasses import replace
@@ -23,7 +24,7 @@ from mirus_dagster.constants import (
 )
 from mirus_dagster.definitions import admin_jobs, kafka_monitor, task_supervisor
 from mirus_dagster.jobs import replicator
-from mirus_dagster.resources import SupervisorPolicy
+from mirus_dagster.resources import FailureWebhook, SupervisorPolicy
 from mirus_dagster.sensors.decisions import (
     HEALTHY_RUN_S,
     REPLICATING_RUN_S,
@@ -34,6 +35,7 @@ from mirus_dagster.sensors.decisions import (
     restart_decision,
     start_decision,
 )
+from mirus_dagster.sensors.failures import post_webhook
 from mirus_dagster.sensors.task_runs import PRIORITY_TAG, STANDBY_PRIORITY, task_run_requests
 from mirus_dagster.settings import StackEndpoints
 from replicator.discovery.watcher import MetadataWatcher, WatchRound
@@ -42,6 +44,20 @@ from tests.engine_helpers import connector_properties, step_failure_message
 from tests.kafka_helpers import consume_all, create_topics, produce
 
 JOBS = {job.name: job for job in admin_jobs}
+
+# -- failure alerts ----------------------------------------------------------------------------------------
+
+
+def test_a_webhook_that_cannot_be_reached_is_reported_without_its_url() -> None:
+    """The run-failure sensor logs why a post failed; the URL, which often holds a token, is never part of it."""
+    with socket.socket() as closed:  # a port nobody listens on: bound, then released
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/hooks/T0KEN-s3cret"
+    problem = post_webhook(FailureWebhook(url=url, timeout_s=2), {"text": "mirus: a run failed"})
+    assert problem == "the webhook could not be reached (ConnectionRefusedError)"
+    assert post_webhook(FailureWebhook(), {"text": "unset: nothing is posted"}) is None
+
 
 # -- decisions (plain functions) ---------------------------------------------------------------------------
 
@@ -418,19 +434,42 @@ def test_a_connector_the_watcher_cannot_load_shows_why_until_it_can(
     admin(instance, resources, "delete", unique)
 
 
-def test_the_supervisor_restarts_a_failed_task(
+def a_requested_run(
     instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
-) -> None:
+) -> tuple[Store, dict[str, Any], dg.RunRequest]:
+    """A connector of one task and no standby, assigned, and the run the monitor requests for its task."""
     store = Store(db_engine)
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
     properties = connector_properties(stack, unique, **{"topics.whitelist": unique, "task.standby.runs": "0"})
     assert put(instance, resources, properties).success
     watched(store, unique)
-    request = requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
-    # A real failure: the connector disappears under the run before it claims its task.
+    return store, properties, requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
+
+
+def test_a_run_whose_connector_was_deleted_before_it_started_ends_success_saying_so(
+    instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
+) -> None:
+    """A run the monitor requested a moment before the connector was deleted: an operator's action, not red."""
+    *_, request = a_requested_run(instance, resources, stack, db_engine, unique)
     assert admin(instance, resources, "delete", unique).success
-    assert not InProcessRun(instance, resources, request).join().success
+    result = InProcessRun(instance, resources, request).join()
+    assert result.success
+    messages = [event.user_message for event in instance.all_logs(result.run_id)]
+    assert f"task {unique}-0 ended: connector deleted" in messages, messages[-5:]
+
+
+def test_the_supervisor_restarts_a_failed_task(
+    instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
+) -> None:
+    store, properties, request = a_requested_run(instance, resources, stack, db_engine, unique)
+    # A real failure: the stored configuration no longer loads when the run starts (as one an older version stored
+    # under rules it has since tightened). A connector deleted under the run would not do: that run ends SUCCESS.
+    store.put_connector(unique, {**properties, "tasks.max": "0"}, 1)
+    failed = InProcessRun(instance, resources, request).join()
+    assert not failed.success
+    error = failed.get_step_failure_events()[0].step_failure_data.error
+    assert error is not None and "ConnectorConfigError: tasks.max" in error.to_string(), error
     assert put(instance, resources, properties).success
     # Assignment again (a watcher round can miss a slow broker: it is retried); the failed run is left alone.
     wait_until(lambda: watched(store, unique) and store.read_assignment(unique), what="the task assigned again")

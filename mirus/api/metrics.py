@@ -10,14 +10,17 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from replicator.configuration import connectors
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load
+from replicator.discovery.heartbeats import liveness_s
 from replicator.discovery.monitor import plan_partitions
 from replicator.engine.metrics import BUCKET_LABELS
+from replicator.state.records import LEASE_HELD
 from replicator.state.store import Store
 from reports.metric_totals import partition_lags, recent_topics, topic_totals
 
@@ -182,7 +185,24 @@ class StoreCollector(Collector):
             "Task restarts summed per connector (Mirus connector-metrics task-failed-restart-attempts-count).",
             labels=["connector"],
         )
-        for status in connectors.connect_statuses(self.store):
+        task_heartbeat = GaugeMetricFamily(
+            "mirus_task_heartbeat_age_seconds",
+            "Seconds since the run owning the task last heartbeated its lease (absent while no run holds it); past "
+            "task.lease.timeout.ms the task counts as FAILED and the supervisor replaces the run.",
+            labels=["connector", "task"],
+        )
+        flow_heartbeat = GaugeMetricFamily(
+            "mirus_flow_heartbeat_age_seconds",
+            "Seconds since the newest heartbeat record known to have reached the destination was emitted "
+            "(MirrorMaker 2's heartbeats; absent before the first, or with emit.heartbeats.enabled=false).",
+            labels=["connector"],
+        )
+        now = datetime.now(UTC)
+        for status in self.store.connector_statuses():
+            age = liveness_s(status.heartbeats, status.heartbeats_committed)
+            if status.name in configs and age is not None:
+                flow_heartbeat.add_metric([status.name], age)
+        for status in connectors.connect_statuses(self.store, now=now):
             name, config = status.name, configs.get(status.name)
             if config is None:
                 continue
@@ -199,8 +219,13 @@ class StoreCollector(Collector):
             tasks.add_metric([name, "DESTROYED"], sum(1 for task_id in leases if task_id not in assigned))
             for task_id, lease in sorted(leases.items()):
                 task_restarts.add_metric([name, str(task_id)], lease.restart_attempts)
+                if lease.state == LEASE_HELD and lease.heartbeat_at is not None:
+                    age = max(0.0, (now - lease.heartbeat_at).total_seconds())
+                    task_heartbeat.add_metric([name, str(task_id)], age)
             connector_restarts.add_metric([name], sum(lease.restart_attempts for lease in leases.values()))
         yield missing
         yield tasks
         yield task_restarts
         yield connector_restarts
+        yield task_heartbeat
+        yield flow_heartbeat

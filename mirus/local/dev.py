@@ -16,7 +16,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from dagster_graphql import DagsterGraphQLClientError
@@ -41,7 +42,9 @@ from mirus_dagster.settings import StackEndpoints
 START_TIMEOUT_S = 180.0
 RUN_STOP_TIMEOUT_S = 60.0
 DAGSTER_STOP_TIMEOUT_S = 60.0
+SLOW_RUN_STOP_S = 15.0  # a run still live this long after the stop began is named at once, not only at the timeout
 LIVE_STATUSES = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
+TERMINABLE_STATUSES = ("QUEUED", "STARTED")  # those in which Dagster accepts a termination request
 
 
 @dataclass
@@ -151,35 +154,62 @@ class DevSession:
         ids = {r.run_id for r in live}
         asked: set[str] = set()
         pending: list[RunInfo] = []
+        started = time.monotonic()
+        reported_slow = False
 
         def all_ended() -> bool:
-            nonlocal pending
+            nonlocal pending, reported_slow
             pending = [
                 r
                 for kind in (KIND_REPLICATOR, KIND_WATCHER)
                 for r in dev.runs({TAG_KIND: kind}, statuses=LIVE_STATUSES)
             ]
             ids.update(r.run_id for r in pending if r.tags.get(TAG_KIND) == KIND_REPLICATOR)
-            # Dagster refuses to terminate a run while it is STARTING: it is asked again once it has STARTED.
-            ask = [r.run_id for r in pending if r.status not in ("STARTING", "CANCELING") and r.run_id not in asked]
-            for run_id in sorted(ask):
+            for run_id in runs_to_terminate(pending):
                 try:
                     dev.client.terminate_runs([run_id])
                     asked.add(run_id)
                 except DagsterGraphQLClientError:
                     pass  # it changed status meanwhile (started, or ended): the next poll sees which
+            if pending and not reported_slow and time.monotonic() - started > SLOW_RUN_STOP_S:
+                reported_slow = True
+                self.echo(f"still waiting for: {_describe_live(dev, pending, asked)}")
             return not pending
 
         try:
             dev.until(all_ended, RUN_STOP_TIMEOUT_S, "the replicator and watcher runs to end")
         except DagsterDevError as exc:
-            still = ", ".join(
-                f"{_run_name(r)} {r.status} (run {r.run_id}{'' if r.run_id in asked else ', not asked'})"
-                for r in pending
-            )
-            self.echo(f"warning: {str(exc).splitlines()[0]}; still live: {still}")
+            # Said before `dagster dev` is stopped (and whatever survives it killed): which run did not end.
+            self.echo(f"warning: {str(exc).splitlines()[0]}; still live: {_describe_live(dev, pending, asked)}")
         ended = [r for r in dev.runs({TAG_KIND: KIND_REPLICATOR}) if r.run_id in ids]
         return sorted(f"{r.tags.get(TAG_CONNECTOR)}-{r.tags.get(TAG_TASK)} {r.status}" for r in ended)
+
+
+def runs_to_terminate(pending: Sequence[RunInfo]) -> list[str]:
+    """The live runs to ask Dagster to terminate now: every one in a status it accepts the request in.
+
+    Dagster refuses while a run is STARTING or CANCELING (a STARTING one is asked once it has STARTED). A run asked
+    before is asked again whenever it shows QUEUED or STARTED, because the ask did not take: a run canceled in the
+    queue at the moment the dequeuer launches it goes on to start (Dagster's QueuedRunCoordinator.cancel_run notes
+    this race), and, asked once only, it would replicate until the stop's timeout. A request that takes moves the
+    run on at once (CANCELED, or CANCELING), so no run is asked twice for nothing.
+    """
+    return sorted(r.run_id for r in pending if r.status in TERMINABLE_STATUSES)
+
+
+def _describe_live(dev: DagsterDev, pending: Sequence[RunInfo], asked: set[str]) -> str:
+    """Each live run: its task, status, id, whether it was asked to terminate, and its last event."""
+    described = []
+    for run in pending:
+        try:
+            messages = dev.run_messages(run.run_id)
+        except DagsterDevError:
+            messages = []
+        last = f"; last event: {messages[-1][:200]}" if messages else ""
+        described.append(
+            f"{_run_name(run)} {run.status} (run {run.run_id}{'' if run.run_id in asked else ', not asked'}{last})"
+        )
+    return ", ".join(described)
 
 
 def _run_name(run: RunInfo) -> str:

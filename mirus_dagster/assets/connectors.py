@@ -1,20 +1,21 @@
 """The `connectors` asset: every connector as an operator needs to see it, now.
 
 Per connector: its state and whether it replicates anything, its tasks with their run, lease state and last
-heartbeat, its partitions, lag, flow liveness (heartbeat records) and clusters, and its problems (metadata
-errors, flow duties that failed, paused or dropped partitions, source partitions whose destination is missing,
-nothing to replicate). Recorded by the administration jobs after each change and by the monitor sensor whenever
-what it shows changes, and at least every `REFRESH_S` while anything runs; times are absolute (UTC), so an older
-view never pretends to be current. Its size is bounded whatever the estate holds: long property values and long
-lists are cut with a count of what was left out.
+heartbeat, its partitions, lag, flow liveness (heartbeat records) and clusters, and its problems (replicator and
+admin runs that failed in the last hour, metadata errors, flow duties that failed, paused or dropped partitions,
+source partitions whose destination is missing, nothing to replicate). Recorded by the administration jobs after
+each change, by the monitor sensor whenever what it shows changes and at least every `REFRESH_S` while anything
+runs, and by the run-failure sensor when a run fails; times are absolute (UTC), so an older view never pretends to
+be current. Its size is bounded whatever the estate holds: long property values and long lists are cut with a
+count of what was left out.
 
-Both recorders get `connectors_materialization` from `mirus_dagster.definitions` (they never import this package).
+Every recorder gets `connectors_materialization` from `mirus_dagster.definitions` (they never import this package).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import dagster as dg
@@ -22,6 +23,7 @@ import dagster as dg
 from mirus_dagster.constants import (
     ASSET_GROUP,
     CONNECTORS_ASSET,
+    KIND_ADMIN,
     KIND_REPLICATOR,
     PUT_CONNECTOR_JOB,
     REPLICATOR_JOB,
@@ -38,6 +40,8 @@ REFRESH_S = 60.0
 MAX_CONNECTORS = 100  # rows in the table; the rest are counted
 MAX_LINES = 10  # problems or tasks listed per connector; the rest are counted
 MAX_VALUE_CHARS = 200  # a property value shown longer than this is cut
+FAILURES_SHOWN_FOR = timedelta(hours=1)  # a failed run stays among its connector's problems this long
+MAX_FAILURES_READ = 200
 LIVE_RUN_STATUSES = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -73,6 +77,26 @@ def live_replicator_runs(instance: dg.DagsterInstance) -> dict[tuple[str, int], 
         if connector and task.isdigit():
             found.setdefault((connector, int(task)), run.run_id)
     return found
+
+
+def recent_failures(instance: dg.DagsterInstance, now: datetime) -> dict[str, list[str]]:
+    """Connector → its replicator and admin runs that failed within `FAILURES_SHOWN_FOR`, newest first: one query."""
+    records = instance.get_run_records(
+        dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE], updated_after=now - FAILURES_SHOWN_FOR),
+        limit=MAX_FAILURES_READ,
+    )
+    failures: dict[str, list[str]] = {}
+    for record in records:
+        run = record.dagster_run
+        connector, kind = run.tags.get(TAG_CONNECTOR), run.tags.get(TAG_KIND)
+        if not connector or kind not in (KIND_REPLICATOR, KIND_ADMIN):
+            continue
+        task = f" task {run.tags[TAG_TASK]}" if TAG_TASK in run.tags else ""
+        at = f" at {_clock(datetime.fromtimestamp(record.end_time, UTC))}" if record.end_time else ""
+        failures.setdefault(connector, []).append(
+            f"run [{run.run_id[:8]}](/runs/{run.run_id}) of {run.job_name}{task} failed{at}"
+        )
+    return failures
 
 
 def _tasks(status: ConnectorStatus, runs: Mapping[tuple[str, int], str]) -> list[str]:
@@ -167,7 +191,11 @@ def connectors_materialization(
     statuses = store.connector_statuses()
     shown = statuses[:MAX_CONNECTORS]
     lags = {s.name: store.partition_lags(s.name) for s in shown}
-    table = connectors_markdown(statuses, live_replicator_runs(instance), lags, findings or {}, datetime.now(UTC))
+    now = datetime.now(UTC)
+    shown_findings = {name: list(lines) for name, lines in (findings or {}).items()}
+    for name, failed in recent_failures(instance, now).items():
+        shown_findings[name] = [*failed, *shown_findings.get(name, [])]
+    table = connectors_markdown(statuses, live_replicator_runs(instance), lags, shown_findings, now)
     return dg.AssetMaterialization(
         asset_key=CONNECTORS_ASSET,
         description=reason,

@@ -1,7 +1,7 @@
 """The lake export as hourly-partitioned assets: one run exports one hour, then prunes Postgres (export, then prune)."""
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
@@ -23,6 +23,11 @@ hourly_partitions = dg.HourlyPartitionsDefinition(start_date=LAKE_PARTITIONS_STA
 METRIC_SAMPLES_LAKE = dg.AssetKey.from_user_string(LAKE_METRIC_SAMPLES_ASSET)
 SNAPSHOTS_LAKE = dg.AssetKey.from_user_string(LAKE_SNAPSHOTS_ASSET)
 STATE_LAKE = dg.AssetKey.from_user_string(LAKE_STATE_ASSET)
+
+
+def latest_complete_hour(now: datetime) -> datetime:
+    """The start of the last hour that has ended before `now`."""
+    return now.astimezone(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
 
 
 @dg.multi_asset(
@@ -56,7 +61,12 @@ def platform_lake(
     context: dg.AssetExecutionContext, platform: PlatformDatabase, reporting: Reporting
 ) -> Iterator[dg.MaterializeResult]:
     engine = platform.store().engine
-    hour = context.partition_time_window.start
+    if context.has_partition_key:
+        hour = context.partition_time_window.start
+    else:
+        # Launched without choosing an hour (the launchpad allows it): the latest hour that has ended.
+        hour = latest_complete_hour(datetime.now(UTC))
+        context.log.info(f"no partition chosen: exporting the latest complete hour, {hour:%Y-%m-%d %H}:00 UTC")
     exported = export_hour(engine, reporting.lake, hour)
     pruned = prune(engine, reporting.lake, reporting.retention, datetime.now(UTC))
     retention = {
@@ -72,6 +82,7 @@ def platform_lake(
             metadata={
                 "rows": exported.rows[table],
                 "sealed": exported.sealed,
+                "hour": f"{hour:%Y-%m-%d %H}:00 UTC",
                 "path": dg.MetadataValue.path(str(hour_dir(reporting.lake, table, hour))),
                 **(retention if table == "metric_samples" else {}),
             },

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, MONITOR_SENSOR, WATCHER_JOB
 from mirus_dagster.resources import PlatformDatabase
+from mirus_dagster.run_launchers import replicator_launcher_tags
 from mirus_dagster.sensors.decisions import start_decision
 from mirus_dagster.sensors.task_runs import LIVE, NEVER_RAN, task_histories, task_run_requests
 from replicator.configuration.connector import ConnectorConfigError, load
@@ -129,7 +130,14 @@ def _task_starts(instance: dg.DagsterInstance, store: Store, record: ConnectorRe
         history = histories.get(task_id, NEVER_RAN)
         decision = start_decision(history, wanted)
         if decision.launch:
-            run_requests += task_run_requests(record.name, task_id, decision.reason, decision.runs, history.live_runs)
+            run_requests += task_run_requests(
+                record.name,
+                task_id,
+                decision.reason,
+                decision.runs,
+                history.live_runs,
+                replicator_launcher_tags(instance),
+            )
     return run_requests
 
 

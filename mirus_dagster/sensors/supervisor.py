@@ -10,6 +10,7 @@ import dagster as dg
 
 from mirus_dagster.constants import ENV_TASK_AUTO_RESTART, SUPERVISOR_SENSOR
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
+from mirus_dagster.run_launchers import replicator_launcher_tags
 from mirus_dagster.sensors.decisions import Decision, requested_restart, restart_decision
 from mirus_dagster.sensors.task_runs import live_runs, task_histories, task_run_requests
 from replicator.configuration.connector import ConnectorConfigError, load
@@ -71,7 +72,12 @@ def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:
                 context.log.info(f"restarting {record.name}-{task_id} (attempt {attempts}): {decision.reason}")
                 live = 0 if decision.replace_live_run else history.live_runs
                 run_requests += task_run_requests(
-                    record.name, task_id, f"restart: {decision.reason}", decision.runs, live
+                    record.name,
+                    task_id,
+                    f"restart: {decision.reason}",
+                    decision.runs,
+                    live,
+                    replicator_launcher_tags(context.instance),
                 )
         if not run_requests and not supervisor.auto_restart:
             return dg.SkipReason(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -38,8 +39,11 @@ STANDBY_PRIORITY = "-1"
 PRIORITY_TAG = "dagster/priority"
 
 
-def run_request(connector: str, task_id: int, reason: str, standby: bool = False) -> dg.RunRequest:
-    tags = {**replicator_tags(connector, task_id), TAG_REASON: reason}
+def run_request(
+    connector: str, task_id: int, reason: str, standby: bool = False, launcher_tags: Mapping[str, str] | None = None
+) -> dg.RunRequest:
+    """A run of the task; `launcher_tags`: what the run launcher in use needs (`replicator_launcher_tags`)."""
+    tags = {**(launcher_tags or {}), **replicator_tags(connector, task_id), TAG_REASON: reason}
     if standby:
         tags[PRIORITY_TAG] = STANDBY_PRIORITY
     return dg.RunRequest(
@@ -49,10 +53,17 @@ def run_request(connector: str, task_id: int, reason: str, standby: bool = False
     )
 
 
-def task_run_requests(connector: str, task_id: int, reason: str, runs: int, live: int) -> list[dg.RunRequest]:
+def task_run_requests(
+    connector: str,
+    task_id: int,
+    reason: str,
+    runs: int,
+    live: int,
+    launcher_tags: Mapping[str, str] | None = None,
+) -> list[dg.RunRequest]:
     """`runs` new runs of a task that has `live` runs: the first is queued as the task's owner if none is live,
     the others as standbys (after every task's first run)."""
-    return [run_request(connector, task_id, reason, standby=live + i > 0) for i in range(runs)]
+    return [run_request(connector, task_id, reason, live + i > 0, launcher_tags) for i in range(runs)]
 
 
 def _ts(value: float | None) -> datetime | None:

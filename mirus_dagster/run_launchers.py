@@ -1,0 +1,38 @@
+"""What a replicator run carries for the run launcher in use, and nothing for the others.
+
+The Kubernetes launcher sizes a run's pod from its `dagster-k8s/config` tag; under any other launcher (`mirus dev`'s
+default one, docker compose's `DockerRunLauncher`) that tag means nothing and would only clutter every run's page.
+The launcher's class is read from the instance's configuration, so no launcher (and no Kubernetes client) is built.
+"""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+
+K8S_CONFIG_TAG = "dagster-k8s/config"
+K8S_RUN_LAUNCHER = "K8sRunLauncher"
+
+# Each replicator run's pod under the K8sRunLauncher (deploy/helm/values.yaml): one task at full speed uses about
+# two thirds of a core and under 250 MB (docs/DEPLOYMENT.md, capacity planning).
+REPLICATOR_K8S_CONFIG = {
+    "container_config": {
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
+    }
+}
+
+
+def run_launcher_class(instance: dg.DagsterInstance) -> str:
+    """The class name of the instance's run launcher, as configured."""
+    if instance.is_ephemeral:  # built in memory with its launcher (tests): nothing to read
+        return type(instance.run_launcher).__name__
+    data = instance.get_ref().run_launcher_data
+    return data.class_name if data else "DefaultRunLauncher"
+
+
+def replicator_launcher_tags(instance: dg.DagsterInstance) -> dict[str, str]:
+    """The tags a replicator run needs from the instance's run launcher: its pod's resources on Kubernetes."""
+    if run_launcher_class(instance) == K8S_RUN_LAUNCHER:
+        return {K8S_CONFIG_TAG: json.dumps(REPLICATOR_K8S_CONFIG)}
+    return {}
