@@ -8,7 +8,8 @@ import time
 import pytest
 
 from mirus_dagster.settings import StackEndpoints
-from replicator.engine.committer import Committer
+from replicator.configuration.connector import load
+from replicator.engine.committer import UNTOUCHED_RESCAN_S, Committer
 from replicator.engine.partitions import RETRY_BACKOFF_S, InFlight, PartitionBook, PartitionState
 from replicator.engine.scheduler import Scheduler
 from replicator.engine.task import ReplicationTask
@@ -119,4 +120,34 @@ def test_each_committer_writes_what_its_mode_makes_durable(
     assert acknowledged.committed == expected
     destination = store.load_destination_offsets(unique, [(unique, 0)])
     assert destination == ({} if committer is Committer else {(unique, 0): 7})
+    task.background.shutdown()
+
+
+def test_an_idle_tasks_commit_visits_its_partitions_only_after_a_read_or_an_acknowledgement(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
+    task = ReplicationTask(store, unique, 0, "test")
+    task.lease = store.claim_task(unique, 0, "test")
+    task.config = load(store.get_connector(unique).properties)
+    state = PartitionState((unique, 0), 0, unique, "a")
+    task.book.add(state)
+    part = Committer(task)
+
+    def commit() -> dict[tuple[str, int], int]:
+        part.commit_in_background()
+        part.collect(wait=True)
+        return store.load_offsets(unique)
+
+    state.position = 10
+    task.book.touched += 1  # a batch read (the forwarder counts each, and each acknowledged run)
+    assert commit() == {(unique, 0): 10}
+    state.position = 20  # moved with nothing counted: the commit is a heartbeat, no partition is visited ...
+    assert commit() == {(unique, 0): 10}
+    task.book.touched += 1  # ... until the next read or acknowledgement
+    assert commit() == {(unique, 0): 20}
+    state.position = 30
+    assert part.scanned is not None
+    part.scanned = (part.scanned[0], part.scanned[1] - UNTOUCHED_RESCAN_S)  # or until the rescan period passed
+    assert commit() == {(unique, 0): 30}
     task.background.shutdown()

@@ -28,6 +28,10 @@ from replicator.engine.scheduler import COMMITTING, HEARTBEATING
 log = logging.getLogger(__name__)
 
 COMMIT_WAIT_S = 30  # how long a commit that must come first (hand-over, shutdown) may wait for the background one
+# While no batch was read and no run acknowledged (`PartitionBook.touched`), a commit is a heartbeat without visiting
+# the partitions (10,000 of them: ~10 ms a second); still, every partition is looked at this often, for a change
+# made elsewhere (a pause, a re-read) that moved a committable offset.
+UNTOUCHED_RESCAN_S = 10.0
 
 
 class CommitWatchdogError(RuntimeError):
@@ -35,12 +39,15 @@ class CommitWatchdogError(RuntimeError):
 
 
 class Committer:
+    skips_untouched = True  # whether an untouched book means no offset to commit moved (`commit_in_background`)
+
     def __init__(self, task: TaskContext) -> None:
         self.task = task
         self.in_flight: tuple[Future[None], dict[SourcePartition, int]] | None = None  # the background commit
         self.started = 0.0  # when the background commit was sent
         self.uncommitted = False  # acknowledged progress that the last commit attempt could not store
         self.last_ok = time.monotonic()
+        self.scanned: tuple[int, float] | None = None  # `PartitionBook.touched` and the time at the last scan
 
     # -- what the task loop asks ------------------------------------------------------------------------------
 
@@ -128,8 +135,14 @@ class Committer:
 
     def commit_in_background(self) -> None:
         task = self.task
-        offsets = task.book.changed(self.offset_of)
-        self.started = time.monotonic()
+        now = time.monotonic()
+        touched = task.book.touched
+        if self.scanned is not None and self.scanned[0] == touched and now - self.scanned[1] < UNTOUCHED_RESCAN_S:
+            offsets = {}
+        else:
+            offsets = task.book.changed(self.offset_of)
+            self.scanned = (touched, now) if self.skips_untouched else None
+        self.started = now
         task.scheduler.ran(HEARTBEATING, task.config.heartbeat_interval_ms / 1000, self.started)
         future = task.background.submit(task.store.commit, task.lease, offsets, self.destination_offsets(offsets))
         self.in_flight = (future, offsets)
@@ -157,5 +170,6 @@ class Committer:
         self.uncommitted = False
 
     def _failed(self, offsets: dict[SourcePartition, int], exc: SQLAlchemyError) -> None:
+        self.scanned = None  # the next commit looks at every partition again
         log.warning("offset commit of %s-%d failed, will retry: %s", self.task.connector, self.task.task_id, exc)
         self.uncommitted = bool(offsets)

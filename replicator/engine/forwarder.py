@@ -150,6 +150,7 @@ class Forwarder:
         Each record is produced once the next one is seen, which tells whether it ends its partition's run in this
         batch: only a run's last record carries a delivery callback (`InFlight`). The batch ends with `None`."""
         task = self.task
+        task.book.touched += 1
         acknowledged = self._acknowledged
         partitions, with_provenance = task.book.states, task.config.provenance_headers
         destination, origin_header, source = task.destination_cluster, task.origin_header, provenance.SOURCE
@@ -262,6 +263,7 @@ class Forwarder:
 
     def _acknowledged(self, state: PartitionState, run: InFlight, err: KafkaError | None, msg: Message | None) -> None:
         """The destination acknowledged (or refused) a run's last record, and with it the whole run."""
+        self.task.book.touched += 1
         state.in_flight -= run.count
         if err is not None:
             self.refused(state, run.first, err)  # the run stays in `pending`: nothing is committed past it

@@ -97,20 +97,24 @@ class TaskMetrics:
             counters = self.counters[topic] = TopicCounters()
         return counters
 
-    def drain(self, lags: dict[SourcePartition, int | None]) -> MetricInterval:
+    def drain(self, lags: dict[SourcePartition, int | None] | None) -> MetricInterval:
         """A sample for every topic that moved records or had a partition's known lag change, and the partitions
-        whose lag changed; counters start again at zero.
+        whose lag changed; counters start again at zero. `lags` None: unchanged since the last interval.
 
         A sample's lag is the sum of the known lags of this task's partitions of its topic (None when none is
         known). What neither moved nor changed its lag writes nothing: an idle task holding thousands of partitions
         costs Postgres nothing but its heartbeat (its last lags stay in `partition_lags`)."""
         end = datetime.now(UTC)
-        changed = {p: lag for p, lag in lags.items() if lag is not None and self.reported_lags.get(p) != lag}
+        if lags is None:
+            lags, changed = self.reported_lags, {}
+        else:
+            changed = {p: lag for p, lag in lags.items() if lag is not None and self.reported_lags.get(p) != lag}
         topics = set(self.counters) | {topic for topic, _ in changed}
         topic_lags: dict[str, int | None] = dict.fromkeys(topics)
-        for (topic, _), lag in lags.items():
-            if lag is not None and topic in topic_lags:
-                topic_lags[topic] = (topic_lags[topic] or 0) + lag
+        if topics:
+            for (topic, _), lag in lags.items():
+                if lag is not None and topic in topic_lags:
+                    topic_lags[topic] = (topic_lags[topic] or 0) + lag
         samples = []
         for topic in sorted(topics):
             c = self.counters.get(topic) or TopicCounters()
@@ -132,5 +136,5 @@ class TaskMetrics:
             )
         self.counters = {}
         self.interval_start = end
-        self.reported_lags = dict(lags)
+        self.reported_lags = lags
         return MetricInterval(samples, changed, end)

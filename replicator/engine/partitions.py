@@ -103,6 +103,9 @@ class PartitionBook:
         self.states: dict[SourcePartition, PartitionState] = {}
         self.paused: dict[SourcePartition, PartitionState] = {}
         self.waiting: set[SourcePartition] = set()
+        # Counts batches read and runs acknowledged: while it stands still, no partition's position or committable
+        # offset moved, so an idle task's commits and lag readings need not visit its thousands of partitions.
+        self.touched = 0
 
     def add(self, state: PartitionState) -> None:
         self.states[state.tp] = state

@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 
 YOUNG_GC_THRESHOLD = 50_000  # allocations between young garbage collections (see `ReplicationTask.run`)
 REST_INTERVAL_S = 1.0  # "resting": flowing partitions that went quiet move to the reader's quiet tier
+# Lags are read from every partition's watermarks only when a batch was read or a run acknowledged since the last
+# reading (`PartitionBook.touched`: an unpaused partition's new record is fetched at once), and at least this often.
+UNTOUCHED_LAGS_S = 60.0
 
 
 class ReplicationTask:
@@ -89,6 +92,7 @@ class ReplicationTask:
         # Postgres commits, metric rows and destination metadata requests run beside the loop, never blocking a
         # record: one background thread, its results applied by the loop (the committer's and the follower's ticks).
         self.background = ThreadPoolExecutor(1, thread_name_prefix=f"mirus-{connector}-{task_id}")
+        self.lags_read: tuple[int, float] | None = None  # `PartitionBook.touched` and the time at the last reading
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -214,10 +218,17 @@ class ReplicationTask:
             self.reader.settle(self.book.position)
             self.forwarder.close_idle_producers(now)
         if self.scheduler.due(RECORDING_METRICS, self.metrics.interval_s, now):
-            self._record_metrics()
+            self._record_metrics(now)
 
-    def _record_metrics(self) -> None:
-        self.background.submit(self._store_metrics, self.metrics.drain(self.book.lags(self.reader.watermarks)))
+    def _record_metrics(self, now: float | None = None) -> None:
+        """This interval's samples and changed lags, written in the background (`now` None: a final reading)."""
+        touched, read = self.book.touched, self.lags_read
+        if now is not None and read is not None and read[0] == touched and now - read[1] < UNTOUCHED_LAGS_S:
+            lags = None  # nothing moved: the lags last read stand
+        else:
+            lags = self.book.lags(self.reader.watermarks)
+            self.lags_read = (touched, now or time.monotonic())
+        self.background.submit(self._store_metrics, self.metrics.drain(lags))
 
     def _store_metrics(self, interval: MetricInterval) -> None:
         try:

@@ -184,6 +184,8 @@ class TransactionalCommitter(Committer):
     """Exactly-once: every commit is a destination transaction's, and what Postgres stores is only ever what a
     committed transaction holds (`PartitionState.durable`)."""
 
+    skips_untouched = False  # a transaction's commit moves what may be committed without touching the book
+
     def __init__(self, task: TaskContext) -> None:
         super().__init__(task)
         self.transactions: Transactions | None = None  # once the task is owned (a standby's must not fence the owner)
