@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error, response_schema_conformance
 from sqlalchemy import Engine
 
+from mirus.api.app import ENV_COMMIT
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration import connectors
@@ -37,6 +38,7 @@ from .engine_helpers import connector_properties
 
 DESCRIPTION = Path(__file__).parent / "contract" / "connect_rest_3.7.yaml"
 TOKEN = "contract-test-token"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"  # as deploy/Dockerfile's build argument sets it
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MIRUS, MM2 = "seed-mirus", "seed-mm2"
 TOPIC = "seed-topic"
@@ -90,6 +92,7 @@ def server(stack: StackEndpoints, tmp_path_factory: pytest.TempPathFactory) -> I
         **stack.as_env(),
         "MIRUS_CONTRACT_TOKEN": TOKEN,
         "MIRUS_API_BEARER_TOKEN": "${env:MIRUS_CONTRACT_TOKEN}",
+        ENV_COMMIT: COMMIT,
     }
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -205,6 +208,7 @@ def test_every_operation_of_the_description_answers_as_it_says(
         response = case.call(base_url=server, headers=AUTH)
         assert response.status_code == status, f"{method} {path}: {response.status_code} {response.text}"
         case.validate_response(response, checks=CHECKS)
+    assert requests.get(server, timeout=30).json()["commit"] == COMMIT  # from the image's environment
     expanded = requests.get(f"{server}/connectors?expand=status&expand=info", headers=AUTH, timeout=30).json()
     assert {MIRUS, MM2} <= set(expanded) and all(set(e) == {"status", "info"} for e in expanded.values())
 

@@ -20,6 +20,7 @@ from dagster._core.launcher import RunLauncher
 from dagster._core.run_coordinator import QueuedRunCoordinator
 from dagster._serdes.config_class import ConfigurableClassData
 
+from mirus.api.app import ENV_COMMIT
 from mirus.api.auth import ApiSettings, Credentials
 from mirus_dagster.jobs import replicator
 
@@ -225,6 +226,17 @@ def test_the_image_carries_the_instance_and_the_run_launcher(launcher: dict[str,
     pyproject = (ROOT / "pyproject.toml").read_text()
     provider = launcher["module"].replace("_", "-")
     assert any(re.search(rf'^{extra} = \[[^\]]*"{provider}', pyproject, re.M) for extra in extras.group(1).split(","))
+
+
+def test_the_image_carries_the_commit_it_was_built_from(compose: dict[str, Any]) -> None:
+    # The build context leaves `.git` out: the commit reaches the API's `GET /` as a build argument kept in the
+    # environment variable the API reads (test_api_contract: `GET /` answers it).
+    dockerfile = DOCKERFILE.read_text()
+    assert re.search(rf"^ARG {ENV_COMMIT}=?$", dockerfile, re.M), f"deploy/Dockerfile declares no {ENV_COMMIT}"
+    kept = rf"^ENV {ENV_COMMIT}=\$(\{{{ENV_COMMIT}\}}|{ENV_COMMIT})$"
+    assert re.search(kept, dockerfile, re.M), f"deploy/Dockerfile does not keep {ENV_COMMIT} in the image"
+    builds = {name: service["build"] for name, service in compose["services"].items() if "build" in service}
+    assert builds and all(b["args"][ENV_COMMIT] == f"${{{ENV_COMMIT}:-}}" for b in builds.values()), builds
 
 
 def test_the_api_and_the_ui_are_published(compose: dict[str, Any]) -> None:

@@ -12,12 +12,15 @@
 - the K8sRunLauncher so configured launches a real replicator run: the Kubernetes Job it submits is captured
   (there is no Kubernetes API server here: the batch API is the one stand-in) and validated against Kubernetes'
   Job schema, and its pod carries the `dagster-k8s/config` resources the sensors give replicator runs under that
-  launcher (and only under it) and the platform's secrets.
+  launcher (and only under it) and the platform's secrets;
+- the API's manifests beside the values (deploy/helm/mirus-api.yaml) pass Kubernetes' schemas, run the code
+  location's image and secrets, start the API with authentication on, and keep it inside the cluster.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,12 +42,14 @@ from dagster_k8s import K8sRunLauncher
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from mirus.api.auth import ENV_BEARER_TOKEN, OPEN_PATHS, ApiSettings, Credentials
 from mirus_dagster.jobs import replicator
 from mirus_dagster.run_launchers import K8S_CONFIG_TAG, REPLICATOR_K8S_CONFIG, replicator_launcher_tags
 from mirus_dagster.sensors.task_runs import run_request
 
 ROOT = Path(__file__).resolve().parent.parent
 VALUES = ROOT / "deploy" / "helm" / "values.yaml"
+API_MANIFESTS = ROOT / "deploy" / "helm" / "mirus-api.yaml"
 CHART = ROOT / "tests" / "data" / "dagster-helm"  # the chart's schemas and defaults (its README: which snapshot)
 SUBCHART = "dagster-user-deployments"
 CHART_KUBERNETES_SCHEMA = (
@@ -359,3 +364,73 @@ def test_replicator_runs_carry_no_kubernetes_tag_under_other_launchers(launcher:
             "orders-mirror", 0, "assigned, never ran", launcher_tags=replicator_launcher_tags(instance)
         )
     assert K8S_CONFIG_TAG not in request.tags and K8S_CONFIG_TAG not in replicator.tags
+
+
+def api_manifests() -> dict[str, dict[str, Any]]:
+    return {doc["kind"]: doc for doc in yaml.safe_load_all(API_MANIFESTS.read_text())}
+
+
+def test_the_api_manifests_pass_kubernetes_schemas() -> None:
+    manifests = api_manifests()
+    assert set(manifests) == {"Deployment", "Service"}
+    for manifest in manifests.values():
+        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_api_runs_the_code_locations_image_and_secrets_and_answers_its_probes(values: dict[str, Any]) -> None:
+    pod = api_manifests()["Deployment"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    command = container["command"]
+    assert command[:2] == ["mirus", "api"] and command[command.index("--host") + 1] == "0.0.0.0"
+    port = int(command[command.index("--port") + 1])
+    [declared] = container["ports"]
+    assert declared["containerPort"] == port
+    code = user_deployment(values)
+    assert container["image"] == f"{code['image']['repository']}:{code['image']['tag']}"
+    assert container["envFrom"] == [{"secretRef": secret} for secret in code["envSecrets"]]
+    # Connector configs' ${file:...} references resolve in the API as in the code location.
+    [mount] = [m for m in code["volumeMounts"] if m["mountPath"] == SECRET_MOUNT]
+    assert mount in container["volumeMounts"]
+    assert next(v for v in code["volumes"] if v["name"] == mount["name"]) in pod["volumes"]
+    # Probes ask a path that needs no token, on the API's port.
+    for probe in ("readinessProbe", "livenessProbe"):
+        check = container[probe]["httpGet"]
+        assert check["path"] in OPEN_PATHS and check["port"] in (port, declared["name"]), probe
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+
+
+def test_the_api_starts_with_a_token_from_a_mounted_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pod = api_manifests()["Deployment"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    path = re.fullmatch(r"\$\{file:(/[^}:]+)\}", env[ENV_BEARER_TOKEN])
+    assert path, f"{ENV_BEARER_TOKEN} is not a file reference: {env[ENV_BEARER_TOKEN]!r}"
+    # The file lies in a Secret mounted read-only: the manifest holds no token.
+    [mount] = [m for m in container["volumeMounts"] if path.group(1).startswith(m["mountPath"].rstrip("/") + "/")]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert mount.get("readOnly") and volume["secret"]["secretName"]
+    # The API's settings from the container's environment and command (a literal token is refused there), the
+    # Secret's file at hand: listening on every interface, its token is the one credential accepted.
+    (tmp_path / Path(path.group(1)).name).write_text("a-token-from-the-secret\n")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.replace(mount["mountPath"], str(tmp_path)))
+    command = container["command"]
+    credentials = Credentials(ApiSettings.from_env(host=command[command.index("--host") + 1]))
+    assert credentials.accepts("Bearer a-token-from-the-secret") and not credentials.accepts("Bearer guess")
+
+
+def test_the_api_service_stays_inside_the_cluster() -> None:
+    manifests = api_manifests()
+    service, deployment = manifests["Service"], manifests["Deployment"]
+    spec = service["spec"]
+    assert spec.get("type", "ClusterIP") == "ClusterIP"
+    assert not {"externalIPs", "loadBalancerIP", "externalName"} & set(spec)
+    assert all("nodePort" not in port for port in spec["ports"])
+    # It selects the API's pods and reaches the port the API listens on.
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert spec["selector"].items() <= labels.items()
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    [port] = container["ports"]
+    [exposed] = spec["ports"]
+    assert exposed["port"] == 8083 and exposed["targetPort"] in (port["name"], port["containerPort"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -60,6 +61,8 @@ CONNECTOR_TYPE = "source"
 # Larger request bodies are refused with 413 before they are read: a connector config with a few CA bundles in
 # it is well under this.
 MAX_BODY_BYTES = 1024 * 1024
+# Set by deploy/Dockerfile from its build argument of the same name: `GET /`'s commit.
+ENV_COMMIT = "MIRUS_COMMIT"
 
 
 class ApiError(Exception):
@@ -417,8 +420,11 @@ class ConnectApi:
 
 @functools.cache
 def _commit() -> str:
-    """The git commit the package was installed from: pip's record of a VCS install, else the source checkout's
-    HEAD (editable installs); "unknown" for an install from a tree without git history."""
+    """The git commit the package was installed from: the image's build argument (deploy/Dockerfile, whose build
+    context has no `.git`), else pip's record of a VCS install, else the source checkout's HEAD (editable installs);
+    "unknown" for an install from a tree without git history."""
+    if built := os.environ.get(ENV_COMMIT, "").strip():
+        return built
     try:
         direct = metadata.distribution("mirus-dagster").read_text("direct_url.json")
     except metadata.PackageNotFoundError:

@@ -6,9 +6,11 @@ ends against live traffic too: each source partition is read up to the end offse
 (ListOffsets, as Kafka documents it: the offset the next record will get). A broker whose end offsets contradict
 the records it serves (a record at or past the reported end that a fresh query does not account for) has its
 end offsets set aside for that partition: reading then stops at the first record created after the check started
-(CreateTime), or when the partition stays quiet for `idle_s`, and the report says which bound was used. The
-destination is read until every checked source record has been seen there, or no copy of one arrived for
-`idle_s`. Destination records are attributed to the source record they copy by their provenance headers;
+(CreateTime), or when the partition stays quiet for `idle_s`, and the report says which bound was used. Each
+destination partition is read up to its end offset taken when the check starts, so that every copy written before
+then is counted, duplicates after the last source record's copy included, and on until every checked source record
+has been seen there; reading stops early only when no copy of one (nor a record below those end offsets) arrived
+for `idle_s`. Destination records are attributed to the source record they copy by their provenance headers;
 records without them (provenance turned off) are matched by content within the destination partition of the
 same number.
 
@@ -39,7 +41,9 @@ from confluent_kafka import (
     Message,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient
 
+from replicator.clusters import log_offsets
 from replicator.configuration.masking import redact_settings
 from replicator.tools.verify_report import DestinationResult, Mismatch, PartitionResult, Replay, VerifyReport
 from replicator.topics import provenance
@@ -79,9 +83,9 @@ def verify_replication(
     """Compare every partition of each source topic in `topics` with its destination topic.
 
     `source` and `destination` are librdkafka client settings (secrets in them are never put in messages).
-    Each source partition is read up to the snapshot described in the module docstring; the destination until
-    every checked record was seen or no copy of one arrived for `idle_s`. `timeout_s` bounds the whole check,
-    and a check cut short by it reports `complete=False`.
+    Each source partition is read up to the snapshot described in the module docstring; the destination up to
+    its end offsets at the start and until every checked record was seen, or no copy of one arrived for `idle_s`.
+    `timeout_s` bounds the whole check, and a check cut short by it reports `complete=False`.
     """
     if not topics:
         raise ValueError("no topics to verify: an empty check would report OK without looking at anything")
@@ -90,33 +94,41 @@ def verify_replication(
     deadline = started + timeout_s
     run = _Run(topics)
 
-    with _ClusterReader("source", source) as reader:
-        for topic in sorted(set(topics)):
-            partitions = reader.partitions(topic, deadline)
-            if partitions is None:
-                run.complete = False
-                run.notes.append(f"source topic {topic} does not exist: it was not verified")
-                continue
-            for p in range(partitions):
-                run.sources[(topic, p)] = _SourceLog(topic, p, topics[topic])
-        if not reader.read_snapshot(run, started_at_ms, deadline, idle_s):
-            run.timed_out("source", timeout_s)
-    run.read_errors("source", reader.errors)
-
-    for log in run.sources.values():
-        log.start_matching()
-
-    with _ClusterReader("destination", destination) as reader:
+    with _ClusterReader("destination", destination) as copies:
         assigned: list[tuple[str, int]] = []
         for topic in sorted(set(topics.values())):
-            partitions = reader.partitions(topic, deadline)
+            partitions = copies.partitions(topic, deadline)
             run.destinations[topic] = DestinationResult(
                 topic, exists=partitions is not None, partitions=partitions or 0
             )
             assigned += [(topic, p) for p in range(partitions or 0)]
-        if not reader.read_copies(assigned, run, deadline, idle_s):
+        # Before the source is read: copies written since are counted only while a source record awaits its copy.
+        ends = copies.log_ends(assigned)
+        run.notes += [
+            f"destination {t}[{p}]: no end offset: read until every checked record's copy was seen, so copies after "
+            "that may go uncounted"
+            for t, p in assigned
+            if (t, p) not in ends
+        ]
+
+        with _ClusterReader("source", source) as reader:
+            for topic in sorted(set(topics)):
+                partitions = reader.partitions(topic, deadline)
+                if partitions is None:
+                    run.complete = False
+                    run.notes.append(f"source topic {topic} does not exist: it was not verified")
+                    continue
+                for p in range(partitions):
+                    run.sources[(topic, p)] = _SourceLog(topic, p, topics[topic])
+            if not reader.read_snapshot(run, started_at_ms, deadline, idle_s):
+                run.timed_out("source", timeout_s)
+        run.read_errors("source", reader.errors)
+
+        for log in run.sources.values():
+            log.start_matching()
+        if not copies.read_copies(assigned, ends, run, deadline, idle_s):
             run.timed_out("destination", timeout_s)
-    run.read_errors("destination", reader.errors)
+    run.read_errors("destination", copies.errors)
     return run.report(time.monotonic() - started)
 
 
@@ -484,29 +496,63 @@ class _ClusterReader:
             log.finish(log.end, f"end offset {log.end}")
         return True
 
-    def read_copies(self, partitions: list[tuple[str, int]], run: _Run, deadline: float, idle_s: float) -> bool:
-        """Read destination partitions until every checked source record was seen, or no copy of one arrived for
-        `idle_s` (records before the destination's end offset at start count as progress too: a backlog of
-        unrelated records is read through). False if the deadline came first."""
-        if not partitions or run.all_delivered():
+    def read_copies(
+        self,
+        partitions: list[tuple[str, int]],
+        ends: Mapping[tuple[str, int], tuple[int, int]],
+        run: _Run,
+        deadline: float,
+        idle_s: float,
+    ) -> bool:
+        """Read destination partitions up to their `ends` (first and end offset, from `log_ends`) and until every
+        checked source record was seen, or until no copy of one arrived for `idle_s` (records below the end offsets
+        count as progress too: a backlog of unrelated records is read through). False if the deadline came first."""
+        if not partitions:
             return True
-        ends = {tp: high for tp, (_low, high) in self._end_offsets(partitions, deadline, None).items()}
+        unread = {tp: end for tp, (first, end) in ends.items() if end > first}
         self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in partitions])
         try:
             last_progress = time.monotonic()
             while True:
                 now = time.monotonic()
-                if run.all_delivered() or now - last_progress >= idle_s:
+                if now - last_progress >= idle_s or (run.all_delivered() and not self._short_of(unread)):
                     return True
                 if now >= deadline:
                     return False
                 wait = max(0.01, min(POLL_TIMEOUT_S, deadline - now, last_progress + idle_s - now))
                 for msg in self._consume(wait):
+                    tp, offset = (msg.topic(), msg.partition()), msg.offset()
+                    end = unread.get(tp)
+                    if end is not None and offset >= end - 1:
+                        del unread[tp]
                     copied = run.add_destination(msg)
-                    if copied or msg.offset() < (ends.get((msg.topic(), msg.partition())) or 0):
+                    if copied or offset < ends.get(tp, (0, 0))[1]:
                         last_progress = time.monotonic()
         finally:
             self.consumer.unassign()
+
+    def log_ends(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        """Each partition's first offset and end offset now (ListOffsets, one request per broker each; the end is
+        the last stable offset, as far as a read_committed consumer reads); a partition whose query failed is left
+        out."""
+        if not partitions:
+            return {}
+        try:
+            admin = AdminClient(dict(self.settings))
+        except (KafkaException, ValueError, TypeError) as exc:
+            raise VerifyError(f"{self.side} client settings rejected: {self._redact(str(exc))}") from None
+        firsts = log_offsets(admin, partitions, latest=False)
+        ends = log_offsets(admin, partitions, latest=True, read_committed=True)
+        return {tp: (firsts.get(tp, 0), end) for tp, end in ends.items()}
+
+    def _short_of(self, unread: dict[tuple[str, int], int]) -> bool:
+        """Whether a partition is still short of its end offset; one whose position reached it is done (its last
+        offsets hold transaction markers or aborted records, which a read_committed consumer never returns)."""
+        if unread:
+            for position in self.consumer.position([TopicPartition(*tp) for tp in unread]):
+                if position.offset >= unread[(position.topic, position.partition)]:
+                    del unread[(position.topic, position.partition)]
+        return bool(unread)
 
     def _consume(self, wait: float) -> list[Message]:
         """A batch of records; non-fatal errors are kept for the report, fatal ones end the check."""
@@ -524,7 +570,7 @@ class _ClusterReader:
         return records
 
     def _end_offsets(
-        self, partitions: list[tuple[str, int]], deadline: float, notes: list[str] | None
+        self, partitions: list[tuple[str, int]], deadline: float, notes: list[str]
     ) -> dict[tuple[str, int], tuple[int, int]]:
         """Each partition's first and end offset now (ListOffsets); a partition whose query failed is left out."""
         ends = {}
@@ -533,11 +579,10 @@ class _ClusterReader:
             try:
                 low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
             except KafkaException as exc:
-                if notes is not None:
-                    notes.append(
-                        f"{self.side} {topic}[{partition}]: no end offset ({self._redact(str(exc))}): read up to the "
-                        "first record created after the check started, or until quiet"
-                    )
+                notes.append(
+                    f"{self.side} {topic}[{partition}]: no end offset ({self._redact(str(exc))}): read up to the "
+                    "first record created after the check started, or until quiet"
+                )
                 continue
             ends[(topic, partition)] = (low, high)
         return ends
