@@ -245,7 +245,7 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     assert reader.held_in(reader.flowing) == 0
     consume_all(stack.destination_bootstrap_servers, unique, 3, expected=2)
     # Partitions 0 and 1 were read and stopped; partition 2 never had a record (its empty log's end is its place).
-    # Each goes quiet, then dormant (a fetch every 5 s when idle).
+    # Each goes quiet, then dormant (a fetch every 10 s when idle).
     wait_until(lambda: reader.held_in(reader.dormant) == 3, timeout=30, what="every partition in the dormant tier")
     assert [s.held for s in reader.dormant.shards] == [2, 1]
     # Its producer, idle as long as a partition takes to turn dormant, is closed (an idle client's threads still
