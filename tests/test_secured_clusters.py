@@ -1,0 +1,287 @@
+"""Replication between secured clusters (`secured_kafka`: SASL_SSL, SCRAM, a CA of its own, ACLs enforced), as the
+`replicator` principal holding only the ACLs docs/SECURITY.md lists, with credentials given as references: every
+client the platform opens (task, metadata watcher, topic creation and config sync, heartbeats, offset translation)
+carries the connector's security settings, and no secret shows anywhere."""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ConfigResource,
+    ResourcePatternType,
+    ResourceType,
+)
+from sqlalchemy import Engine, text
+
+from mirus.faults.brokers import KafkaKit
+from mirus.faults.kit_security import KitSecurity
+from mirus.waiting import wait_until
+from replicator.configuration.secrets import ENV_ALLOWED_PATHS
+from replicator.discovery.heartbeats import HEARTBEATS_TOPIC, flow_liveness_s
+from replicator.discovery.watcher import MetadataWatcher
+from replicator.state.store import Store
+
+from .engine_helpers import TaskThread, create_connector
+from .kafka_helpers import create_topics, produce
+from .replica_check import check_replica
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "SECURITY.md"
+PRINCIPAL = "User:replicator"
+RESOURCE_TYPES = {
+    "Topic": ResourceType.TOPIC,
+    "Group": ResourceType.GROUP,
+    "Cluster": ResourceType.BROKER,
+    "TransactionalId": ResourceType.TRANSACTIONAL_ID,
+}
+
+
+@pytest.fixture(scope="module")
+def security(secured_kafka: KafkaKit) -> KitSecurity:
+    assert secured_kafka.security is not None
+    return secured_kafka.security
+
+
+def _cluster(kit: KafkaKit, role: str, user: str = "admin") -> dict[str, str]:
+    """A client's settings for `role`'s cluster as `user`."""
+    broker = kit.brokers[0 if role == "source" else 1]
+    assert kit.security is not None
+    return {**kit.security.client_settings(user), "bootstrap.servers": broker.bootstrap}
+
+
+# -- the documented ACLs --------------------------------------------------------------------------------------
+
+
+def documented_acls() -> list[tuple[str, str, str, str, list[str]]]:
+    """docs/SECURITY.md's ACL table: (feature, cluster, resource, name, operations) per row."""
+    table = DOCS.read_text().split("<!-- acl-table -->")[1].split("<!-- /acl-table -->")[0]
+    rows = [line.strip().strip("|").split("|") for line in table.strip().splitlines()[2:]]
+    return [
+        (f.strip(), c.strip(), r.strip(), n.strip(" `"), [o.strip() for o in ops.split(",")])
+        for f, c, r, n, ops in rows
+    ]
+
+
+def grant_documented(
+    kit: KafkaKit, features: set[str], names: Mapping[str, list[str]], principal: str = PRINCIPAL
+) -> list[AclBinding]:
+    """Grant `principal` exactly the documented ACLs of `features`; `names` expands a row's name ("each source
+    topic" -> the topics). Returns the bindings granted."""
+    granted = []
+    by_cluster: dict[str, list[AclBinding]] = {"source": [], "destination": []}
+    rows = [row for row in documented_acls() if row[0] in features]
+    assert {row[0] for row in rows} == features, f"features without ACL rows: {features - {row[0] for row in rows}}"
+    for _feature, cluster, resource, name, operations in rows:
+        for resource_name in names.get(name, [name]):
+            for operation in operations:
+                binding = AclBinding(
+                    RESOURCE_TYPES[resource],
+                    resource_name,
+                    ResourcePatternType.LITERAL,
+                    principal,
+                    "*",
+                    AclOperation[re.sub(r"(?<!^)(?=[A-Z])", "_", operation).upper()],
+                    AclPermissionType.ALLOW,
+                )
+                by_cluster[cluster].append(binding)
+                granted.append(binding)
+    for cluster, bindings in by_cluster.items():
+        if bindings:
+            admin = AdminClient(_cluster(kit, cluster))
+            for future in admin.create_acls(bindings).values():
+                future.result(timeout=30)
+    return granted
+
+
+# -- a connector as an operator writes it ---------------------------------------------------------------------
+
+
+def secured_properties(kit: KafkaKit, name: str, secret_env: str, password_file: Path, **extra: str) -> dict[str, str]:
+    """The source's credentials from the environment (Mirus names), the destination's from a file (MM2 names)."""
+    assert kit.security is not None
+    ca = str(kit.security.ca_pem)
+    return {
+        "name": name,
+        "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+        "consumer.bootstrap.servers": kit.brokers[0].bootstrap,
+        "consumer.security.protocol": "SASL_SSL",
+        "consumer.sasl.mechanism": "SCRAM-SHA-512",
+        "consumer.sasl.username": "replicator",
+        "consumer.sasl.password": f"${{env:{secret_env}}}",
+        "consumer.ssl.ca.location": ca,
+        "target.cluster.bootstrap.servers": kit.brokers[1].bootstrap,
+        "target.cluster.security.protocol": "SASL_SSL",
+        "target.cluster.sasl.mechanism": "SCRAM-SHA-256",
+        "target.cluster.sasl.username": "replicator",
+        "target.cluster.sasl.password": f"${{file:{password_file}:password}}",
+        "target.cluster.ssl.ca.location": ca,
+        "offset.flush.interval.ms": "200",
+        **extra,
+    }
+
+
+@pytest.fixture
+def credentials(
+    security: KitSecurity, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique: str
+) -> Iterator[tuple[str, Path]]:
+    """The replicator's password as an allowed environment variable and in an allowed properties file."""
+    env = "MIRUS_SECRET_" + re.sub(r"\W", "_", unique).upper()
+    monkeypatch.setenv(env, security.passwords["replicator"])
+    monkeypatch.setenv(ENV_ALLOWED_PATHS, str(tmp_path))
+    password_file = tmp_path / "kafka.properties"
+    password_file.write_text(f"password={security.passwords['replicator']}\n")
+    yield env, password_file
+
+
+def _secrets(security: KitSecurity) -> list[str]:
+    return [*security.passwords.values(), security.store_password]
+
+
+def _nothing_shows(security: KitSecurity, *texts: str) -> None:
+    for secret in _secrets(security):
+        leaked = [t[:200] for t in texts if secret in t]
+        assert not leaked, f"a secret shows in: {leaked}"
+
+
+def _stored_text(db_engine: Engine, connector: str) -> str:
+    """Every row of the platform's tables that names the connector, as text (what the UI and API show)."""
+    with db_engine.connect() as conn:
+        tables = conn.execute(
+            text("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")
+        ).scalars()
+        dumped = []
+        for table in tables:
+            rows = conn.execute(text(f'SELECT t::text FROM "{table}" t')).scalars()
+            dumped += [row for row in rows if connector in row]
+    return "\n".join(dumped)
+
+
+def test_a_connector_replicates_between_secured_clusters_with_only_the_documented_acls(
+    secured_kafka: KafkaKit,
+    security: KitSecurity,
+    store: Store,
+    db_engine: Engine,
+    unique: str,
+    credentials: tuple[str, Path],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    admin_source, admin_destination = _cluster(secured_kafka, "source"), _cluster(secured_kafka, "destination")
+    topic, group, total = unique, f"{unique}-app", 100_000
+    create_topics(admin_source, {topic: 4}, config={"retention.ms": "3600000"})
+    produce(
+        admin_source,
+        ({"topic": topic, "partition": i % 4, "key": b"%d" % (i % 97), "value": b"%08d" % i} for i in range(total)),
+    )
+    _commit(admin_source, group, topic, {0: 100, 1: 200})
+    destination_topic = f"{topic}.copy"
+    grant_documented(
+        secured_kafka,
+        {"replication", "topic creation", "config sync", "heartbeats", "offset translation", "offset sync"},
+        {
+            "each source topic": [topic, HEARTBEATS_TOPIC],
+            "each destination topic": [destination_topic, f"{HEARTBEATS_TOPIC}.copy"],
+            "each translated group": [group],
+            "mirus-<connector>": [f"mirus-{unique}"],
+            "mirus-<connector>-translate": [f"mirus-{unique}-translate"],
+        },
+    )
+    env, password_file = credentials
+    properties = secured_properties(
+        secured_kafka,
+        unique,
+        env,
+        password_file,
+        **{
+            "topics.whitelist": f"{topic},{HEARTBEATS_TOPIC}",
+            "destination.topic.name.suffix": ".copy",
+            "sync.topic.configs.interval.seconds": "1",
+            "emit.heartbeats.interval.seconds": "1",
+            "groups": group,
+            "emit.checkpoints.interval.seconds": "1",
+            "sync.group.offsets.enabled": "true",
+            "sync.group.offsets.interval.seconds": "1",
+        },
+    )
+    create_connector(store, properties, {})
+    watcher = MetadataWatcher(store)
+    wait_until(
+        lambda: watcher.watch_once() is not None and len(store.current_assignment(unique)[1].get(0, [])) == 5,
+        timeout=60,
+        what="the topic's 4 partitions and the heartbeats partition assigned",
+    )
+    runner = TaskThread.start(store, unique)
+    try:
+        report = check_replica(
+            admin_source, topic, admin_destination, destination_topic, partitions=4, written=total, timeout=120
+        )
+        report.assert_at_least_once()
+        assert not report.duplicated, f"{sum(report.duplicated.values())} copies made twice"
+
+        _set_configs(admin_source, topic, {"retention.ms": "7200000"})
+
+        def watched(condition: Callable[[], object], what: str) -> None:
+            def met() -> object:
+                watcher.watch_once()
+                return condition()
+
+            wait_until(met, timeout=60, interval=0.5, what=f"{what} (flow problems: {store.flow(unique).problems})")
+
+        watched(lambda: _config(admin_destination, destination_topic, "retention.ms") == "7200000", "config sync")
+        watched(lambda: flow_liveness_s(store, unique) is not None, "a heartbeat replicated")
+        watched(lambda: {c.partition for c in store.checkpoints(unique, group)} == {0, 1}, "the group's checkpoints")
+        translated = {c.partition: c.destination_offset for c in store.checkpoints(unique, group)}
+        watched(lambda: _committed(admin_destination, group, destination_topic) == translated, "the group synced")
+    finally:
+        runner.finish()
+    assert store.flow(unique).problems == {}
+    _nothing_shows(
+        security,
+        _stored_text(db_engine, unique),
+        *runner.events,
+        *(record.getMessage() for record in caplog.records),
+        repr(store.get_connector(unique)),
+    )
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------
+
+
+def _commit(cluster: dict[str, str], group: str, topic: str, offsets: Mapping[int, int]) -> None:
+    consumer = Consumer({**cluster, "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def _committed(cluster: dict[str, str], group: str, topic: str) -> dict[int, int]:
+    consumer = Consumer({**cluster, "group.id": group, "enable.auto.commit": False})
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in range(4)], timeout=10)
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in found if tp.offset >= 0}
+
+
+def _config(cluster: dict[str, str], topic: str, name: str) -> str | None:
+    admin, resource = AdminClient(cluster), ConfigResource(ResourceType.TOPIC, topic)
+    return admin.describe_configs([resource])[resource].result(timeout=10)[name].value
+
+
+def _set_configs(cluster: dict[str, str], topic: str, configs: dict[str, str]) -> None:
+    """Replace the topic's configs (Kafka 1.0 has no incremental AlterConfigs)."""
+    admin, resource = AdminClient(cluster), ConfigResource(ResourceType.TOPIC, topic, set_config=configs)
+    with warnings.catch_warnings():  # deprecated for incremental_alter_configs, which Kafka 1.0 lacks
+        warnings.simplefilter("ignore", DeprecationWarning)
+        admin.alter_configs([resource])[resource].result(timeout=10)
