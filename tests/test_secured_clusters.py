@@ -5,13 +5,17 @@ carries the connector's security settings, and no secret shows anywhere."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+import certifi
 import pytest
+import requests
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
@@ -24,14 +28,18 @@ from confluent_kafka.admin import (
 )
 from sqlalchemy import Engine, text
 
+from mirus.api.auth import ApiSettings
 from mirus.faults.brokers import KafkaKit
 from mirus.faults.kit_security import KitSecurity
 from mirus.waiting import wait_until
+from mirus_dagster.assets.connectors import _problems
+from replicator.clusters import ClusterIdentityError
 from replicator.configuration.secrets import ENV_ALLOWED_PATHS
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC, flow_liveness_s
 from replicator.discovery.watcher import MetadataWatcher
 from replicator.state.store import Store
 
+from .api_helpers import serve_api
 from .engine_helpers import TaskThread, create_connector
 from .kafka_helpers import create_topics, produce
 from .replica_check import check_replica
@@ -285,3 +293,71 @@ def _set_configs(cluster: dict[str, str], topic: str, configs: dict[str, str]) -
     with warnings.catch_warnings():  # deprecated for incremental_alter_configs, which Kafka 1.0 lacks
         warnings.simplefilter("ignore", DeprecationWarning)
         admin.alter_configs([resource])[resource].result(timeout=10)
+
+
+# -- refusals ---------------------------------------------------------------------------------------------------
+
+REFUSALS = {
+    # case: (the property that is wrong, its value, the cluster refusing, what the broker or the handshake says)
+    "wrong password": (
+        "consumer.sasl.password",
+        "${env:MIRUS_SECRET_WRONG_PASSWORD}",
+        "source",
+        "SASL authentication error: Authentication failed due to invalid credentials with SASL mechanism SCRAM-SHA-512",
+    ),
+    "unknown CA": ("target.cluster.ssl.ca.location", certifi.where(), "destination", "certificate verify failed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_a_refused_connection_shows_on_the_connector_within_10_seconds(
+    secured_kafka: KafkaKit,
+    security: KitSecurity,
+    store: Store,
+    db_engine: Engine,
+    unique: str,
+    credentials: tuple[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    case: str,
+) -> None:
+    """The cluster, the principal and the reason, on the connector's status (REST API, `connectors` asset), never
+    a silent retry loop; a corrected config replicates at once."""
+    monkeypatch.setenv("MIRUS_SECRET_WRONG_PASSWORD", "not-" + security.passwords["replicator"])
+    setting, value, cluster, reason = REFUSALS[case]
+    env, password_file = credentials
+    properties = secured_properties(secured_kafka, unique, env, password_file, **{"topics.whitelist": unique})
+    create_topics(_cluster(secured_kafka, "source"), {unique: 1})
+    create_connector(store, {**properties, setting: value}, {0: [(unique, 0)]})
+    watcher = MetadataWatcher(store)
+    broker = secured_kafka.brokers[0 if cluster == "source" else 1]
+    expected = f"{cluster} cluster ({broker.bootstrap} over SASL_SSL as User:replicator) refused the connection: "
+
+    # The task and the metadata watcher start together, as a connector's run and the code server's watcher do.
+    started = time.monotonic()
+    runner = TaskThread.start(store, unique)  # a task refused at its start fails, naming the refusal
+    watcher.watch_once()
+    with pytest.raises(ClusterIdentityError) as refused:
+        runner.join(timeout=30)
+    with serve_api(store, ApiSettings()) as url:
+        body = requests.get(f"{url}/connectors/{unique}/status", timeout=10).json()
+    shown_after = time.monotonic() - started
+    assert shown_after < 10, f"shown after {shown_after:.1f} s"
+    assert body["connector"]["state"] == "FAILED"
+    trace = body["connector"]["trace"]
+    assert trace.startswith(f"{cluster} metadata: {expected}") and reason in trace, trace
+    [task] = body["tasks"]
+    assert task["state"] == "FAILED" and expected in task["trace"] and reason in task["trace"], task
+    assert expected in str(refused.value)
+    [status] = store.connector_statuses(unique)
+    assert any(p.startswith(f"{cluster} metadata: {expected}") for p in _problems(status, []))
+
+    store.put_connector(unique, properties, 1)  # corrected
+    wait_until(lambda: watcher.watch_once() and not store.connector_statuses(unique)[0].metadata_errors, timeout=30)
+    _nothing_shows(
+        security,
+        _stored_text(db_engine, unique),
+        json.dumps(body),
+        *runner.events,
+        *(record.getMessage() for record in caplog.records),
+    )

@@ -19,7 +19,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from replicator.assignment import SourcePartition, assign_partitions, membership
-from replicator.clusters import ClusterView, MetadataUnavailableError, read_cluster
+from replicator.clusters import ClusterAdmin, ClusterView, MetadataUnavailableError, read_cluster
 from replicator.configuration.connector import ConnectorConfig, load
 from replicator.discovery import heartbeats
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC, HeartbeatProducers
@@ -157,7 +157,7 @@ class KafkaMonitor:
         self,
         store: Store,
         read_view: Callable[[AdminClient, str], ClusterView] = read_cluster,
-        admin_for: Callable[[dict[str, str]], AdminClient] = AdminClient,
+        admin_for: Callable[[dict[str, str]], AdminClient] = ClusterAdmin,
         topic_requests: TopicRequests | None = None,
         heartbeat_producers: HeartbeatProducers | None = None,
         memory: PollMemory | None = None,

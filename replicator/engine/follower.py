@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
-from replicator.clusters import TopicPartitions, log_offsets, topic_partitions
+from replicator.clusters import ClusterAdmin, TopicPartitions, log_offsets, topic_partitions
 from replicator.engine.context import TaskContext
 from replicator.engine.partitions import UNASSIGNED_PARTITION, PartitionState, describe
 from replicator.engine.scheduler import CHECKING_DESTINATIONS, REFRESHING
@@ -164,7 +164,7 @@ class AssignmentFollower:
         logical = dict.fromkeys(partitions, OFFSET_END if latest else OFFSET_BEGINNING)
         if not partitions:
             return logical
-        admin = AdminClient(config.admin_settings("source"))  # for one request, as `destination_admin`
+        admin = ClusterAdmin(config.admin_settings("source"))  # for one request, as `destination_admin`
         return logical | log_offsets(admin, partitions, latest, config.exactly_once)
 
     # -- destinations -------------------------------------------------------------------------------------
@@ -175,7 +175,7 @@ class AssignmentFollower:
     def destination_admin(self) -> AdminClient:
         """An admin client for one request: a long-lived one's background thread wakes 100 times a second (measured:
         0.5 % of a core, an idle task of 10,000 partitions held 4.3 % in all), and the task asks every few seconds."""
-        return AdminClient(self.task.config.admin_settings("destination"))
+        return ClusterAdmin(self.task.config.admin_settings("destination"))
 
     def check_destination(self, partitions: list[SourcePartition] | None = None) -> None:
         """Map each partition to its destination partition; pause those whose destination is missing."""
