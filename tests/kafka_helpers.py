@@ -167,7 +167,7 @@ class Traffic:
 
 
 def consume_all(
-    bootstrap: str,
+    bootstrap: Cluster,
     topic: str,
     partitions: int,
     expected: int,
@@ -182,7 +182,7 @@ def consume_all(
     """
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_settings(bootstrap),
             "group.id": "tests-reader",
             "enable.auto.commit": False,
             "enable.partition.eof": False,

@@ -19,6 +19,7 @@ import requests
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
@@ -37,11 +38,12 @@ from replicator.clusters import ClusterIdentityError
 from replicator.configuration.secrets import ENV_ALLOWED_PATHS
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC, flow_liveness_s
 from replicator.discovery.watcher import MetadataWatcher
+from replicator.state.records import PartitionHealth
 from replicator.state.store import Store
 
 from .api_helpers import serve_api
 from .engine_helpers import TaskThread, create_connector
-from .kafka_helpers import create_topics, produce
+from .kafka_helpers import consume_all, create_topics, produce
 from .replica_check import check_replica
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "SECURITY.md"
@@ -360,4 +362,83 @@ def test_a_refused_connection_shows_on_the_connector_within_10_seconds(
         json.dumps(body),
         *runner.events,
         *(record.getMessage() for record in caplog.records),
+    )
+
+
+def test_a_topic_refused_by_an_acl_pauses_alone_and_a_grant_resumes_it_without_a_restart(
+    secured_kafka: KafkaKit, store: Store, unique: str, credentials: tuple[str, Path]
+) -> None:
+    admin_source, admin_destination = _cluster(secured_kafka, "source"), _cluster(secured_kafka, "destination")
+    allowed, refused = f"{unique}-a", f"{unique}-b"
+    create_topics(admin_source, {allowed: 1, refused: 1})
+    produce(admin_source, [{"topic": t, "value": b"%03d" % i} for t in (allowed, refused) for i in range(100)])
+    granted = grant_documented(
+        secured_kafka,
+        {"replication", "topic creation", "config sync"},
+        {
+            "each source topic": [allowed, refused],
+            "each destination topic": [allowed, refused],
+            "mirus-<connector>": [f"mirus-{unique}"],
+        },
+    )
+    [read] = [b for b in granted if b.name == refused and b.operation == AclOperation.READ]
+    source_admin = AdminClient(admin_source)
+    source_admin.delete_acls([_filter(read)])[_filter(read)].result(timeout=30)  # Describe stays: it is listed
+    env, password_file = credentials
+    properties = secured_properties(
+        secured_kafka,
+        unique,
+        env,
+        password_file,
+        **{
+            "topics.whitelist": f"{allowed},{refused}",
+            "emit.heartbeats.enabled": "false",
+            "emit.checkpoints.enabled": "false",
+        },
+    )
+    create_connector(store, properties, {})
+    watcher = MetadataWatcher(store)
+
+    def paused() -> str | None:
+        """Why the task paused the refused partition (before a task claims it, the watcher's hold shows)."""
+        status = store.partition_statuses(unique).get((refused, 0))
+        refusal = status is not None and status.state == PartitionHealth.PAUSED and status.task_id is not None
+        return status.reason if refusal else None
+
+    def ready() -> bool:
+        watcher.watch_once()
+        destination = AdminClient(admin_destination).list_topics(timeout=5).topics
+        return len(store.current_assignment(unique)[1].get(0, [])) == 2 and {allowed, refused} <= destination.keys()
+
+    wait_until(ready, timeout=60, what="both topics assigned, their destination topics created")
+    started = time.monotonic()
+    runner = TaskThread.start(store, unique)
+    try:
+        reason = wait_until(paused, timeout=30, interval=0.2, what=f"{refused}[0] paused")
+        assert time.monotonic() - started < 10
+        who = f"source cluster ({secured_kafka.brokers[0].bootstrap} over SASL_SSL as User:replicator)"
+        assert reason.startswith(f"{who} refused reading topic {refused!r}: "), reason
+        assert reason.endswith(
+            f"Topic authorization failed (TOPIC_AUTHORIZATION_FAILED); the principal needs Read on Topic {refused!r} "
+            "there (docs/SECURITY.md)"
+        ), reason
+        assert len(consume_all(admin_destination, allowed, 1, expected=100)) == 100  # the rest flows
+        source_admin.create_acls([read])[read].result(timeout=30)
+        resumed = consume_all(admin_destination, refused, 1, expected=100, timeout=90)
+        assert [r.value for r in resumed] == [b"%03d" % i for i in range(100)]
+        assert runner.thread is not None and runner.thread.is_alive()  # the same task, never restarted
+        assert store.partition_statuses(unique)[(refused, 0)].state == PartitionHealth.ACTIVE
+    finally:
+        runner.finish()
+
+
+def _filter(binding: AclBinding) -> AclBindingFilter:
+    return AclBindingFilter(
+        binding.restype,
+        binding.name,
+        binding.resource_pattern_type,
+        binding.principal,
+        binding.host,
+        binding.operation,
+        binding.permission_type,
     )

@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
-from replicator.clusters import ClusterAdmin, TopicPartitions, log_offsets, topic_partitions
+from replicator.clusters import ClusterAdmin, TopicPartitions, connection_identity, log_offsets, topic_partitions
 from replicator.engine.context import TaskContext
 from replicator.engine.partitions import UNASSIGNED_PARTITION, PartitionState, describe
 from replicator.engine.scheduler import CHECKING_DESTINATIONS, REFRESHING
@@ -228,6 +228,18 @@ class AssignmentFollower:
             gone = [tp for tp in task.book.states if tp[0] == topic and (partition in (None, -1) or tp[1] == partition)]
             for tp in gone:
                 self.drop(tp, f"source partition disappeared: {err.str()}")
+            return
+        if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED and topic:
+            # A missing ACL: librdkafka retries the fetch forever. The topic's partitions wait alone, retried with
+            # their backoff, so that a grant resumes them without a restart.
+            identity = connection_identity(task.config.admin_settings("source"))
+            reason = (
+                f"source cluster ({identity}) refused reading topic {topic!r}: {err.str()} ({err.name()}); "
+                f"the principal needs Read on Topic {topic!r} there (docs/SECURITY.md)"
+            )
+            for state in list(task.book.states.values()):
+                if state.topic == topic and partition in (None, -1, state.partition) and state.paused_reason is None:
+                    self.pause(state, reason)
             return
         if err.fatal():
             raise RuntimeError(f"source consumer failed: {err.str()}")
