@@ -212,6 +212,11 @@ PROPERTIES: tuple[PropertySpec, ...] = (
                  "topics periodically.", default=True, field="sync_topic_configs"),
     PropertySpec("sync.topic.configs.interval.seconds", _I, "MirrorMaker 2: how often topic configs are "
                  "compared and copied.", default=60, field="sync_topic_configs_interval_s", minimum=1),
+    PropertySpec("sync.topic.acls.enabled", _B, "MirrorMaker 2: create the source's topic ACLs on the destination "
+                 "topics (ALLOW WRITE left out, ALLOW ALL as ALLOW READ, literal names only; never removed). "
+                 "docs/SECURITY.md lists the ACLs this needs.", default=True, field="sync_topic_acls"),
+    PropertySpec("sync.topic.acls.interval.seconds", _I, "MirrorMaker 2: how often topic ACLs are synced.",
+                 default=600, field="sync_topic_acls_interval_s", minimum=1),
     # -- failover (replicator.discovery.offset_translation, replicator.discovery.heartbeats) --
     PropertySpec("groups", _L, "MirrorMaker 2: Java regular expressions of the source consumer groups whose "
                  "offsets are translated (checkpoints, offset sync).", default=".*", field="groups"),
@@ -273,7 +278,6 @@ IGNORED_PREFIXES = (
     "header.converter",
     "errors.",
     "predicates",
-    "sync.topic.acls.",
     "refresh.topics.",
     "refresh.groups.",
     "offset-syncs.",

@@ -10,6 +10,7 @@ Running tasks pick the new generation up live; nothing is restarted.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,7 @@ from replicator.assignment import SourcePartition, assign_partitions, membership
 from replicator.clusters import ClusterAdmin, ClusterView, MetadataUnavailableError, read_cluster
 from replicator.configuration.connector import ConnectorConfig, load
 from replicator.discovery import heartbeats
+from replicator.discovery.acl_sync import ACL_PROBLEM, AclSync, sync_topic_acls
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC, HeartbeatProducers
 from replicator.discovery.offset_translation import TranslationError, sync_groups
 from replicator.discovery.topic_sync import (
@@ -126,6 +128,11 @@ class Written:
     flow: FlowRow | None = None
     assignment: tuple[int, dict[int, list[SourcePartition]]] | None = None  # generation and its tasks
     held: dict[SourcePartition, str] | None = None
+    # Topic ACL sync's last outcome and when it ran (monotonic): kept here, not in the flow row, since creating an
+    # ACL that exists changes nothing, so a sync repeated after a restart costs one request and no harm.
+    acls: AclSync = field(default_factory=lambda: AclSync(frozenset()))
+    acls_synced_at: float | None = None
+    acls_topics: frozenset[str] = frozenset()  # the destination topics of that sync: a new one is synced at once
 
 
 class PollMemory:
@@ -241,6 +248,8 @@ class KafkaMonitor:
         # After the new generation is written: the tasks pick it up while heartbeats, checkpoints and syncs run.
         existing = {d: s for d, s in pairs.items() if d in destination_counts}
         self._periodic_duties(config, admins, source, destination, existing, flow, updates)
+        if config.sync_topic_acls:
+            self._sync_acls(config, admins, existing, flow, updates, written)
         if updates and self.flow_writes is not None:
             self.flow_writes.setdefault(connector, {}).update(updates)
         elif updates:
@@ -263,6 +272,30 @@ class KafkaMonitor:
                 return
         self.store.hold_partitions(connector, held, assigned)
         written.held = held
+
+    @staticmethod
+    def _sync_acls(
+        config: ConnectorConfig,
+        admins: Admins,
+        pairs: Mapping[str, str],
+        flow: FlowRow,
+        updates: dict[str, object],
+        written: Written,
+    ) -> None:
+        """Topic ACL sync when its interval is due or a destination topic appeared; its failure is the flow's
+        `acl sync` problem until a sync succeeds."""
+        now, topics = time.monotonic(), frozenset(pairs)
+        last = written.acls_synced_at
+        if last is not None and now - last < config.sync_topic_acls_interval_s and topics <= written.acls_topics:
+            return
+        written.acls = sync_topic_acls(admins.source, admins.destination, pairs, written.acls.bindings)
+        written.acls_synced_at, written.acls_topics = now, topics
+        current = dict(cast(Mapping[str, str], updates.get("problems") or flow.problems))
+        shown = {k: v for k, v in current.items() if k != ACL_PROBLEM}
+        if written.acls.problem:
+            shown[ACL_PROBLEM] = written.acls.problem
+        if shown != current:
+            updates.update(problems=shown)
 
     def _periodic_duties(
         self,
