@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import certifi
 import pytest
 
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, validate_submission
@@ -899,3 +900,51 @@ def test_one_acknowledgement_stands_for_a_run_only_where_nothing_earlier_can_be_
     overrides: dict[str, str], ordered: bool
 ) -> None:
     assert parse(**overrides).ordered_acks is ordered
+
+
+SECURITY = {
+    "security.protocol": "SASL_SSL",
+    "sasl.mechanism": "SCRAM-SHA-512",
+    "sasl.username": "replicator",
+    "sasl.password": "${env:MIRUS_SECRET_CONFIG_TEST}",
+    "ssl.ca.location": certifi.where(),  # librdkafka reads it when the config is checked
+}
+
+
+@pytest.mark.parametrize(
+    ("source_prefix", "destination_prefix"),
+    [
+        ("consumer.", "destination.consumer."),
+        ("source.cluster.", "target.cluster."),
+        ("source.consumer.", "target.admin."),
+        ("source.admin.", "target.consumer."),
+    ],
+)
+def test_every_client_of_a_cluster_gets_its_security_settings_whichever_name_gives_them(
+    source_prefix: str, destination_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MIRUS_SECRET_CONFIG_TEST", "pw")
+    resolved = {**SECURITY, "sasl.password": "pw"}
+    config = submit(
+        {
+            "name": "secured",
+            "connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector",
+            "topics": "x",
+            f"{source_prefix}bootstrap.servers": "a:9093",
+            f"{destination_prefix}bootstrap.servers": "b:9093",
+            **{source_prefix + k: v for k, v in SECURITY.items()},
+            **{destination_prefix + k: v for k, v in {**SECURITY, "sasl.mechanism": "SCRAM-SHA-256"}.items()},
+        }
+    )
+    for client in (config.consumer_settings(), config.admin_settings("source")):
+        assert resolved.items() <= client.items()
+    for client in (config.producer_settings(0), config.admin_settings("destination")):
+        assert {**resolved, "sasl.mechanism": "SCRAM-SHA-256"}.items() <= client.items()
+    assert "pw" not in repr(config)
+
+
+def test_a_cluster_setting_given_twice_differently_is_refused() -> None:
+    error = error_for(
+        "source.admin.sasl.username", **{"source.cluster.sasl.username": "a", "source.admin.sasl.username": "b"}
+    )
+    assert "conflicts with source.cluster.sasl.username" in error

@@ -259,6 +259,15 @@ CLIENT_PREFIXES: tuple[ClientPrefix, ...] = (
                  "for metadata and as the base of the producer."),
     ClientPrefix("target.cluster.", Client.DESTINATION, "MirrorMaker 2: the destination cluster's client settings."),
     ClientPrefix("producer.", Client.PRODUCER, "Producer settings, overlaid on the destination's."),
+    # MirrorMaker 2's per-client spellings. This platform uses one set of settings per cluster (its security settings
+    # must reach every client of that cluster), so each is that cluster's: a value set twice differently is refused.
+    ClientPrefix("source.consumer.", Client.SOURCE, "MirrorMaker 2: the source consumer's settings (the source's)."),
+    ClientPrefix("source.admin.", Client.SOURCE, "MirrorMaker 2: the source admin client's settings (the source's)."),
+    ClientPrefix("target.consumer.", Client.DESTINATION, "MirrorMaker 2: the destination consumer's settings (the "
+                 "destination's)."),
+    ClientPrefix("target.admin.", Client.DESTINATION, "MirrorMaker 2: the destination admin client's settings (the "
+                 "destination's)."),
+    ClientPrefix("target.producer.", Client.PRODUCER, "MirrorMaker 2: the producer's settings, as `producer.*`."),
 )  # fmt: skip
 
 # Settings Kafka Connect / MM2 users commonly carry that change nothing here: accepted and ignored.
