@@ -507,3 +507,55 @@ def _filter(binding: AclBinding) -> AclBindingFilter:
         binding.operation,
         binding.permission_type,
     )
+
+
+def test_exactly_once_between_secured_clusters_with_only_the_documented_acls(
+    secured_kafka: KafkaKit, store: Store, unique: str, credentials: tuple[str, Path]
+) -> None:
+    """Transactions, fencing and a restart's resume from the destination, as a principal holding only the
+    documented ACLs of replication, topic creation and exactly-once."""
+    admin_source, admin_destination = _cluster(secured_kafka, "source"), _cluster(secured_kafka, "destination")
+    create_topics(admin_source, {unique: 2})
+    grant_documented(
+        secured_kafka,
+        {"replication", "topic creation", "exactly-once"},
+        {
+            "each source topic": [unique],
+            "each destination topic": [unique],
+            "mirus-<connector>": [f"mirus-{unique}"],
+            "mirus-<connector>-<task>": [f"mirus-{unique}-0"],
+        },
+    )
+    env, password_file = credentials
+    properties = secured_properties(
+        secured_kafka,
+        unique,
+        env,
+        password_file,
+        **{
+            "topics.whitelist": unique,
+            "exactly.once.support": "required",
+            "sync.topic.configs.enabled": "false",
+            "sync.topic.acls.enabled": "false",
+            "emit.heartbeats.enabled": "false",
+            "emit.checkpoints.enabled": "false",
+        },
+    )
+    create_connector(store, properties, {})
+    watcher = MetadataWatcher(store)
+    wait_until(lambda: watcher.watch_once() and len(store.current_assignment(unique)[1].get(0, [])) == 2, timeout=60)
+    records = [{"topic": unique, "partition": i % 2, "value": b"%06d" % i} for i in range(4_000)]
+    produce(admin_source, records[:2_000])
+    runner = TaskThread.start(store, unique)
+    try:
+        consume_all({**admin_destination, "isolation.level": "read_committed"}, unique, 2, expected=2_000)
+    finally:
+        runner.finish()
+    produce(admin_source, records[2_000:])
+    runner = TaskThread.start(store, unique)  # fences the first instance's transactional.id, resumes
+    try:
+        report = check_replica(admin_source, unique, admin_destination, partitions=2, written=4_000)
+    finally:
+        runner.finish()
+    report.assert_exactly_once()
+    assert store.flow(unique).problems == {}
