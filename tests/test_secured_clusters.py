@@ -559,3 +559,57 @@ def test_exactly_once_between_secured_clusters_with_only_the_documented_acls(
         runner.finish()
     report.assert_exactly_once()
     assert store.flow(unique).problems == {}
+
+
+def test_a_credential_broken_then_fixed_costs_a_restart_and_copies_nothing_twice(
+    secured_kafka: KafkaKit,
+    security: KitSecurity,
+    store: Store,
+    unique: str,
+    credentials: tuple[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    admin_source, admin_destination = _cluster(secured_kafka, "source"), _cluster(secured_kafka, "destination")
+    create_topics(admin_source, {unique: 2})
+    create_topics(admin_destination, {unique: 2})
+    grant_documented(
+        secured_kafka,
+        {"replication"},
+        {"each source topic": [unique], "each destination topic": [unique], "mirus-<connector>": [f"mirus-{unique}"]},
+    )
+    env, password_file = credentials
+    properties = secured_properties(
+        secured_kafka,
+        unique,
+        env,
+        password_file,
+        **{
+            "topics.whitelist": unique,
+            "topic.creation.enable": "false",
+            "sync.topic.configs.enabled": "false",
+            "sync.topic.acls.enabled": "false",
+            "emit.heartbeats.enabled": "false",
+            "emit.checkpoints.enabled": "false",
+        },
+    )
+    create_connector(store, properties, {0: [(unique, 0), (unique, 1)]})
+    records = [{"topic": unique, "partition": i % 2, "value": b"%06d" % i} for i in range(2_000)]
+    produce(admin_source, records[:1_000])
+    runner = TaskThread.start(store, unique)
+    consume_all(admin_destination, unique, 2, expected=1_000)
+
+    monkeypatch.setenv("MIRUS_SECRET_ROTATED_AWAY", "not-" + security.passwords["replicator"])
+    store.put_connector(unique, {**properties, "consumer.sasl.password": "${env:MIRUS_SECRET_ROTATED_AWAY}"}, 1)
+    with pytest.raises(
+        ClusterIdentityError, match=r"source cluster \(.*\) refused the connection: .*SASL authentication"
+    ):
+        runner.join(timeout=60)  # the new version's clients are refused: the task fails, naming why
+
+    store.put_connector(unique, properties, 1)  # fixed: the next run (the supervisor's restart) replicates
+    produce(admin_source, records[1_000:])
+    runner = TaskThread.start(store, unique)
+    try:
+        report = check_replica(admin_source, unique, admin_destination, partitions=2, written=2_000)
+    finally:
+        runner.finish()
+    report.assert_exactly_once()
