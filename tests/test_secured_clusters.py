@@ -48,6 +48,7 @@ from .replica_check import check_replica
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "SECURITY.md"
 PRINCIPAL = "User:replicator"
+CERTIFICATE_PRINCIPAL = "User:CN=replicator"  # the subject of the kit's client certificate
 RESOURCE_TYPES = {
     "Topic": ResourceType.TOPIC,
     "Group": ResourceType.GROUP,
@@ -65,12 +66,16 @@ def security(secured_kafka: KafkaKit) -> KitSecurity:
 @pytest.fixture(autouse=True)
 def no_grants(secured_kafka: KafkaKit) -> None:
     """Each test starts with the replicator holding no ACL (the clusters are shared, grants would pile up)."""
-    everything = AclBindingFilter(
-        ResourceType.ANY, None, ResourcePatternType.ANY, PRINCIPAL, None, AclOperation.ANY, AclPermissionType.ANY
-    )
+    everything = [
+        AclBindingFilter(
+            ResourceType.ANY, None, ResourcePatternType.ANY, principal, None, AclOperation.ANY, AclPermissionType.ANY
+        )
+        for principal in (PRINCIPAL, CERTIFICATE_PRINCIPAL)
+    ]
     for role in ("source", "destination"):
         admin = AdminClient(_cluster(secured_kafka, role))
-        admin.delete_acls([everything])[everything].result(timeout=30)
+        for future in admin.delete_acls(everything).values():
+            future.result(timeout=30)
 
 
 def _cluster(kit: KafkaKit, role: str, user: str = "admin") -> dict[str, str]:
@@ -94,7 +99,11 @@ def documented_acls() -> list[tuple[str, str, str, str, list[str]]]:
 
 
 def grant_documented(
-    kit: KafkaKit, features: set[str], names: Mapping[str, list[str]], only: str | None = None
+    kit: KafkaKit,
+    features: set[str],
+    names: Mapping[str, list[str]],
+    only: str | None = None,
+    principal: str = PRINCIPAL,
 ) -> list[AclBinding]:
     """Grant `principal` exactly the documented ACLs of `features`; `names` expands a row's name ("each source
     topic" -> the topics); `only`: on that cluster alone. Returns the bindings granted."""
@@ -111,7 +120,7 @@ def grant_documented(
                     RESOURCE_TYPES[resource],
                     resource_name,
                     ResourcePatternType.LITERAL,
-                    PRINCIPAL,
+                    principal,
                     "*",
                     AclOperation[re.sub(r"(?<!^)(?=[A-Z])", "_", operation).upper()],
                     AclPermissionType.ALLOW,
@@ -153,12 +162,17 @@ def secured_properties(kit: KafkaKit, name: str, secret_env: str, password_file:
     }
 
 
+def secret_variable(name: str) -> str:
+    """An environment variable the default allow-list (`MIRUS_SECRET_.*`) lets a config reference."""
+    return "MIRUS_SECRET_" + re.sub(r"\W", "_", name).upper()
+
+
 @pytest.fixture
 def credentials(
     security: KitSecurity, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique: str
 ) -> Iterator[tuple[str, Path]]:
     """The replicator's password as an allowed environment variable and in an allowed properties file."""
-    env = "MIRUS_SECRET_" + re.sub(r"\W", "_", unique).upper()
+    env = secret_variable(unique)
     monkeypatch.setenv(env, security.passwords["replicator"])
     monkeypatch.setenv(ENV_ALLOWED_PATHS, str(tmp_path))
     password_file = tmp_path / "kafka.properties"
@@ -613,3 +627,53 @@ def test_a_credential_broken_then_fixed_costs_a_restart_and_copies_nothing_twice
     finally:
         runner.finish()
     report.assert_exactly_once()
+
+
+def test_mutual_tls_replicates_as_the_certificates_principal(
+    secured_kafka: KafkaKit, security: KitSecurity, store: Store, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Client certificates instead of SASL (an SSL listener that requires one): the keystore's password from a
+    reference, every client presenting the certificate, the principal its subject with only the documented ACLs."""
+    admin_source, admin_destination = _cluster(secured_kafka, "source"), _cluster(secured_kafka, "destination")
+    create_topics(admin_source, {unique: 2})
+    produce(admin_source, [{"topic": unique, "partition": i % 2, "value": b"%05d" % i} for i in range(1_000)])
+    grant_documented(
+        secured_kafka,
+        {"replication", "topic creation"},
+        {"each source topic": [unique], "each destination topic": [unique], "mirus-<connector>": [f"mirus-{unique}"]},
+        principal=CERTIFICATE_PRINCIPAL,
+    )
+    variable = secret_variable(unique)
+    monkeypatch.setenv(variable, security.store_password)
+    tls = {
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(security.ca_pem),
+        "ssl.keystore.location": str(security.client_keystore),
+        "ssl.keystore.password": f"${{env:{variable}}}",
+    }
+    source, destination = (f"127.0.0.1:{broker.mtls_port}" for broker in secured_kafka.brokers)
+    properties = {
+        "name": unique,
+        "connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector",
+        "topics": unique,
+        "replication.policy.class": "org.apache.kafka.connect.mirror.IdentityReplicationPolicy",
+        "source.cluster.bootstrap.servers": source,
+        "target.cluster.bootstrap.servers": destination,
+        **{f"source.cluster.{k}": v for k, v in tls.items()},
+        **{f"target.cluster.{k}": v for k, v in tls.items()},
+        "sync.topic.configs.enabled": "false",
+        "sync.topic.acls.enabled": "false",
+        "emit.heartbeats.enabled": "false",
+        "emit.checkpoints.enabled": "false",
+    }
+    create_connector(store, properties, {})
+    watcher = MetadataWatcher(store)
+    wait_until(lambda: watcher.watch_once() and len(store.current_assignment(unique)[1].get(0, [])) == 2, timeout=60)
+    runner = TaskThread.start(store, unique)
+    try:
+        report = check_replica(admin_source, unique, admin_destination, partitions=2, written=1_000)
+    finally:
+        runner.finish()
+    report.assert_exactly_once()
+    assert store.flow(unique).problems == {}
+    assert security.store_password not in json.dumps(store.get_connector(unique).properties)
