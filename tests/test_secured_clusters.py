@@ -677,3 +677,66 @@ def test_mutual_tls_replicates_as_the_certificates_principal(
     report.assert_exactly_once()
     assert store.flow(unique).problems == {}
     assert security.store_password not in json.dumps(store.get_connector(unique).properties)
+
+
+def test_a_destination_topic_refused_by_an_acl_pauses_alone_and_a_grant_resumes_it(
+    secured_kafka: KafkaKit, store: Store, unique: str, credentials: tuple[str, Path]
+) -> None:
+    admin_source, admin_destination = _cluster(secured_kafka, "source"), _cluster(secured_kafka, "destination")
+    allowed, refused = f"{unique}-a", f"{unique}-b"
+    for cluster in (admin_source, admin_destination):
+        create_topics(cluster, {allowed: 1, refused: 1})
+    produce(admin_source, [{"topic": t, "value": b"%03d" % i} for t in (allowed, refused) for i in range(100)])
+    granted = grant_documented(
+        secured_kafka,
+        {"replication"},
+        {
+            "each source topic": [allowed, refused],
+            "each destination topic": [allowed, refused],
+            "mirus-<connector>": [f"mirus-{unique}"],
+        },
+    )
+    [write] = [b for b in granted if b.name == refused and b.operation == AclOperation.WRITE]
+    destination_admin = AdminClient(admin_destination)
+    destination_admin.delete_acls([_filter(write)])[_filter(write)].result(timeout=30)
+    env, password_file = credentials
+    properties = secured_properties(
+        secured_kafka,
+        unique,
+        env,
+        password_file,
+        **{
+            "topics.whitelist": f"{allowed},{refused}",
+            "topic.creation.enable": "false",
+            "sync.topic.configs.enabled": "false",
+            "sync.topic.acls.enabled": "false",
+            "emit.heartbeats.enabled": "false",
+            "emit.checkpoints.enabled": "false",
+        },
+    )
+    create_connector(store, properties, {0: [(allowed, 0), (refused, 0)]})
+    started = time.monotonic()
+    runner = TaskThread.start(store, unique)
+    try:
+
+        def paused() -> str | None:
+            status = store.partition_statuses(unique).get((refused, 0))
+            return status.reason if status is not None and status.state == PartitionHealth.PAUSED else None
+
+        reason = wait_until(paused, timeout=30, interval=0.2, what=f"{refused}[0] paused")
+        assert time.monotonic() - started < 10
+        who = f"destination cluster ({secured_kafka.brokers[1].bootstrap} over SASL_SSL as User:replicator)"
+        assert reason == (
+            f"{who} refused writing to {refused!r}: Broker: Topic authorization failed (TOPIC_AUTHORIZATION_FAILED); "
+            f"the principal needs Write on Topic {refused!r} there (docs/SECURITY.md)"
+        )
+        # The rest flows. At least once: the refused batch stops the (gapless) producer that the other topic's
+        # unacknowledged records were in, and they are written again by its successor.
+        flowed = consume_all(admin_destination, allowed, 1, expected=100, distinct=lambda r: r.value)
+        assert {r.value for r in flowed} == {b"%03d" % i for i in range(100)}
+        destination_admin.create_acls([write])[write].result(timeout=30)
+        resumed = consume_all(admin_destination, refused, 1, expected=100, timeout=90)
+        assert [r.value for r in resumed] == [b"%03d" % i for i in range(100)]
+        assert runner.thread is not None and runner.thread.is_alive()  # the same task, never restarted
+    finally:
+        runner.finish()

@@ -8,6 +8,7 @@ import enum
 import logging
 from concurrent.futures import Future
 from datetime import timedelta
+from typing import Literal
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -232,11 +233,7 @@ class AssignmentFollower:
         if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED and topic:
             # A missing ACL: librdkafka retries the fetch forever. The topic's partitions wait alone, retried with
             # their backoff, so that a grant resumes them without a restart.
-            identity = connection_identity(task.config.admin_settings("source"))
-            reason = (
-                f"source cluster ({identity}) refused reading topic {topic!r}: {err.str()} ({err.name()}); "
-                f"the principal needs Read on Topic {topic!r} there (docs/SECURITY.md)"
-            )
+            reason = self.refused_by("source", f"reading topic {topic!r}", err, ("Read", topic))
             for state in list(task.book.states.values()):
                 if state.topic == topic and partition in (None, -1, state.partition) and state.paused_reason is None:
                     self.pause(state, reason)
@@ -244,6 +241,17 @@ class AssignmentFollower:
         if err.fatal():
             raise RuntimeError(f"source consumer failed: {err.str()}")
         log.warning("source error for %s-%d (%s[%s]): %s", task.connector, task.task_id, topic, partition, err.str())
+
+    def refused_by(
+        self, cluster: Literal["source", "destination"], doing: str, err: KafkaError, needed: tuple[str, str]
+    ) -> str:
+        """A refusal as an operator needs it: which cluster, as whom, doing what, and the ACL (operation, topic)
+        that a TOPIC_AUTHORIZATION_FAILED says is missing."""
+        identity = connection_identity(self.task.config.admin_settings(cluster))
+        reason = f"{cluster} cluster ({identity}) refused {doing}: {err.str()} ({err.name()})"
+        if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            reason += f"; the principal needs {needed[0]} on Topic {needed[1]!r} there (docs/SECURITY.md)"
+        return reason
 
     def pause(self, state: PartitionState, reason: str) -> None:
         self.task.book.pause(state, reason)
