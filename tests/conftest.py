@@ -10,6 +10,8 @@
   reported by DescribeConfigs (config copying and sync), CreatePartitions (partition growth), replication-factor
   checks (creation failures), max.message.bytes (destination refusals), and broker restarts that keep their data.
   A missing kit is a test error that says where it was looked for, never a skip.
+- `secured_kafka`: two more clusters from the same kit, secured as production ones are (SASL_SSL, SCRAM, mutual TLS,
+  ACLs enforced), started only by `tests/test_secured_clusters.py`.
 - Tests of a gap itself (a destination that cannot add partitions) start an embedded broker of their own, so that
   they prove the same thing whichever clusters `stack` points at.
 """
