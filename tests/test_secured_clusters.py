@@ -388,10 +388,12 @@ def test_a_refused_connection_shows_on_the_connector_within_10_seconds(
     credentials: tuple[str, Path],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
     case: str,
 ) -> None:
-    """The cluster, the principal and the reason, on the connector's status (REST API, `connectors` asset), never
-    a silent retry loop; a corrected config replicates at once."""
+    """The cluster, the principal and the reason, on the connector's status (REST API, `connectors` asset) and the
+    task's failure, never a silent retry loop; a corrected config is read at once. No secret in the status, the
+    metrics, the stored rows, the task's events, the logs or librdkafka's output."""
     monkeypatch.setenv("MIRUS_SECRET_WRONG_PASSWORD", "not-" + security.passwords["replicator"])
     setting, value, cluster, reason = REFUSALS[case]
     env, password_file = credentials
@@ -410,7 +412,8 @@ def test_a_refused_connection_shows_on_the_connector_within_10_seconds(
         runner.join(timeout=30)
     with serve_api(store, ApiSettings()) as url:
         body = requests.get(f"{url}/connectors/{unique}/status", timeout=10).json()
-    shown_after = time.monotonic() - started
+        shown_after = time.monotonic() - started
+        metrics = requests.get(f"{url}/metrics", timeout=10).text
     assert shown_after < 10, f"shown after {shown_after:.1f} s"
     assert body["connector"]["state"] == "FAILED"
     trace = body["connector"]["trace"]
@@ -418,6 +421,7 @@ def test_a_refused_connection_shows_on_the_connector_within_10_seconds(
     [task] = body["tasks"]
     assert task["state"] == "FAILED" and expected in task["trace"] and reason in task["trace"], task
     assert expected in str(refused.value)
+    assert f'mirus_connector_tasks{{connector="{unique}",state="FAILED"}} 1.0' in metrics
     [status] = store.connector_statuses(unique)
     assert any(p.startswith(f"{cluster} metadata: {expected}") for p in _problems(status, []))
 
@@ -427,6 +431,8 @@ def test_a_refused_connection_shows_on_the_connector_within_10_seconds(
         security,
         _stored_text(db_engine, unique),
         json.dumps(body),
+        metrics,
+        *capfd.readouterr(),  # librdkafka's own log lines included
         *runner.events,
         *(record.getMessage() for record in caplog.records),
     )

@@ -138,9 +138,12 @@ class KitSecurity:
     # -- certificates --
 
     def _keytool(self, *args: str) -> None:
-        done = subprocess.run(
-            ["keytool", *args], cwd=self.directory, capture_output=True, text=True, stdin=subprocess.DEVNULL
-        )
+        try:
+            done = subprocess.run(
+                ["keytool", *args], cwd=self.directory, capture_output=True, text=True, stdin=subprocess.DEVNULL
+            )
+        except FileNotFoundError:
+            raise CertificateError("keytool not found: install a Java runtime (it ships keytool)") from None
         if done.returncode != 0:
             raise CertificateError(f"keytool {' '.join(args[:2])} failed:\n{done.stdout}{done.stderr}")
 
