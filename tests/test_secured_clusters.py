@@ -366,15 +366,27 @@ def _set_configs(cluster: dict[str, str], topic: str, configs: dict[str, str]) -
 
 # -- refusals ---------------------------------------------------------------------------------------------------
 
-REFUSALS = {
+REFUSALS: dict[str, tuple[str, Callable[[KafkaKit], str], str, str]] = {
     # case: (the property that is wrong, its value, the cluster refusing, what the broker or the handshake says)
     "wrong password": (
         "consumer.sasl.password",
-        "${env:MIRUS_SECRET_WRONG_PASSWORD}",
+        lambda _kit: "${env:MIRUS_SECRET_WRONG_PASSWORD}",
         "source",
         "SASL authentication error: Authentication failed due to invalid credentials with SASL mechanism SCRAM-SHA-512",
     ),
-    "unknown CA": ("target.cluster.ssl.ca.location", certifi.where(), "destination", "certificate verify failed"),
+    "unknown CA": (
+        "target.cluster.ssl.ca.location",
+        lambda _kit: certifi.where(),
+        "destination",
+        "certificate verify failed",
+    ),
+    # `127.1` reaches 127.0.0.1, but it is not a name the broker's certificate holds (IP:127.0.0.1, DNS:localhost).
+    "host name mismatch": (
+        "target.cluster.bootstrap.servers",
+        lambda kit: f"127.1:{kit.brokers[1].listen_port}",
+        "destination",
+        "certificate verify failed",
+    ),
 }
 
 
@@ -399,10 +411,11 @@ def test_a_refused_connection_shows_on_the_connector_within_10_seconds(
     env, password_file = credentials
     properties = secured_properties(secured_kafka, unique, env, password_file, **{"topics.whitelist": unique})
     create_topics(_cluster(secured_kafka, "source"), {unique: 1})
-    create_connector(store, {**properties, setting: value}, {0: [(unique, 0)]})
+    wrong = {**properties, setting: value(secured_kafka)}
+    create_connector(store, wrong, {0: [(unique, 0)]})
     watcher = MetadataWatcher(store)
-    broker = secured_kafka.brokers[0 if cluster == "source" else 1]
-    expected = f"{cluster} cluster ({broker.bootstrap} over SASL_SSL as User:replicator) refused the connection: "
+    bootstrap = wrong["consumer.bootstrap.servers" if cluster == "source" else "target.cluster.bootstrap.servers"]
+    expected = f"{cluster} cluster ({bootstrap} over SASL_SSL as User:replicator) refused the connection: "
 
     # The task and the metadata watcher start together, as a connector's run and the code server's watcher do.
     started = time.monotonic()
