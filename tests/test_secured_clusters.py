@@ -759,3 +759,55 @@ def test_a_destination_topic_refused_by_an_acl_pauses_alone_and_a_grant_resumes_
         assert runner.thread is not None and runner.thread.is_alive()  # the same task, never restarted
     finally:
         runner.finish()
+
+
+def test_a_named_topic_the_principal_may_not_see_is_shown_on_the_connector(
+    secured_kafka: KafkaKit, store: Store, unique: str, credentials: tuple[str, Path]
+) -> None:
+    """Metadata leaves out a topic the principal may not describe, so a connector would silently replicate nothing
+    of it: the topics its config names are asked about, and a refusal is a flow problem until the ACL is granted."""
+    admin_source = _cluster(secured_kafka, "source")
+    visible, hidden = f"{unique}-a", f"{unique}-b"
+    create_topics(admin_source, {visible: 1, hidden: 1})
+    grant_documented(
+        secured_kafka,
+        {"replication", "topic creation"},
+        {"each source topic": [visible], "each destination topic": [visible, hidden]},
+    )
+    env, password_file = credentials
+    properties = secured_properties(
+        secured_kafka,
+        unique,
+        env,
+        password_file,
+        **{
+            "topics.whitelist": f"{visible},{hidden},{unique}-not-created-yet",
+            "sync.topic.configs.enabled": "false",
+            "sync.topic.acls.enabled": "false",
+            "emit.heartbeats.enabled": "false",
+            "emit.checkpoints.enabled": "false",
+        },
+    )
+    create_connector(store, properties, {})
+    watcher = MetadataWatcher(store)
+    started = time.monotonic()
+    watcher.watch_once()
+    who = f"source cluster ({secured_kafka.brokers[0].bootstrap} over SASL_SSL as User:replicator)"
+    [status] = store.connector_statuses(unique)
+    assert time.monotonic() - started < 10
+    absent = f"{unique}-not-created-yet"  # without Describe, a missing topic is refused too: the ACL is missing
+    hint = "the principal needs Describe and Read on Topic {!r} there (docs/SECURITY.md)"
+    assert _problems(status, [])[:2] == [
+        f"source topic {hidden}: {who} does not show topic {hidden!r} (Broker: Topic authorization failed): "
+        + hint.format(hidden),
+        f"source topic {absent}: {who} does not show topic {absent!r} (Broker: Topic authorization failed): "
+        + hint.format(absent),
+    ]
+
+    grant_documented(secured_kafka, {"replication", "topic creation"}, {"each source topic": [hidden]}, only="source")
+    wait_until(
+        lambda: watcher.watch_once() and (hidden, 0) in store.current_assignment(unique)[1].get(0, []),
+        timeout=30,
+        what=f"{hidden} assigned once granted",
+    )
+    assert f"source topic {hidden}" not in store.flow(unique).problems

@@ -20,7 +20,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from replicator.assignment import SourcePartition, assign_partitions, membership
-from replicator.clusters import ClusterAdmin, ClusterView, MetadataUnavailableError, read_cluster
+from replicator.clusters import ClusterAdmin, ClusterView, MetadataUnavailableError, read_cluster, topic_partitions
 from replicator.configuration.connector import ConnectorConfig, load
 from replicator.discovery import heartbeats
 from replicator.discovery.acl_sync import ACL_PROBLEM, AclSync, sync_topic_acls
@@ -159,6 +159,37 @@ class PollMemory:
         self.connectors = {name: w for name, w in self.connectors.items() if name in connectors}
 
 
+HIDDEN_PROBLEM = "source topic"  # a selected topic the source does not show the principal
+
+
+def hidden_topics(source_admin: AdminClient, absent: Collection[str]) -> dict[str, str]:
+    """Topics named in the selection that the source's metadata left out because the principal may not see them
+    (a broker answers TOPIC_AUTHORIZATION_FAILED whether or not such a topic exists): topic -> why. A topic that
+    simply does not exist yet is no problem. One Metadata request, only while some named topic is absent."""
+    if not absent:
+        return {}
+    try:
+        found = topic_partitions(source_admin, absent)
+    except KafkaException:
+        return {}  # the cluster itself is unreadable: its snapshot error says so
+    who = f"source cluster ({source_admin.identity})" if isinstance(source_admin, ClusterAdmin) else "source cluster"
+    return {
+        topic: f"{who} does not show topic {topic!r} ({partitions.error}): the principal needs Describe and Read on "
+        f"Topic {topic!r} there (docs/SECURITY.md)"
+        for topic, partitions in found.items()
+        if partitions.error is not None and "authoriz" in partitions.error.lower()
+    }
+
+
+def _replace_problems(updates: dict[str, object], flow: FlowRow, kind: str, found: Mapping[str, str]) -> None:
+    """The flow's problems of `kind` (keys `kind` or `kind <name>`) replaced by `found` (name -> why)."""
+    current = dict(cast(Mapping[str, str], updates.get("problems", flow.problems)))
+    shown = {k: v for k, v in current.items() if k != kind and not k.startswith(f"{kind} ")}
+    shown.update({f"{kind} {name}".strip(): why for name, why in found.items()})
+    if shown != current:
+        updates.update(problems=shown)
+
+
 class KafkaMonitor:
     def __init__(
         self,
@@ -250,6 +281,8 @@ class KafkaMonitor:
         self._periodic_duties(config, admins, source, destination, existing, flow, updates)
         if config.sync_topic_acls:
             self._sync_acls(config, admins, existing, flow, updates, written)
+        hidden = hidden_topics(admins.source, config.selector.whitelist - source.topics.keys())
+        _replace_problems(updates, flow, HIDDEN_PROBLEM, hidden)
         if updates and self.flow_writes is not None:
             self.flow_writes.setdefault(connector, {}).update(updates)
         elif updates:
@@ -290,12 +323,7 @@ class KafkaMonitor:
             return
         written.acls = sync_topic_acls(admins.source, admins.destination, pairs, written.acls.bindings)
         written.acls_synced_at, written.acls_topics = now, topics
-        current = dict(cast(Mapping[str, str], updates.get("problems") or flow.problems))
-        shown = {k: v for k, v in current.items() if k != ACL_PROBLEM}
-        if written.acls.problem:
-            shown[ACL_PROBLEM] = written.acls.problem
-        if shown != current:
-            updates.update(problems=shown)
+        _replace_problems(updates, flow, ACL_PROBLEM, {"": written.acls.problem} if written.acls.problem else {})
 
     def _periodic_duties(
         self,
