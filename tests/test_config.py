@@ -948,3 +948,23 @@ def test_a_cluster_setting_given_twice_differently_is_refused() -> None:
         "source.admin.sasl.username", **{"source.cluster.sasl.username": "a", "source.admin.sasl.username": "b"}
     )
     assert "conflicts with source.cluster.sasl.username" in error
+
+
+def test_a_java_jaas_login_becomes_librdkafkas_user_name_and_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MIRUS_SECRET_JAAS_TEST", "pw-1")
+    module = "org.apache.kafka.common.security.scram.ScramLoginModule"
+    jaas = f'{module} required username="b\\"ob" password="${{env:MIRUS_SECRET_JAAS_TEST}}";'
+    config = submit(
+        {
+            **MM2_STYLE,
+            "source.cluster.security.protocol": "SASL_SSL",
+            "source.cluster.sasl.mechanism": "SCRAM-SHA-256",
+            "source.cluster.sasl.jaas.config": jaas,
+        }
+    )
+    assert {"sasl.username": 'b"ob', "sasl.password": "pw-1"}.items() <= config.admin_settings("source").items()
+    assert "pw-1" not in repr(config)
+    kerberos = "com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true;"
+    assert "only a ScramLoginModule or PlainLoginModule" in error_for(
+        "source.cluster.sasl.jaas.config", **{"source.cluster.sasl.jaas.config": kerberos}
+    )

@@ -546,7 +546,8 @@ def test_exactly_once_between_secured_clusters_with_only_the_documented_acls(
     secured_kafka: KafkaKit, store: Store, unique: str, credentials: tuple[str, Path]
 ) -> None:
     """Transactions, fencing and a restart's resume from the destination, as a principal holding only the
-    documented ACLs of replication, topic creation and exactly-once."""
+    documented ACLs of replication, topic creation and exactly-once; the destination's login as MirrorMaker 2 users
+    write it, a Java JAAS config with the password from a file reference."""
     admin_source, admin_destination = _cluster(secured_kafka, "source"), _cluster(secured_kafka, "destination")
     create_topics(admin_source, {unique: 2})
     grant_documented(
@@ -573,6 +574,12 @@ def test_exactly_once_between_secured_clusters_with_only_the_documented_acls(
             "emit.heartbeats.enabled": "false",
             "emit.checkpoints.enabled": "false",
         },
+    )
+    for setting in ("username", "password"):
+        del properties[f"target.cluster.sasl.{setting}"]
+    properties["target.cluster.sasl.jaas.config"] = (
+        'org.apache.kafka.common.security.scram.ScramLoginModule required username="replicator" '
+        f'password="${{file:{password_file}:password}}";'
     )
     create_connector(store, properties, {})
     watcher = MetadataWatcher(store)
