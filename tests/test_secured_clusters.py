@@ -49,6 +49,13 @@ from .replica_check import check_replica
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "SECURITY.md"
 PRINCIPAL = "User:replicator"
 CERTIFICATE_PRINCIPAL = "User:CN=replicator"  # the subject of the kit's client certificate
+# The monitor's periodic duties off: a test of replication alone grants none of their ACLs.
+DUTIES_OFF = {
+    "sync.topic.configs.enabled": "false",
+    "sync.topic.acls.enabled": "false",
+    "emit.heartbeats.enabled": "false",
+    "emit.checkpoints.enabled": "false",
+}
 RESOURCE_TYPES = {
     "Topic": ResourceType.TOPIC,
     "Group": ResourceType.GROUP,
@@ -138,10 +145,10 @@ def grant_documented(
 # -- a connector as an operator writes it ---------------------------------------------------------------------
 
 
-def secured_properties(kit: KafkaKit, name: str, secret_env: str, password_file: Path, **extra: str) -> dict[str, str]:
+def secured_properties(kit: KafkaKit, name: str, credentials: tuple[str, Path], **extra: str) -> dict[str, str]:
     """The source's credentials from the environment (Mirus names), the destination's from a file (MM2 names)."""
     assert kit.security is not None
-    ca = str(kit.security.ca_pem)
+    ca, (secret_env, password_file) = str(kit.security.ca_pem), credentials
     return {
         "name": name,
         "connector.class": "com.salesforce.mirus.MirusSourceConnector",
@@ -246,12 +253,10 @@ def test_a_connector_replicates_between_secured_clusters_with_only_the_documente
             "mirus-<connector>-translate": [f"mirus-{unique}-translate"],
         },
     )
-    env, password_file = credentials
     properties = secured_properties(
         secured_kafka,
         unique,
-        env,
-        password_file,
+        credentials,
         **{
             "topics.whitelist": f"{topic},{HEARTBEATS_TOPIC}",
             "destination.topic.name.suffix": ".copy",
@@ -408,8 +413,7 @@ def test_a_refused_connection_shows_on_the_connector_within_10_seconds(
     metrics, the stored rows, the task's events, the logs or librdkafka's output."""
     monkeypatch.setenv("MIRUS_SECRET_WRONG_PASSWORD", "not-" + security.passwords["replicator"])
     setting, value, cluster, reason = REFUSALS[case]
-    env, password_file = credentials
-    properties = secured_properties(secured_kafka, unique, env, password_file, **{"topics.whitelist": unique})
+    properties = secured_properties(secured_kafka, unique, credentials, **{"topics.whitelist": unique})
     create_topics(_cluster(secured_kafka, "source"), {unique: 1})
     wrong = {**properties, setting: value(secured_kafka)}
     create_connector(store, wrong, {0: [(unique, 0)]})
@@ -474,12 +478,10 @@ def test_a_topic_refused_by_an_acl_pauses_alone_and_a_grant_resumes_it_without_a
     grant_documented(secured_kafka, {"ACL sync"}, {}, only="source")
     app_read = _acl(allowed, f"User:{unique}-app", AclOperation.READ)
     source_admin.create_acls([app_read])[app_read].result(timeout=30)
-    env, password_file = credentials
     properties = secured_properties(
         secured_kafka,
         unique,
-        env,
-        password_file,
+        credentials,
         **{
             "topics.whitelist": f"{allowed},{refused}",
             "emit.heartbeats.enabled": "false",
@@ -560,21 +562,17 @@ def test_exactly_once_between_secured_clusters_with_only_the_documented_acls(
             "mirus-<connector>-<task>": [f"mirus-{unique}-0"],
         },
     )
-    env, password_file = credentials
     properties = secured_properties(
         secured_kafka,
         unique,
-        env,
-        password_file,
+        credentials,
         **{
             "topics.whitelist": unique,
             "exactly.once.support": "required",
-            "sync.topic.configs.enabled": "false",
-            "sync.topic.acls.enabled": "false",
-            "emit.heartbeats.enabled": "false",
-            "emit.checkpoints.enabled": "false",
+            **DUTIES_OFF,
         },
     )
+    password_file = credentials[1]
     for setting in ("username", "password"):
         del properties[f"target.cluster.sasl.{setting}"]
     properties["target.cluster.sasl.jaas.config"] = (
@@ -617,19 +615,14 @@ def test_a_credential_broken_then_fixed_costs_a_restart_and_copies_nothing_twice
         {"replication"},
         {"each source topic": [unique], "each destination topic": [unique], "mirus-<connector>": [f"mirus-{unique}"]},
     )
-    env, password_file = credentials
     properties = secured_properties(
         secured_kafka,
         unique,
-        env,
-        password_file,
+        credentials,
         **{
             "topics.whitelist": unique,
             "topic.creation.enable": "false",
-            "sync.topic.configs.enabled": "false",
-            "sync.topic.acls.enabled": "false",
-            "emit.heartbeats.enabled": "false",
-            "emit.checkpoints.enabled": "false",
+            **DUTIES_OFF,
         },
     )
     create_connector(store, properties, {0: [(unique, 0), (unique, 1)]})
@@ -687,10 +680,7 @@ def test_mutual_tls_replicates_as_the_certificates_principal(
         "target.cluster.bootstrap.servers": destination,
         **{f"source.cluster.{k}": v for k, v in tls.items()},
         **{f"target.cluster.{k}": v for k, v in tls.items()},
-        "sync.topic.configs.enabled": "false",
-        "sync.topic.acls.enabled": "false",
-        "emit.heartbeats.enabled": "false",
-        "emit.checkpoints.enabled": "false",
+        **DUTIES_OFF,
     }
     create_connector(store, properties, {})
     watcher = MetadataWatcher(store)
@@ -725,19 +715,14 @@ def test_a_destination_topic_refused_by_an_acl_pauses_alone_and_a_grant_resumes_
     [write] = [b for b in granted if b.name == refused and b.operation == AclOperation.WRITE]
     destination_admin = AdminClient(admin_destination)
     destination_admin.delete_acls([_filter(write)])[_filter(write)].result(timeout=30)
-    env, password_file = credentials
     properties = secured_properties(
         secured_kafka,
         unique,
-        env,
-        password_file,
+        credentials,
         **{
             "topics.whitelist": f"{allowed},{refused}",
             "topic.creation.enable": "false",
-            "sync.topic.configs.enabled": "false",
-            "sync.topic.acls.enabled": "false",
-            "emit.heartbeats.enabled": "false",
-            "emit.checkpoints.enabled": "false",
+            **DUTIES_OFF,
         },
     )
     create_connector(store, properties, {0: [(allowed, 0), (refused, 0)]})
@@ -781,18 +766,13 @@ def test_a_named_topic_the_principal_may_not_see_is_shown_on_the_connector(
         {"replication", "topic creation"},
         {"each source topic": [visible], "each destination topic": [visible, hidden]},
     )
-    env, password_file = credentials
     properties = secured_properties(
         secured_kafka,
         unique,
-        env,
-        password_file,
+        credentials,
         **{
             "topics.whitelist": f"{visible},{hidden},{unique}-not-created-yet",
-            "sync.topic.configs.enabled": "false",
-            "sync.topic.acls.enabled": "false",
-            "emit.heartbeats.enabled": "false",
-            "emit.checkpoints.enabled": "false",
+            **DUTIES_OFF,
         },
     )
     create_connector(store, properties, {})

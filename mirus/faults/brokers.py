@@ -158,29 +158,33 @@ class KafkaKit:
 
         _wait_until_ready("zookeeper", self.zookeeper, log, ready)
 
+    def _properties(self, name: str, *listeners: str) -> Path:
+        """The server.properties of single-broker cluster `name` (its own ZooKeeper chroot) with these listeners."""
+        props = self.work_dir / f"{name}.properties"
+        lines = [
+            "broker.id=0",
+            *listeners,
+            f"log.dirs={self.work_dir / ('data-' + name)}",
+            f"zookeeper.connect=127.0.0.1:{self.zookeeper_port}/{name}",
+            "offsets.topic.replication.factor=1",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=false",
+            "delete.topic.enable=true",
+        ]
+        props.write_text("\n".join([*lines, ""]))
+        return props
+
     def broker(self, name: str, listen_port: int, proxy_port: int | None, internal_port: int) -> BrokerProcess:
         """A single-broker cluster `name` (its own ZooKeeper chroot); clients reach it at `proxy_port` if given."""
         advertised = proxy_port or listen_port
-        props = self.work_dir / f"{name}.properties"
-        props.write_text(
-            "\n".join(
-                [
-                    "broker.id=0",
-                    f"listeners=INTERNAL://127.0.0.1:{internal_port},EXTERNAL://127.0.0.1:{listen_port}",
-                    f"advertised.listeners=INTERNAL://127.0.0.1:{internal_port},EXTERNAL://127.0.0.1:{advertised}",
-                    "listener.security.protocol.map=INTERNAL:PLAINTEXT,EXTERNAL:PLAINTEXT",
-                    "inter.broker.listener.name=INTERNAL",
-                    f"log.dirs={self.work_dir / ('data-' + name)}",
-                    f"zookeeper.connect=127.0.0.1:{self.zookeeper_port}/{name}",
-                    "offsets.topic.replication.factor=1",
-                    "transaction.state.log.replication.factor=1",
-                    "transaction.state.log.min.isr=1",
-                    "group.initial.rebalance.delay.ms=0",
-                    "auto.create.topics.enable=false",
-                    "delete.topic.enable=true",
-                    "",
-                ]
-            )
+        props = self._properties(
+            name,
+            f"listeners=INTERNAL://127.0.0.1:{internal_port},EXTERNAL://127.0.0.1:{listen_port}",
+            f"advertised.listeners=INTERNAL://127.0.0.1:{internal_port},EXTERNAL://127.0.0.1:{advertised}",
+            "listener.security.protocol.map=INTERNAL:PLAINTEXT,EXTERNAL:PLAINTEXT",
+            "inter.broker.listener.name=INTERNAL",
         )
         broker = BrokerProcess(
             name, self._java("kafka.Kafka", str(props)), listen_port, advertised, self.work_dir / "logs" / f"{name}.out"
@@ -217,27 +221,13 @@ class KafkaKit:
 
     def _secured_broker(self, name: str, security: KitSecurity) -> BrokerProcess:
         port, mtls_port = free_port(), free_port()
-        props = self.work_dir / f"{name}.properties"
-        props.write_text(
-            "\n".join(
-                [
-                    "broker.id=0",
-                    f"listeners=SASL_SSL://127.0.0.1:{port},MTLS://127.0.0.1:{mtls_port}",
-                    "listener.security.protocol.map=SASL_SSL:SASL_SSL,MTLS:SSL",
-                    "inter.broker.listener.name=SASL_SSL",
-                    "listener.name.mtls.ssl.client.auth=required",
-                    *security.broker_properties(),
-                    f"log.dirs={self.work_dir / ('data-' + name)}",
-                    f"zookeeper.connect=127.0.0.1:{self.zookeeper_port}/{name}",
-                    "offsets.topic.replication.factor=1",
-                    "transaction.state.log.replication.factor=1",
-                    "transaction.state.log.min.isr=1",
-                    "group.initial.rebalance.delay.ms=0",
-                    "auto.create.topics.enable=false",
-                    "delete.topic.enable=true",
-                    "",
-                ]
-            )
+        props = self._properties(
+            name,
+            f"listeners=SASL_SSL://127.0.0.1:{port},MTLS://127.0.0.1:{mtls_port}",
+            "listener.security.protocol.map=SASL_SSL:SASL_SSL,MTLS:SSL",
+            "inter.broker.listener.name=SASL_SSL",
+            "listener.name.mtls.ssl.client.auth=required",
+            *security.broker_properties(),
         )
         options = [f"-Djava.security.auth.login.config={security.jaas()}", "-Dzookeeper.sasl.client=false"]
         broker = BrokerProcess(
