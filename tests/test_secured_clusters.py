@@ -11,6 +11,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 
 import certifi
@@ -33,12 +34,12 @@ from mirus.api.auth import ApiSettings
 from mirus.faults.brokers import KafkaKit
 from mirus.faults.kit_security import KitSecurity
 from mirus.waiting import wait_until
-from mirus_dagster.assets.connectors import _problems
+from mirus_dagster.assets.connectors import connectors_markdown
 from replicator.clusters import ClusterIdentityError
 from replicator.configuration.secrets import ENV_ALLOWED_PATHS
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC, flow_liveness_s
 from replicator.discovery.watcher import MetadataWatcher
-from replicator.state.records import PartitionHealth
+from replicator.state.records import ConnectorStatus, PartitionHealth
 from replicator.state.store import Store
 
 from .api_helpers import serve_api
@@ -339,6 +340,11 @@ def _acls_of(
     return {(b.principal, b.operation, b.permission_type) for b in found if b.principal in principals}
 
 
+def _asset(status: ConnectorStatus) -> str:
+    """The connector's row of the `connectors` asset."""
+    return connectors_markdown([status], {}, {}, {}, datetime.now(UTC))
+
+
 def _commit(cluster: dict[str, str], group: str, topic: str, offsets: Mapping[int, int]) -> None:
     consumer = Consumer({**cluster, "group.id": group, "enable.auto.commit": False})
     try:
@@ -440,7 +446,7 @@ def test_a_refused_connection_shows_on_the_connector_within_10_seconds(
     assert expected in str(refused.value)
     assert f'mirus_connector_tasks{{connector="{unique}",state="FAILED"}} 1.0' in metrics
     [status] = store.connector_statuses(unique)
-    assert any(p.startswith(f"{cluster} metadata: {expected}") for p in _problems(status, []))
+    assert f"{cluster} metadata: {expected}" in _asset(status)
 
     store.put_connector(unique, properties, 1)  # corrected
     wait_until(lambda: watcher.watch_once() and not store.connector_statuses(unique)[0].metadata_errors, timeout=30)
@@ -524,12 +530,12 @@ def test_a_topic_refused_by_an_acl_pauses_alone_and_a_grant_resumes_it_without_a
         runner.finish()
     # ACL sync (on by default) lacks its ACLs here: shown on the connector, and replication goes on without it.
     [status] = store.connector_statuses(unique)
-    [shown] = [p for p in _problems(status, []) if p.startswith("acl sync: ")]
     who = f"destination cluster ({secured_kafka.brokers[1].bootstrap} over SASL_SSL as User:replicator)"
-    assert shown.startswith(f"acl sync: {who} refused CreateAcls for "), shown
-    assert shown.endswith(
+    shown = re.search(r"acl sync: [^;]*; [^)]*\)", _asset(status))
+    assert shown is not None and shown.group().startswith(f"acl sync: {who} refused CreateAcls for "), _asset(status)
+    assert shown.group().endswith(
         "(CLUSTER_AUTHORIZATION_FAILED); the principal needs Alter on the Cluster there (docs/SECURITY.md)"
-    ), shown
+    ), shown.group()
 
 
 def _filter(binding: AclBinding) -> AclBindingFilter:
@@ -784,12 +790,9 @@ def test_a_named_topic_the_principal_may_not_see_is_shown_on_the_connector(
     assert time.monotonic() - started < 10
     absent = f"{unique}-not-created-yet"  # without Describe, a missing topic is refused too: the ACL is missing
     hint = "the principal needs Describe and Read on Topic {!r} there (docs/SECURITY.md)"
-    assert _problems(status, [])[:2] == [
-        f"source topic {hidden}: {who} does not show topic {hidden!r} (Broker: Topic authorization failed): "
-        + hint.format(hidden),
-        f"source topic {absent}: {who} does not show topic {absent!r} (Broker: Topic authorization failed): "
-        + hint.format(absent),
-    ]
+    for topic in (hidden, absent):
+        shown = f"source topic {topic}: {who} does not show topic {topic!r} (Broker: Topic authorization failed): "
+        assert shown + hint.format(topic) in _asset(status)
 
     grant_documented(secured_kafka, {"replication", "topic creation"}, {"each source topic": [hidden]}, only="source")
     wait_until(
