@@ -763,15 +763,14 @@ def test_a_named_topic_the_principal_may_not_see_is_shown_on_the_connector(
     secured_kafka: KafkaKit, store: Store, unique: str, credentials: tuple[str, Path]
 ) -> None:
     """Metadata leaves out a topic the principal may not describe, so a connector would silently replicate nothing
-    of it: the topics its config names are asked about, and a refusal is a flow problem until the ACL is granted."""
+    of it: the topics its config names are asked about, and a refusal is a flow problem until the ACL is granted.
+    A topic it sees but may not read the configs of (to create its copy) is held back naming that ACL."""
     admin_source = _cluster(secured_kafka, "source")
     visible, hidden = f"{unique}-a", f"{unique}-b"
     create_topics(admin_source, {visible: 1, hidden: 1})
-    grant_documented(
-        secured_kafka,
-        {"replication", "topic creation"},
-        {"each source topic": [visible], "each destination topic": [visible, hidden]},
-    )
+    names = {"each source topic": [visible], "each destination topic": [visible, hidden]}
+    grant_documented(secured_kafka, {"replication"}, names)
+    grant_documented(secured_kafka, {"topic creation"}, names, only="destination")
     properties = secured_properties(
         secured_kafka,
         unique,
@@ -793,6 +792,11 @@ def test_a_named_topic_the_principal_may_not_see_is_shown_on_the_connector(
     for topic in (hidden, absent):
         shown = f"source topic {topic}: {who} does not show topic {topic!r} (Broker: Topic authorization failed): "
         assert shown + hint.format(topic) in _asset(status)
+    assert (
+        f"{visible}[0] PAUSED: destination topic {visible!r} not created: source topic cannot read topic configs: "
+        "Broker: Topic authorization failed (TOPIC_AUTHORIZATION_FAILED); the principal needs DescribeConfigs on "
+        f"Topic {visible!r} (docs/SECURITY.md)"
+    ) in _asset(status)
 
     grant_documented(secured_kafka, {"replication", "topic creation"}, {"each source topic": [hidden]}, only="source")
     wait_until(

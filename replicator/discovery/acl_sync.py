@@ -26,7 +26,7 @@ from confluent_kafka.admin import (
 )
 
 from replicator.clusters import ClusterAdmin
-from replicator.discovery.topic_sync import broker_reason
+from replicator.discovery.topic_sync import broker_reason, missing_acl
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def sync_topic_acls(
     except KafkaException as exc:
         if exc.args[0].code() in NOTHING_TO_SYNC:
             return AclSync(frozenset())
-        needs = _needs(exc, "Describe")
+        needs = missing_acl(exc, "Describe", "the Cluster there")
         return AclSync(created, f"{_cluster(source_admin, 'source')} refused DescribeAcls: {broker_reason(exc)}{needs}")
     wanted = wanted_bindings(source_acls, pairs)
     missing = sorted(wanted - created, key=str)
@@ -112,7 +112,7 @@ def sync_topic_acls(
             created,
             f"{_cluster(destination_admin, 'destination')} refused CreateAcls for {len(refused)} topic ACL(s), e.g. "
             f"{binding.principal} {binding.operation.name} on {binding.name!r}: {broker_reason(exc)}"
-            f"{_needs(exc, 'Alter')}",
+            f"{missing_acl(exc, 'Alter', 'the Cluster there')}",
         )
     log.info("synced %d topic ACL(s) to the destination", len(missing))
     return AclSync(wanted)
@@ -120,9 +120,3 @@ def sync_topic_acls(
 
 def _cluster(admin: AdminClient, role: str) -> str:
     return f"{role} cluster ({admin.identity})" if isinstance(admin, ClusterAdmin) else f"{role} cluster"
-
-
-def _needs(exc: KafkaException, operation: str) -> str:
-    if exc.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED:
-        return f"; the principal needs {operation} on the Cluster there (docs/SECURITY.md)"
-    return ""
