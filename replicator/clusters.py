@@ -17,6 +17,50 @@ from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCol
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 METADATA_TIMEOUT_S = 5.0
+# What librdkafka reports only to `error_cb` while it reconnects forever (~20 times a second, never giving up): a
+# login refused, a TLS handshake failed (unknown CA, host name not in the certificate, no client certificate).
+REFUSALS = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
+_SECRET_SETTINGS = ("sasl.password", "ssl.key.password", "ssl.keystore.password", "ssl.key.pem")
+
+
+def connection_identity(settings: Mapping[str, Any]) -> str:
+    """Which cluster and as whom, for messages: `host:port over SASL_SSL as User:name` (never a credential)."""
+    protocol = str(settings.get("security.protocol", "PLAINTEXT")).upper()
+    who = ""
+    if protocol.startswith("SASL") and settings.get("sasl.username"):
+        who = f" as User:{settings['sasl.username']}"
+    elif protocol == "SSL" and ({"ssl.keystore.location", "ssl.certificate.location"} & settings.keys()):
+        who = " with a client certificate"
+    return f"{settings.get('bootstrap.servers')} over {protocol}{who}"
+
+
+class ClusterAdmin(AdminClient):
+    """The admin client of one of a connector's clusters, which can say why the cluster refused it."""
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        self.identity = connection_identity(settings)
+        self.refused: str | None = None
+        self._secrets = [str(settings[k]) for k in _SECRET_SETTINGS if settings.get(k)]
+        super().__init__({**settings, "error_cb": self._on_error})
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.code() in REFUSALS:
+            message = err.str()
+            for secret in self._secrets:  # librdkafka does not echo them; kept out should that ever change
+                message = message.replace(secret, "********")
+            self.refused = message
+
+    def refusal(self) -> str | None:
+        """The cluster's last refusal (login or TLS), served from the client's events; None if there was none."""
+        self.poll(0)
+        return self.refused
+
+
+def refusal(client: object, role: str) -> str | None:
+    """`role`'s cluster refused `client` (a `ClusterAdmin`): which cluster, as whom, and the broker's reason."""
+    if isinstance(client, ClusterAdmin) and (refused := client.refusal()):
+        return f"{role} cluster ({client.identity}) refused the connection: {refused}"
+    return None
 
 
 class ClusterIdentityError(RuntimeError):
@@ -34,7 +78,8 @@ def cluster_id(admin: AdminClient, role: str, fallback: str) -> str:
     try:
         description = admin.describe_cluster(request_timeout=METADATA_TIMEOUT_S).result()
     except KafkaException as exc:
-        raise ClusterIdentityError(f"cannot identify the {role} cluster (metadata unavailable): {exc}") from exc
+        why = refusal(admin, role) or f"metadata unavailable: {exc}"
+        raise ClusterIdentityError(f"cannot identify the {role} cluster: {why}") from exc
     return description.cluster_id or fallback
 
 
@@ -131,7 +176,7 @@ def read_cluster(client: MetadataClient, role: str) -> ClusterView:
     try:
         metadata: Any = client.list_topics(timeout=METADATA_TIMEOUT_S)
     except KafkaException as exc:
-        raise MetadataUnavailableError(f"{role} cluster metadata unavailable: {exc}") from exc
+        raise MetadataUnavailableError(refusal(client, role) or f"{role} cluster metadata unavailable: {exc}") from exc
     topics = {
         name: TopicLayout(len(t.partitions), len(t.partitions[0].replicas) if 0 in t.partitions else 1)
         for name, t in metadata.topics.items()

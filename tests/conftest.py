@@ -10,6 +10,8 @@
   reported by DescribeConfigs (config copying and sync), CreatePartitions (partition growth), replication-factor
   checks (creation failures), max.message.bytes (destination refusals), and broker restarts that keep their data.
   A missing kit is a test error that says where it was looked for, never a skip.
+- `secured_kafka`: two more clusters from the same kit, secured as production ones are (SASL_SSL, SCRAM, mutual TLS,
+  ACLs enforced), started only by `tests/test_secured_clusters.py`.
 - Tests of a gap itself (a destination that cannot add partitions) start an embedded broker of their own, so that
   they prove the same thing whichever clusters `stack` points at.
 """
@@ -74,6 +76,19 @@ def kafka_kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKit]:
         kit.start_zookeeper()
         for name in ("source", "destination"):
             kit.broker(name, free_port(), None, free_port()).start()
+        yield kit
+    finally:
+        kit.stop()
+
+
+@pytest.fixture(scope="session")
+def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKit]:
+    """Two secured Apache Kafka 1.0 clusters (source, destination: `brokers`), as production ones are: SASL_SSL
+    only, SCRAM-SHA-256/512, a CA made at the start, ACLs enforced, super user `admin`, user `replicator` without
+    ACLs; passwords and CA in `security` (`mirus.faults.kit_security`). Started (~15 s) only by tests that use it."""
+    kit = KafkaKit(tmp_path_factory.mktemp("secured-kafka"), free_port())
+    try:
+        kit.start_secured(("source", "destination"))
         yield kit
     finally:
         kit.stop()

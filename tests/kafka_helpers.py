@@ -14,6 +14,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirus.waiting import wait_until
 
+Cluster = str | Mapping[str, str]  # bootstrap servers, or a client's whole settings (a secured cluster)
+
+
+def client_settings(cluster: Cluster) -> dict[str, str]:
+    return {"bootstrap.servers": cluster} if isinstance(cluster, str) else dict(cluster)
+
 
 @dataclass(frozen=True)
 class Rec:
@@ -40,8 +46,8 @@ class Rec:
         )
 
 
-def create_topics(bootstrap: str, topics: dict[str, int], config: dict[str, str] | None = None) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+def create_topics(bootstrap: Cluster, topics: dict[str, int], config: dict[str, str] | None = None) -> None:
+    admin = AdminClient(client_settings(bootstrap))
     futures = admin.create_topics([NewTopic(t, n, 1, config=config or {}) for t, n in topics.items()])
     for future in futures.values():
         future.result(timeout=30)
@@ -58,9 +64,9 @@ def cluster_id(bootstrap: str) -> str:
     return AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).cluster_id
 
 
-def produce(bootstrap: str, records: Iterable[dict], **config: object) -> None:
+def produce(bootstrap: Cluster, records: Iterable[dict], **config: object) -> None:
     """Produce dicts of Producer.produce() arguments and wait until every one is acknowledged."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5, **config})
+    producer = Producer({**client_settings(bootstrap), "enable.idempotence": True, "linger.ms": 5, **config})
     errors: list[object] = []
 
     def on_delivery(err: object, _msg: Message) -> None:
@@ -161,7 +167,7 @@ class Traffic:
 
 
 def consume_all(
-    bootstrap: str,
+    bootstrap: Cluster,
     topic: str,
     partitions: int,
     expected: int,
@@ -176,7 +182,7 @@ def consume_all(
     """
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_settings(bootstrap),
             "group.id": "tests-reader",
             "enable.auto.commit": False,
             "enable.partition.eof": False,

@@ -19,13 +19,13 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from replicator.topics import provenance
 
-from .kafka_helpers import Rec
+from .kafka_helpers import Cluster, Rec, client_settings
 
 SourceRecord = tuple[int, int]  # (partition, offset)
 
 
 def read_topic(
-    bootstrap: str,
+    bootstrap: Cluster,
     topic: str,
     partitions: int,
     done: Callable[[list[Rec]], bool],
@@ -36,7 +36,7 @@ def read_topic(
     arrives in one more second (duplicates after the last needed record must be seen too)."""
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_settings(bootstrap),
             "group.id": "tests-replica-check",
             "enable.auto.commit": False,
             "enable.partition.eof": False,
@@ -116,9 +116,9 @@ class ReplicaReport:
 
 
 def check_replica(
-    source_bootstrap: str,
+    source_bootstrap: Cluster,
     topic: str,
-    destination_bootstrap: str,
+    destination_bootstrap: Cluster,
     destination_topic: str | None = None,
     *,
     partitions: int,

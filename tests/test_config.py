@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import certifi
 import pytest
 
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, validate_submission
@@ -899,3 +900,71 @@ def test_one_acknowledgement_stands_for_a_run_only_where_nothing_earlier_can_be_
     overrides: dict[str, str], ordered: bool
 ) -> None:
     assert parse(**overrides).ordered_acks is ordered
+
+
+SECURITY = {
+    "security.protocol": "SASL_SSL",
+    "sasl.mechanism": "SCRAM-SHA-512",
+    "sasl.username": "replicator",
+    "sasl.password": "${env:MIRUS_SECRET_CONFIG_TEST}",
+    "ssl.ca.location": certifi.where(),  # librdkafka reads it when the config is checked
+}
+
+
+@pytest.mark.parametrize(
+    ("source_prefix", "destination_prefix"),
+    [
+        ("consumer.", "destination.consumer."),
+        ("source.cluster.", "target.cluster."),
+        ("source.consumer.", "target.admin."),
+        ("source.admin.", "target.consumer."),
+    ],
+)
+def test_every_client_of_a_cluster_gets_its_security_settings_whichever_name_gives_them(
+    source_prefix: str, destination_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MIRUS_SECRET_CONFIG_TEST", "pw")
+    resolved = {**SECURITY, "sasl.password": "pw"}
+    config = submit(
+        {
+            "name": "secured",
+            "connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector",
+            "topics": "x",
+            f"{source_prefix}bootstrap.servers": "a:9093",
+            f"{destination_prefix}bootstrap.servers": "b:9093",
+            **{source_prefix + k: v for k, v in SECURITY.items()},
+            **{destination_prefix + k: v for k, v in {**SECURITY, "sasl.mechanism": "SCRAM-SHA-256"}.items()},
+        }
+    )
+    for client in (config.consumer_settings(), config.admin_settings("source")):
+        assert resolved.items() <= client.items()
+    for client in (config.producer_settings(0), config.admin_settings("destination")):
+        assert {**resolved, "sasl.mechanism": "SCRAM-SHA-256"}.items() <= client.items()
+    assert "pw" not in repr(config)
+
+
+def test_a_cluster_setting_given_twice_differently_is_refused() -> None:
+    error = error_for(
+        "source.admin.sasl.username", **{"source.cluster.sasl.username": "a", "source.admin.sasl.username": "b"}
+    )
+    assert "conflicts with source.cluster.sasl.username" in error
+
+
+def test_a_java_jaas_login_becomes_librdkafkas_user_name_and_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MIRUS_SECRET_JAAS_TEST", "pw-1")
+    module = "org.apache.kafka.common.security.scram.ScramLoginModule"
+    jaas = f'{module} required username="b\\"ob" password="${{env:MIRUS_SECRET_JAAS_TEST}}";'
+    config = submit(
+        {
+            **MM2_STYLE,
+            "source.cluster.security.protocol": "SASL_SSL",
+            "source.cluster.sasl.mechanism": "SCRAM-SHA-256",
+            "source.cluster.sasl.jaas.config": jaas,
+        }
+    )
+    assert {"sasl.username": 'b"ob', "sasl.password": "pw-1"}.items() <= config.admin_settings("source").items()
+    assert "pw-1" not in repr(config)
+    kerberos = "com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true;"
+    assert "only a ScramLoginModule or PlainLoginModule" in error_for(
+        "source.cluster.sasl.jaas.config", **{"source.cluster.sasl.jaas.config": kerberos}
+    )

@@ -23,6 +23,9 @@ from dagster._serdes.config_class import ConfigurableClassData
 from mirus.api.app import ENV_COMMIT
 from mirus.api.auth import ApiSettings, Credentials
 from mirus_dagster.jobs import replicator
+from replicator.configuration.secrets import ENV_ALLOWED_PATHS
+
+from .deploy_secrets import assert_documented_references_resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -197,6 +200,18 @@ def test_everything_the_run_launcher_names_exists_in_the_compose_file(
     assert any(mount.split(":")[1] == lake for mount in config["container_kwargs"]["volumes"])
     # Resource limits of every replicator container.
     assert config["container_kwargs"]["mem_limit"] and config["container_kwargs"]["nano_cpus"] > 0
+
+
+def test_the_documented_secret_references_resolve_in_the_code_server_and_in_runs(
+    compose: dict[str, Any], launcher: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    services = compose["services"]
+    daemon = environment(services["dagster-daemon"])
+    run = {var: daemon[var] for var in launcher["config"]["env_vars"] if "=" not in var}
+    for env in (environment(services[CODE_SERVICE]), environment(services["mirus-api"]), run):
+        assert_documented_references_resolve(env, monkeypatch)
+    mounts = [m.split(":")[1] for m in launcher["config"]["container_kwargs"]["volumes"]]
+    assert run[ENV_ALLOWED_PATHS] in mounts
 
 
 def test_webserver_and_daemon_load_the_code_server_through_their_workspace(compose: dict[str, Any]) -> None:

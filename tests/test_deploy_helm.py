@@ -46,6 +46,9 @@ from mirus.api.auth import ENV_BEARER_TOKEN, OPEN_PATHS, ApiSettings, Credential
 from mirus_dagster.jobs import replicator
 from mirus_dagster.run_launchers import K8S_CONFIG_TAG, REPLICATOR_K8S_CONFIG, replicator_launcher_tags
 from mirus_dagster.sensors.task_runs import run_request
+from replicator.configuration.secrets import ENV_ALLOWED_PATHS
+
+from .deploy_secrets import assert_documented_references_resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 VALUES = ROOT / "deploy" / "helm" / "values.yaml"
@@ -276,6 +279,15 @@ def test_the_user_deployment_serves_this_code_location(values: dict[str, Any]) -
         assert deployment[key] == launcher_values(values)[key], key
     assert values["postgresql"]["enabled"] is False and values["postgresql"]["postgresqlHost"]
     assert values["generatePostgresqlPasswordSecret"] is False  # the password comes from an existing Secret
+
+
+def test_the_documented_secret_references_resolve_in_the_code_server_and_in_runs(
+    values: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = dict(var.split("=", 1) for var in launcher_values(values)["envVars"])
+    for env in (user_deployment(values)["env"], run):
+        assert_documented_references_resolve(env, monkeypatch)
+    assert run[ENV_ALLOWED_PATHS] == SECRET_MOUNT
 
 
 class RecordingBatchApi:

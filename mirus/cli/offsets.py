@@ -19,11 +19,10 @@ import json
 from datetime import UTC, datetime
 
 import click
-from confluent_kafka.admin import AdminClient
 
 from mirus.local.stack import LocalStack
 from mirus_dagster.settings import PlatformSettings
-from replicator.clusters import ClusterIdentityError, cluster_id
+from replicator.clusters import ClusterAdmin, ClusterIdentityError, cluster_id
 from replicator.configuration.connector import load
 from replicator.discovery.offset_translation import (
     TranslatedOffset,
@@ -87,8 +86,8 @@ def translate(connector: str, group: str, apply: bool, fmt: str, database_url: s
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(EXIT_NOTHING) from exc
     try:
-        source_cluster = cluster_id(AdminClient(config.admin_settings("source")), "source", config.source_alias)
-        destination = AdminClient(config.admin_settings("destination"))
+        source_cluster = cluster_id(ClusterAdmin(config.admin_settings("source")), "source", config.source_alias)
+        destination = ClusterAdmin(config.admin_settings("destination"))
         destination_cluster = cluster_id(destination, "destination", config.target_alias)
         translated = translate_group(config, store, group, source_cluster, destination_cluster)
     except (ClusterIdentityError, TranslationError) as exc:
@@ -115,7 +114,7 @@ def translate(connector: str, group: str, apply: bool, fmt: str, database_url: s
         if behind:
             click.echo("not applied: some translations are not complete yet", err=True)
             raise SystemExit(EXIT_NOT_APPLIED)
-        written, problem = write_group_offsets(AdminClient(config.admin_settings("destination")), group, translated)
+        written, problem = write_group_offsets(ClusterAdmin(config.admin_settings("destination")), group, translated)
         if problem:
             click.echo(f"not applied: {problem}", err=True)
             raise SystemExit(EXIT_NOT_APPLIED)

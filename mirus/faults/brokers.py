@@ -4,7 +4,8 @@
   one port and advertises another — the proxy's — so that every client connection goes through the proxy.
 - `KafkaKit`: ZooKeeper and Apache Kafka brokers from the Apache Kafka distribution (data kept across a broker
   restart). A proxied broker gets two listeners: INTERNAL for the controller's own connections and EXTERNAL,
-  advertised at the proxy's port, for clients.
+  advertised at the proxy's port, for clients. `start_secured` starts clusters as production ones are secured
+  (SASL_SSL only, SCRAM, ACLs enforced; `mirus.faults.kit_security`).
 
 Every process runs in its own session and is only ever signalled by the pid it was started with.
 """
@@ -14,10 +15,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mirus.local.stack import _kafka_ready, _terminate, _wait_until_ready
+from mirus.faults.kit_security import KitSecurity
+from mirus.local.stack import _kafka_ready, _terminate, _wait_until_ready, free_port
 
 KAFKA_HOME_ENV = "MIRUS_KAFKA_HOME"
 # Where an Apache Kafka distribution is looked for when MIRUS_KAFKA_HOME is not set, first match wins: the kit beside
@@ -47,6 +51,8 @@ class BrokerProcess:
     log: Path
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    client: dict[str, str] = field(default_factory=dict)  # the security settings its readiness probe connects with
+    mtls_port: int | None = None  # a secured broker's listener that also requires a client certificate
 
     @property
     def bootstrap(self) -> str:
@@ -63,7 +69,7 @@ class BrokerProcess:
                 start_new_session=True,
                 env={**os.environ, **self.env},
             )
-        _wait_until_ready(self.name, self.proc, self.log, lambda: _kafka_ready(self.listen_port))
+        _wait_until_ready(self.name, self.proc, self.log, lambda: _kafka_ready(self.listen_port, self.client))
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the broker (SIGTERM: a controlled shutdown that keeps its data; SIGKILL: a crash)."""
@@ -107,8 +113,9 @@ class KafkaKit:
         self.zookeeper_port = zookeeper_port
         self.zookeeper: subprocess.Popen[bytes] | None = None
         self.brokers: list[BrokerProcess] = []
+        self.security: KitSecurity | None = None  # set by `start_secured`
 
-    def _java(self, main: str, properties: Path) -> list[str]:
+    def _java(self, main: str, *args: str, options: Sequence[str] = ()) -> list[str]:
         return [
             "java",
             "-Xmx512m",
@@ -116,10 +123,11 @@ class KafkaKit:
             "-Djava.awt.headless=true",
             f"-Dlog4j.configuration=file:{self.home / 'config' / 'log4j.properties'}",
             f"-Dkafka.logs.dir={self.work_dir / 'logs'}",
+            *options,
             "-cp",
             f"{self.home / 'libs'}/*",
             main,
-            str(properties),
+            *args,
         ]
 
     def start_zookeeper(self) -> None:
@@ -135,7 +143,7 @@ class KafkaKit:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             self.zookeeper = subprocess.Popen(
-                self._java("org.apache.zookeeper.server.quorum.QuorumPeerMain", props),
+                self._java("org.apache.zookeeper.server.quorum.QuorumPeerMain", str(props)),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -150,32 +158,86 @@ class KafkaKit:
 
         _wait_until_ready("zookeeper", self.zookeeper, log, ready)
 
+    def _properties(self, name: str, *listeners: str) -> Path:
+        """The server.properties of single-broker cluster `name` (its own ZooKeeper chroot) with these listeners."""
+        props = self.work_dir / f"{name}.properties"
+        lines = [
+            "broker.id=0",
+            *listeners,
+            f"log.dirs={self.work_dir / ('data-' + name)}",
+            f"zookeeper.connect=127.0.0.1:{self.zookeeper_port}/{name}",
+            "offsets.topic.replication.factor=1",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=false",
+            "delete.topic.enable=true",
+        ]
+        props.write_text("\n".join([*lines, ""]))
+        return props
+
     def broker(self, name: str, listen_port: int, proxy_port: int | None, internal_port: int) -> BrokerProcess:
         """A single-broker cluster `name` (its own ZooKeeper chroot); clients reach it at `proxy_port` if given."""
         advertised = proxy_port or listen_port
-        props = self.work_dir / f"{name}.properties"
-        props.write_text(
-            "\n".join(
-                [
-                    "broker.id=0",
-                    f"listeners=INTERNAL://127.0.0.1:{internal_port},EXTERNAL://127.0.0.1:{listen_port}",
-                    f"advertised.listeners=INTERNAL://127.0.0.1:{internal_port},EXTERNAL://127.0.0.1:{advertised}",
-                    "listener.security.protocol.map=INTERNAL:PLAINTEXT,EXTERNAL:PLAINTEXT",
-                    "inter.broker.listener.name=INTERNAL",
-                    f"log.dirs={self.work_dir / ('data-' + name)}",
-                    f"zookeeper.connect=127.0.0.1:{self.zookeeper_port}/{name}",
-                    "offsets.topic.replication.factor=1",
-                    "transaction.state.log.replication.factor=1",
-                    "transaction.state.log.min.isr=1",
-                    "group.initial.rebalance.delay.ms=0",
-                    "auto.create.topics.enable=false",
-                    "delete.topic.enable=true",
-                    "",
-                ]
-            )
+        props = self._properties(
+            name,
+            f"listeners=INTERNAL://127.0.0.1:{internal_port},EXTERNAL://127.0.0.1:{listen_port}",
+            f"advertised.listeners=INTERNAL://127.0.0.1:{internal_port},EXTERNAL://127.0.0.1:{advertised}",
+            "listener.security.protocol.map=INTERNAL:PLAINTEXT,EXTERNAL:PLAINTEXT",
+            "inter.broker.listener.name=INTERNAL",
         )
         broker = BrokerProcess(
-            name, self._java("kafka.Kafka", props), listen_port, advertised, self.work_dir / "logs" / f"{name}.out"
+            name, self._java("kafka.Kafka", str(props)), listen_port, advertised, self.work_dir / "logs" / f"{name}.out"
+        )
+        self.brokers.append(broker)
+        return broker
+
+    def start_secured(self, names: Sequence[str]) -> KitSecurity:
+        """ZooKeeper and one secured single-broker cluster per name, started side by side; `brokers` in order.
+
+        Each broker listens on SASL_SSL at `bootstrap` and, for mutual TLS, on SSL requiring a client certificate at
+        `mtls_port` (the principal is the certificate's subject, `User:CN=replicator`); no PLAINTEXT port (a
+        PLAINTEXT client would be `User:ANONYMOUS`).
+        SCRAM-SHA-256/512, `SimpleAclAuthorizer` with `allow.everyone.if.no.acl.found=false`, super user admin."""
+        with ThreadPoolExecutor(1) as pool:
+            making = pool.submit(KitSecurity.make, self.work_dir / "secure")
+            self.start_zookeeper()
+            security = self.security = making.result()
+        commands = [command for name in names for command in security.zookeeper_commands(name)]
+        # Users must exist before a broker starts: it logs in to itself as admin.
+        done = subprocess.run(
+            self._java("org.apache.zookeeper.ZooKeeperMain", "-server", f"127.0.0.1:{self.zookeeper_port}"),
+            input="\n".join([*commands, "quit", ""]),
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0 or (done.stdout + done.stderr).count("Created /") != len(commands):
+            raise RuntimeError(f"SCRAM users not written to ZooKeeper:\n{done.stdout}{done.stderr}")
+        brokers = [self._secured_broker(name, security) for name in names]
+        with ThreadPoolExecutor(len(brokers)) as pool:
+            for started in [pool.submit(broker.start) for broker in brokers]:
+                started.result()
+        return security
+
+    def _secured_broker(self, name: str, security: KitSecurity) -> BrokerProcess:
+        port, mtls_port = free_port(), free_port()
+        props = self._properties(
+            name,
+            f"listeners=SASL_SSL://127.0.0.1:{port},MTLS://127.0.0.1:{mtls_port}",
+            "listener.security.protocol.map=SASL_SSL:SASL_SSL,MTLS:SSL",
+            "inter.broker.listener.name=SASL_SSL",
+            "listener.name.mtls.ssl.client.auth=required",
+            *security.broker_properties(),
+        )
+        options = [f"-Djava.security.auth.login.config={security.jaas()}", "-Dzookeeper.sasl.client=false"]
+        broker = BrokerProcess(
+            name,
+            self._java("kafka.Kafka", str(props), options=options),
+            port,
+            port,
+            self.work_dir / "logs" / f"{name}.out",
+            client=security.client_settings("admin"),
+            mtls_port=mtls_port,
         )
         self.brokers.append(broker)
         return broker

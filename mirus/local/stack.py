@@ -16,7 +16,7 @@ import signal
 import socket
 import subprocess
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,15 +131,20 @@ def _terminate(pid: int, sig: int = signal.SIGTERM) -> None:
             proc.wait(5)
 
 
-def _kafka_ready(port: int) -> None:
+def _kafka_ready(port: int, client: Mapping[str, str] | None = None) -> None:
+    """Raises until the broker answers Metadata (with `client`'s security settings) and knows its controller."""
     from confluent_kafka.admin import AdminClient
 
     # A plain connect first: librdkafka would log every refused connection while the broker starts.
     socket.create_connection(("127.0.0.1", port), timeout=1).close()
     bootstrap = f"127.0.0.1:{port}"
-    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=2)
+    # A secured broker listens before it has loaded its users: the failed logins until then are not worth logging.
+    quiet = {"log_level": 0} if client else {}
+    metadata = AdminClient({**(client or {}), **quiet, "bootstrap.servers": bootstrap}).list_topics(timeout=2)
     if not metadata.brokers:
         raise StackError(f"no broker in metadata from {bootstrap}")
+    if client and metadata.controller_id < 0:  # admin requests fail with "waiting for controller" until then
+        raise StackError(f"no controller elected yet at {bootstrap}")
 
 
 class LocalStack:

@@ -335,6 +335,13 @@ def load(props: Mapping[str, object], *, resolve_references: bool = True) -> Con
 
 
 _MAX_VALUE_LENGTH = 100_000  # client settings and transforms (a CA bundle in ssl.ca.pem can be long)
+# `org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="p";`
+_JAAS_OPTION_TEXT = r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"'  # name="value", with \" and \\ escapes
+_JAAS_LOGIN = re.compile(
+    r"org\.apache\.kafka\.common\.security\.(scram\.ScramLoginModule|plain\.PlainLoginModule)\s+required"
+    rf"((?:\s+{_JAAS_OPTION_TEXT})*)\s*;"
+)
+_JAAS_OPTION = re.compile(_JAAS_OPTION_TEXT)
 _OFFSET_RESETS = frozenset({"earliest", "smallest", "beginning", "latest", "largest", "end"})
 _PORT = r"(?:[1-9]\d{0,3}|[1-5]\d{4}|6[0-4]\d{3}|65[0-4]\d{2}|655[0-2]\d|6553[0-5])"
 _BOOTSTRAP_ENTRY = re.compile(
@@ -587,6 +594,9 @@ class _Parser(TopicRules):
         if not key:
             self.fail(name, "a client setting name must follow the prefix")
             return
+        if key == "sasl.jaas.config":
+            self.add_jaas_login(client, name, value)
+            return
         if key in _DROPPED_JAVA_SETTINGS or (
             key == "partition.assignment.strategy" and any("." in part for part in value.split(","))
         ):
@@ -607,6 +617,27 @@ class _Parser(TopicRules):
             return
         client.settings[key] = value
         client.origin.setdefault(key, name)
+
+    def add_jaas_login(self, client: _ClientSettings, name: str, value: str) -> None:
+        """A Java client's `sasl.jaas.config` (as MirrorMaker 2 users write it), which librdkafka does not read: the
+        SCRAM or PLAIN login module's user name and password become `sasl.username` and `sasl.password`."""
+        login = _JAAS_LOGIN.fullmatch(value.strip())
+        options = dict(_JAAS_OPTION.findall(login.group(2))) if login else {}
+        if not login or not {"username", "password"} <= options.keys():
+            self.fail(
+                name,
+                "only a ScramLoginModule or PlainLoginModule with username and password is understood (librdkafka has "
+                "no JAAS); give sasl.username and sasl.password instead",
+            )
+            return
+        for setting in ("username", "password"):
+            current = client.settings.get(f"sasl.{setting}")
+            wanted = options[setting].replace('\\"', '"').replace("\\\\", "\\")
+            if current is not None and current != wanted:
+                self.fail(name, f"conflicts with {client.origin[f'sasl.{setting}']}: both set the {setting}")
+                return
+            client.settings[f"sasl.{setting}"] = wanted
+            client.origin.setdefault(f"sasl.{setting}", name)
 
     def check_bootstrap_servers(self, name: str, value: str) -> bool:
         """`host:port` entries (an optional `PROTOCOL://` before each), as librdkafka and Kafka take them."""

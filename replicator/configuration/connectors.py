@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from replicator.assignment import SourcePartition
-from replicator.clusters import METADATA_TIMEOUT_S, MetadataUnavailableError, read_cluster
+from replicator.clusters import METADATA_TIMEOUT_S, ClusterAdmin, MetadataUnavailableError, read_cluster
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load, validate_submission
 from replicator.configuration.properties import SPECS
 from replicator.state.records import LEASE_HELD, ConnectorState, UnknownConnectorError
@@ -73,7 +72,7 @@ def group_offsets(store: Store, name: str, group: str) -> dict[SourcePartition, 
     group (offsets are fetched, not consumed), so a running MirrorMaker is not disturbed.
     """
     config = load(store.get_connector(name).properties)
-    topics = read_cluster(AdminClient(config.admin_settings("source")), "source").partition_counts()
+    topics = read_cluster(ClusterAdmin(config.admin_settings("source")), "source").partition_counts()
     wanted = [TopicPartition(t, p) for t in config.selector.select(topics) for p in range(topics[t])]
     if not wanted:
         return {}

@@ -215,6 +215,11 @@ PROPERTIES: tuple[PropertySpec, ...] = (
                  "topics periodically.", default=True, field="sync_topic_configs"),
     PropertySpec("sync.topic.configs.interval.seconds", _I, "MirrorMaker 2: how often topic configs are "
                  "compared and copied.", default=60, field="sync_topic_configs_interval_s", minimum=1),
+    PropertySpec("sync.topic.acls.enabled", _B, "MirrorMaker 2: create the source's topic ACLs on the destination "
+                 "topics (ALLOW WRITE left out, ALLOW ALL as ALLOW READ, literal names only; never removed). "
+                 "docs/SECURITY.md lists the ACLs this needs.", default=True, field="sync_topic_acls"),
+    PropertySpec("sync.topic.acls.interval.seconds", _I, "MirrorMaker 2: how often topic ACLs are synced.",
+                 default=600, field="sync_topic_acls_interval_s", minimum=1),
     # -- failover (replicator.discovery.offset_translation, replicator.discovery.heartbeats) --
     PropertySpec("groups", _L, "MirrorMaker 2: Java regular expressions of the source consumer groups whose "
                  "offsets are translated (checkpoints, offset sync).", default=".*", field="groups"),
@@ -257,6 +262,15 @@ CLIENT_PREFIXES: tuple[ClientPrefix, ...] = (
                  "for metadata and as the base of the producer."),
     ClientPrefix("target.cluster.", Client.DESTINATION, "MirrorMaker 2: the destination cluster's client settings."),
     ClientPrefix("producer.", Client.PRODUCER, "Producer settings, overlaid on the destination's."),
+    # MirrorMaker 2's per-client spellings. This platform uses one set of settings per cluster (its security settings
+    # must reach every client of that cluster), so each is that cluster's: a value set twice differently is refused.
+    ClientPrefix("source.consumer.", Client.SOURCE, "MirrorMaker 2: the source consumer's settings (the source's)."),
+    ClientPrefix("source.admin.", Client.SOURCE, "MirrorMaker 2: the source admin client's settings (the source's)."),
+    ClientPrefix("target.consumer.", Client.DESTINATION, "MirrorMaker 2: the destination consumer's settings (the "
+                 "destination's)."),
+    ClientPrefix("target.admin.", Client.DESTINATION, "MirrorMaker 2: the destination admin client's settings (the "
+                 "destination's)."),
+    ClientPrefix("target.producer.", Client.PRODUCER, "MirrorMaker 2: the producer's settings, as `producer.*`."),
 )  # fmt: skip
 
 # Settings Kafka Connect / MM2 users commonly carry that change nothing here: accepted and ignored.
@@ -276,7 +290,6 @@ IGNORED_PREFIXES = (
     "header.converter",
     "errors.",
     "predicates",
-    "sync.topic.acls.",
     "refresh.topics.",
     "refresh.groups.",
     "offset-syncs.",

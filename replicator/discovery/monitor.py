@@ -10,6 +10,7 @@ Running tasks pick the new generation up live; nothing is restarted.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -19,9 +20,10 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from replicator.assignment import SourcePartition, assign_partitions, membership
-from replicator.clusters import ClusterView, MetadataUnavailableError, read_cluster
+from replicator.clusters import ClusterAdmin, ClusterView, MetadataUnavailableError, read_cluster, topic_partitions
 from replicator.configuration.connector import ConnectorConfig, load
 from replicator.discovery import heartbeats
+from replicator.discovery.acl_sync import ACL_PROBLEM, AclSync, sync_topic_acls
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC, HeartbeatProducers
 from replicator.discovery.offset_translation import TranslationError, sync_groups
 from replicator.discovery.topic_sync import (
@@ -126,6 +128,11 @@ class Written:
     flow: FlowRow | None = None
     assignment: tuple[int, dict[int, list[SourcePartition]]] | None = None  # generation and its tasks
     held: dict[SourcePartition, str] | None = None
+    # Topic ACL sync's last outcome and when it ran (monotonic): kept here, not in the flow row, since creating an
+    # ACL that exists changes nothing, so a sync repeated after a restart costs one request and no harm.
+    acls: AclSync = field(default_factory=lambda: AclSync(frozenset()))
+    acls_synced_at: float | None = None
+    acls_topics: frozenset[str] = frozenset()  # the destination topics of that sync: a new one is synced at once
 
 
 class PollMemory:
@@ -152,12 +159,43 @@ class PollMemory:
         self.connectors = {name: w for name, w in self.connectors.items() if name in connectors}
 
 
+HIDDEN_PROBLEM = "source topic"  # a selected topic the source does not show the principal
+
+
+def hidden_topics(source_admin: AdminClient, absent: Collection[str]) -> dict[str, str]:
+    """Topics named in the selection that the source's metadata left out because the principal may not see them
+    (a broker answers TOPIC_AUTHORIZATION_FAILED whether or not such a topic exists): topic -> why. A topic that
+    simply does not exist yet is no problem. One Metadata request, only while some named topic is absent."""
+    if not absent:
+        return {}
+    try:
+        found = topic_partitions(source_admin, absent)
+    except KafkaException:
+        return {}  # the cluster itself is unreadable: its snapshot error says so
+    who = f"source cluster ({source_admin.identity})" if isinstance(source_admin, ClusterAdmin) else "source cluster"
+    return {
+        topic: f"{who} does not show topic {topic!r} ({partitions.error}): the principal needs Describe and Read on "
+        f"Topic {topic!r} there (docs/SECURITY.md)"
+        for topic, partitions in found.items()
+        if partitions.error is not None and "authoriz" in partitions.error.lower()
+    }
+
+
+def _replace_problems(updates: dict[str, object], flow: FlowRow, kind: str, found: Mapping[str, str]) -> None:
+    """The flow's problems of `kind` (keys `kind` or `kind <name>`) replaced by `found` (name -> why)."""
+    current = dict(cast(Mapping[str, str], updates.get("problems", flow.problems)))
+    shown = {k: v for k, v in current.items() if k != kind and not k.startswith(f"{kind} ")}
+    shown.update({f"{kind} {name}".strip(): why for name, why in found.items()})
+    if shown != current:
+        updates.update(problems=shown)
+
+
 class KafkaMonitor:
     def __init__(
         self,
         store: Store,
         read_view: Callable[[AdminClient, str], ClusterView] = read_cluster,
-        admin_for: Callable[[dict[str, str]], AdminClient] = AdminClient,
+        admin_for: Callable[[dict[str, str]], AdminClient] = ClusterAdmin,
         topic_requests: TopicRequests | None = None,
         heartbeat_producers: HeartbeatProducers | None = None,
         memory: PollMemory | None = None,
@@ -241,6 +279,10 @@ class KafkaMonitor:
         # After the new generation is written: the tasks pick it up while heartbeats, checkpoints and syncs run.
         existing = {d: s for d, s in pairs.items() if d in destination_counts}
         self._periodic_duties(config, admins, source, destination, existing, flow, updates)
+        if config.sync_topic_acls:
+            self._sync_acls(config, admins, existing, flow, updates, written)
+        hidden = hidden_topics(admins.source, config.selector.whitelist - source.topics.keys())
+        _replace_problems(updates, flow, HIDDEN_PROBLEM, hidden)
         if updates and self.flow_writes is not None:
             self.flow_writes.setdefault(connector, {}).update(updates)
         elif updates:
@@ -263,6 +305,25 @@ class KafkaMonitor:
                 return
         self.store.hold_partitions(connector, held, assigned)
         written.held = held
+
+    @staticmethod
+    def _sync_acls(
+        config: ConnectorConfig,
+        admins: Admins,
+        pairs: Mapping[str, str],
+        flow: FlowRow,
+        updates: dict[str, object],
+        written: Written,
+    ) -> None:
+        """Topic ACL sync when its interval is due or a destination topic appeared; its failure is the flow's
+        `acl sync` problem until a sync succeeds."""
+        now, topics = time.monotonic(), frozenset(pairs)
+        last = written.acls_synced_at
+        if last is not None and now - last < config.sync_topic_acls_interval_s and topics <= written.acls_topics:
+            return
+        written.acls = sync_topic_acls(admins.source, admins.destination, pairs, written.acls.bindings)
+        written.acls_synced_at, written.acls_topics = now, topics
+        _replace_problems(updates, flow, ACL_PROBLEM, {"": written.acls.problem} if written.acls.problem else {})
 
     def _periodic_duties(
         self,

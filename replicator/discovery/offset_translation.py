@@ -36,6 +36,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from replicator.assignment import SourcePartition
+from replicator.clusters import ClusterAdmin
 from replicator.configuration.connector import ConnectorConfig, split_list
 from replicator.discovery.topic_sync import broker_reason
 from replicator.partition_reader import PartitionReadError, read_to_end
@@ -340,7 +341,7 @@ def translate_group(
     config: ConnectorConfig, store: Store, group: str, source_cluster: str, destination_cluster: str
 ) -> list[TranslatedOffset]:
     """Translate one group now (the source cluster must answer) and keep the result as its checkpoints."""
-    source_admin = AdminClient(config.admin_settings("source"))
+    source_admin = ClusterAdmin(config.admin_settings("source"))
     offsets = committed_offsets(source_admin, group, "source")
     translator = OffsetTranslator(config, store, source_cluster, destination_cluster)
     translated = translator.translate({group: offsets})
@@ -359,8 +360,8 @@ def sync_groups(
     translations into idle destination groups. Returns problems (group -> why). `admins`: the source's and the
     destination's clients to use (the metadata watcher's live as long as it does); new ones otherwise."""
     source_admin, destination_admin = admins or (
-        AdminClient(config.admin_settings("source")),
-        AdminClient(config.admin_settings("destination")),
+        ClusterAdmin(config.admin_settings("source")),
+        ClusterAdmin(config.admin_settings("destination")),
     )
     problems: dict[str, str] = {}
     offsets = {}

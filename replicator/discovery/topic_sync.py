@@ -67,6 +67,23 @@ def broker_reason(exc: BaseException) -> str:
     return str(exc)
 
 
+AUTHORIZATION_FAILURES = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+
+
+def missing_acl(exc: BaseException, operation: str, resource: str) -> str:
+    """For a refusal by the authorizer, the ACL to grant (`operation` on `resource`, as docs/SECURITY.md lists)."""
+    if _error_code(exc) in AUTHORIZATION_FAILURES:
+        return f"; the principal needs {operation} on {resource} (docs/SECURITY.md)"
+    return ""
+
+
 def _error_code(exc: BaseException) -> int | None:
     err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
     return err.code() if isinstance(err, KafkaError) else None
@@ -99,7 +116,8 @@ def topic_overrides(admin: AdminClient, topics: Iterable[str]) -> dict[str, dict
         try:
             out[resource.name] = dict(future.result())
         except Exception as exc:  # KafkaException per resource; anything else is reported the same way
-            out[resource.name] = f"cannot read topic configs: {broker_reason(exc)}"
+            needed = missing_acl(exc, "DescribeConfigs", f"Topic {resource.name!r}")
+            out[resource.name] = f"cannot read topic configs: {broker_reason(exc)}{needed}"
     return out
 
 
@@ -296,11 +314,13 @@ class _TopicCreation:
             del self.requests.requests[key]  # created meanwhile: the next poll sees it
             return
         if request.kind == "create":
-            request.failure = f"destination topic {dest!r} could not be created: {broker_reason(exc)}"
+            needed = missing_acl(exc, "Create", "the destination's Cluster")
+            request.failure = f"destination topic {dest!r} could not be created: {broker_reason(exc)}{needed}"
         else:
             request.failure = (
                 f"destination topic {dest!r} has {self._partitions(dest)} partitions, the source "
                 f"{request.partitions}; adding partitions failed: {broker_reason(exc)}"
+                f"{missing_acl(exc, 'Alter', f'Topic {dest!r} at the destination')}"
             )
         request.future = None
         outcome.blocked[dest] = request.failure
@@ -338,7 +358,8 @@ def sync_topic_configs(
         try:
             _alter(destination_admin, dest, wanted, current, current_entries, keep)
         except Exception as exc:
-            problems[dest] = f"config sync of {dest!r} failed: {broker_reason(exc)}"
+            needed = missing_acl(exc, "AlterConfigs", f"Topic {dest!r} at the destination")
+            problems[dest] = f"config sync of {dest!r} failed: {broker_reason(exc)}{needed}"
             continue
         changed.append(dest)
         log.info("synced configs of destination topic %s", dest)

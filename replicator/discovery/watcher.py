@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
-from replicator.clusters import ClusterView, MetadataUnavailableError, read_cluster, settings_key
+from replicator.clusters import ClusterAdmin, ClusterView, MetadataUnavailableError, read_cluster, settings_key
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load
 from replicator.discovery.heartbeats import HeartbeatProducers
 from replicator.discovery.monitor import KafkaMonitor, MonitorResult, PollMemory, plan_partitions
@@ -58,7 +58,7 @@ class ClusterReadings:
         self.used.add(key)
         client = self.clients.get(key)
         if client is None:
-            client = self.clients[key] = AdminClient(dict(settings))
+            client = self.clients[key] = ClusterAdmin(dict(settings))
         return client
 
     def read(self, settings: Mapping[str, str], cluster: str) -> ClusterView:

@@ -8,13 +8,14 @@ import enum
 import logging
 from concurrent.futures import Future
 from datetime import timedelta
+from typing import Literal
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
-from replicator.clusters import TopicPartitions, log_offsets, topic_partitions
+from replicator.clusters import ClusterAdmin, TopicPartitions, connection_identity, log_offsets, topic_partitions
 from replicator.engine.context import TaskContext
 from replicator.engine.partitions import UNASSIGNED_PARTITION, PartitionState, describe
 from replicator.engine.scheduler import CHECKING_DESTINATIONS, REFRESHING
@@ -164,7 +165,7 @@ class AssignmentFollower:
         logical = dict.fromkeys(partitions, OFFSET_END if latest else OFFSET_BEGINNING)
         if not partitions:
             return logical
-        admin = AdminClient(config.admin_settings("source"))  # for one request, as `destination_admin`
+        admin = ClusterAdmin(config.admin_settings("source"))  # for one request, as `destination_admin`
         return logical | log_offsets(admin, partitions, latest, config.exactly_once)
 
     # -- destinations -------------------------------------------------------------------------------------
@@ -175,7 +176,7 @@ class AssignmentFollower:
     def destination_admin(self) -> AdminClient:
         """An admin client for one request: a long-lived one's background thread wakes 100 times a second (measured:
         0.5 % of a core, an idle task of 10,000 partitions held 4.3 % in all), and the task asks every few seconds."""
-        return AdminClient(self.task.config.admin_settings("destination"))
+        return ClusterAdmin(self.task.config.admin_settings("destination"))
 
     def check_destination(self, partitions: list[SourcePartition] | None = None) -> None:
         """Map each partition to its destination partition; pause those whose destination is missing."""
@@ -229,9 +230,28 @@ class AssignmentFollower:
             for tp in gone:
                 self.drop(tp, f"source partition disappeared: {err.str()}")
             return
+        if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED and topic:
+            # A missing ACL: librdkafka retries the fetch forever. The topic's partitions wait alone, retried with
+            # their backoff, so that a grant resumes them without a restart.
+            reason = self.refused_by("source", f"reading topic {topic!r}", err, ("Read", topic))
+            for state in list(task.book.states.values()):
+                if state.topic == topic and partition in (None, -1, state.partition) and state.paused_reason is None:
+                    self.pause(state, reason)
+            return
         if err.fatal():
             raise RuntimeError(f"source consumer failed: {err.str()}")
         log.warning("source error for %s-%d (%s[%s]): %s", task.connector, task.task_id, topic, partition, err.str())
+
+    def refused_by(
+        self, cluster: Literal["source", "destination"], doing: str, err: KafkaError, needed: tuple[str, str]
+    ) -> str:
+        """A refusal as an operator needs it: which cluster, as whom, doing what, and the ACL (operation, topic)
+        that a TOPIC_AUTHORIZATION_FAILED says is missing."""
+        identity = connection_identity(self.task.config.admin_settings(cluster))
+        reason = f"{cluster} cluster ({identity}) refused {doing}: {err.str()} ({err.name()})"
+        if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            reason += f"; the principal needs {needed[0]} on Topic {needed[1]!r} there (docs/SECURITY.md)"
+        return reason
 
     def pause(self, state: PartitionState, reason: str) -> None:
         self.task.book.pause(state, reason)

@@ -329,7 +329,12 @@ class Forwarder:
             return
         # (A record of this partition may have failed with the stopped producer before its refusal was served.)
         if state.paused_reason is None or state.paused_reason is AWAITING_NEW_PRODUCER:
-            self.task.follower.pause(state, f"destination refused offset {offset}: {err.str()} ({err.name()})")
+            if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:  # a missing ACL: say whose and which
+                topic = state.destination_topic
+                why = self.task.follower.refused_by("destination", f"writing to {topic!r}", err, ("Write", topic))
+            else:
+                why = f"destination refused offset {offset}: {err.str()} ({err.name()})"
+            self.task.follower.pause(state, why)
 
     # -- the producer ---------------------------------------------------------------------------------------
 

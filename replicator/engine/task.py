@@ -24,10 +24,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from confluent_kafka.admin import AdminClient
 from sqlalchemy.exc import SQLAlchemyError
 
-from replicator.clusters import cluster_id
+from replicator.clusters import ClusterAdmin, cluster_id
 from replicator.configuration.connector import ConnectorConfig, load
 from replicator.engine.committer import Committer, CommitWatchdogError
 from replicator.engine.follower import AssignmentFollower, TaskExit
@@ -181,7 +180,7 @@ class ReplicationTask:
             self.committer.start()
         self.clients_open = True
         # Clusters are known by their Kafka cluster id (aliases are display names that may coincide).
-        self.source_cluster = cluster_id(AdminClient(config.admin_settings("source")), "source", config.source_alias)
+        self.source_cluster = cluster_id(ClusterAdmin(config.admin_settings("source")), "source", config.source_alias)
         self.destination_cluster = cluster_id(self.follower.destination_admin(), "destination", config.target_alias)
         self.origin_header = (provenance.ORIGIN, self.source_cluster.encode())
         self.book.clear()
