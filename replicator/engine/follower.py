@@ -45,6 +45,7 @@ class AssignmentFollower:
     def __init__(self, task: TaskContext) -> None:
         self.task = task
         self.generation = 0
+        self.tasks = 1  # in the connector's current assignment
         self.pauses_version = -1  # of the connector's operator pauses, as last read (`follow_pauses`)
         self.held: dict[SourcePartition, str] = {}  # partitions an operator paused, owned or not -> the reason
         self.head_in_flight: Future[ConnectorHead | None] | None = None  # the connector's row, read in the background
@@ -110,6 +111,9 @@ class AssignmentFollower:
             assignment = task.store.read_assignment(task.connector, self.generation)
             if self.generation > 0 and task.task_id not in assignment:
                 return TaskExit.REMOVED
+            if len(assignment) != self.tasks and assignment:
+                self.tasks = len(assignment)
+                task.forwarder.rethrottle()
             self.apply_assignment(set(assignment.get(task.task_id, ())))
         if task.book.waiting:
             self.claim(sorted(task.book.waiting))
