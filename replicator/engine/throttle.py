@@ -95,7 +95,11 @@ class Throttle:
 
 
 def only_throttle_changed(old: ConnectorConfig, new: ConnectorConfig) -> bool:
-    """Whether two versions of a configuration differ in their throttle alone: the task then keeps its clients."""
-    return {k: v for k, v in old.raw.items() if k not in PROPERTIES} == {
-        k: v for k, v in new.raw.items() if k not in PROPERTIES
-    }
+    """Whether a new version of a configuration changes its throttle and nothing else: the task then keeps its
+    clients. (The same configuration stored again rebuilds them, as before: it may be meant to re-read secrets.)"""
+
+    def split(raw: dict[str, object]) -> tuple[dict[str, object], dict[str, object]]:
+        return {k: v for k, v in raw.items() if k not in PROPERTIES}, {k: v for k, v in raw.items() if k in PROPERTIES}
+
+    (old_rest, old_throttle), (new_rest, new_throttle) = split(old.raw), split(new.raw)
+    return old_rest == new_rest and old_throttle != new_throttle
