@@ -18,8 +18,8 @@ from mirus.api.auth import ApiSettings
 from mirus.cli.main import main
 from mirus.waiting import wait_until
 from mirus_dagster.assets.connectors import connectors_markdown
-from mirus_dagster.constants import PAUSE_PARTITION_JOB, RESUME_PARTITION_JOB
-from mirus_dagster.definitions import admin_jobs
+from mirus_dagster.constants import CONNECTORS_ASSET, PAUSE_PARTITION_JOB, RESUME_PARTITION_JOB
+from mirus_dagster.definitions import admin_jobs, kafka_monitor
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration import connectors
 from replicator.engine.task import TaskExit
@@ -30,6 +30,7 @@ from .api_helpers import serve_api
 from .engine_helpers import TaskThread, connector_properties, create_connector
 from .kafka_helpers import Traffic, create_topics
 from .replica_check import check_replica
+from .test_sensors import evaluate
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +173,20 @@ def test_the_rest_api_cli_and_launchpad_pause_and_resume_a_partition_and_the_ass
     assert not store.partition_pauses(unique)
     status = store.connector_statuses(unique)[0]
     assert OPERATOR_PAUSE not in connectors_markdown([status], {}, {}, {}, datetime.now(UTC))
+
+
+def test_a_pause_made_outside_dagster_is_recorded_on_the_connectors_asset_at_the_monitors_next_tick(
+    stack: StackEndpoints, store: Store, unique: str, resources: dict[str, object], instance: dg.DagsterInstance
+) -> None:
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
+    first = evaluate(kafka_monitor, instance, resources, None)
+    assert isinstance(first, dg.SensorResult)
+
+    connectors.pause_partition(store, unique, (unique, 0), "replaying a bad deploy")
+    after = evaluate(kafka_monitor, instance, resources, first.cursor)
+
+    assert isinstance(after, dg.SensorResult)
+    recorded = [e for e in after.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET)]
+    table = str(recorded[-1].metadata["connectors"].value)
+    line = next(row for row in table.splitlines() if row.startswith(f"| {unique} |"))
+    assert f"{unique}[0] {OPERATOR_PAUSE} at " in line and "replaying a bad deploy" in line
