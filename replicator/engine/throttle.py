@@ -3,8 +3,8 @@ token buckets the forwarder asks before it reads a batch, so that over the limit
 backlog waits in the source — rather than dropping or holding records (uReplicator's rate limit).
 
 A batch is counted once read, so a bucket may go into debt by one batch; the forwarder then reads nothing until
-the debt is paid off, and reads batches no larger than the budget left, so the debt stays small and the rate holds
-over any window of a second or more."""
+the debt is paid off and 20 ms of budget is back, and reads batches no larger than the budget left, so the debt
+stays small and the rate holds over any window of a second or more."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from confluent_kafka import Message
 
 from replicator.configuration.connector import ConnectorConfig
 
-PROPERTIES = frozenset({"replication.throttle.bytes.per.second", "replication.throttle.records.per.second"})
+THROTTLE_PROPERTIES = frozenset({"replication.throttle.bytes.per.second", "replication.throttle.records.per.second"})
 # A bucket holds at most this many seconds of its rate: what an idle task may send at once when records arrive.
 BURST_S = 0.2
 # Reading resumes once this many seconds of the rate are available: a batch at a time, not a record per turn of
@@ -98,8 +98,7 @@ def only_throttle_changed(old: ConnectorConfig, new: ConnectorConfig) -> bool:
     """Whether a new version of a configuration changes its throttle and nothing else: the task then keeps its
     clients. (The same configuration stored again rebuilds them, as before: it may be meant to re-read secrets.)"""
 
-    def split(raw: dict[str, object]) -> tuple[dict[str, object], dict[str, object]]:
-        return {k: v for k, v in raw.items() if k not in PROPERTIES}, {k: v for k, v in raw.items() if k in PROPERTIES}
+    def rest(raw: dict[str, object]) -> dict[str, object]:
+        return {k: v for k, v in raw.items() if k not in THROTTLE_PROPERTIES}
 
-    (old_rest, old_throttle), (new_rest, new_throttle) = split(old.raw), split(new.raw)
-    return old_rest == new_rest and old_throttle != new_throttle
+    return rest(old.raw) == rest(new.raw) and old.raw != new.raw
