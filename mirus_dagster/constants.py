@@ -32,6 +32,8 @@ WATCH_OP = "watch_metadata"
 PUT_CONNECTOR_JOB = "put_connector"
 STORE_CONNECTOR_OP = "store_connector"
 REPORTS_JOB = "refresh_reports"
+PAUSE_PARTITION_JOB = "pause_partition"
+RESUME_PARTITION_JOB = "resume_partition"
 
 
 def admin_job_name(action: str) -> str:

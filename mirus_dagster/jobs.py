@@ -19,9 +19,11 @@ from mirus_dagster.constants import (
     KIND_ADMIN,
     KIND_REPLICATOR,
     KIND_WATCHER,
+    PAUSE_PARTITION_JOB,
     PUT_CONNECTOR_JOB,
     REPLICATE_OP,
     REPLICATOR_JOB,
+    RESUME_PARTITION_JOB,
     STORE_CONNECTOR_OP,
     TAG_CONNECTOR,
     TAG_KIND,
@@ -40,7 +42,7 @@ from replicator.discovery.monitor import MonitorResult
 from replicator.discovery.watcher import MetadataWatcher
 from replicator.engine.ownership import run_owned
 from replicator.engine.task import ReplicationTask, TaskExit
-from replicator.state.records import UnknownConnectorError
+from replicator.state.records import PartitionPauseError, UnknownConnectorError
 from replicator.state.store import Store
 
 ConnectorsEvent = Callable[[Store, str, dg.DagsterInstance], dg.AssetMaterialization]
@@ -171,6 +173,16 @@ class ConnectorNameConfig(dg.Config):
     name: str = Field(description="Name of an existing connector.")
 
 
+class PartitionConfig(dg.Config):
+    name: str = Field(description="Name of an existing connector.")
+    topic: str = Field(description="Source topic of the partition.")
+    partition: int = Field(ge=0, description="Source partition number.")
+
+
+class PartitionPauseConfig(PartitionConfig):
+    reason: str = Field(description="Why: shown next to the paused partition (`connectors` asset) until resumed.")
+
+
 _ADMIN = {
     "pause": "Pause a connector: its tasks commit and stop; nothing is replicated until it is resumed.",
     "resume": "Resume a paused connector: its tasks start again from their committed offsets.",
@@ -249,6 +261,59 @@ def _state_job(action: str, connectors_event: ConnectorsEvent) -> dg.JobDefiniti
     return state_job
 
 
+def _partition_jobs(connectors_event: ConnectorsEvent) -> list[dg.JobDefinition]:
+    """Pause and resume one source partition by hand (`replicator.configuration.connectors.pause_partition`)."""
+
+    @dg.op(name=f"{PAUSE_PARTITION_JOB}_op", description="Pause one source partition by hand, with a reason.")
+    def pause_one(context: dg.OpExecutionContext, config: PartitionPauseConfig, platform: PlatformDatabase) -> None:
+        _tag_connector(context, config.name)
+        store = platform.store()
+        try:
+            connectors.pause_partition(store, config.name, (config.topic, config.partition), config.reason)
+        except (UnknownConnectorError, PartitionPauseError) as exc:
+            raise _fail(f"nothing was paused: {exc}") from None
+        shown = f"{config.topic}[{config.partition}] of {config.name}"
+        context.log.info(f"paused {shown}: {config.reason.strip()}")
+        context.log_event(connectors_event(store, f"paused {shown}", context.instance))
+
+    @dg.op(name=f"{RESUME_PARTITION_JOB}_op", description="Resume a source partition paused by hand.")
+    def resume_one(context: dg.OpExecutionContext, config: PartitionConfig, platform: PlatformDatabase) -> None:
+        _tag_connector(context, config.name)
+        store = platform.store()
+        shown = f"{config.topic}[{config.partition}] of {config.name}"
+        try:
+            resumed = connectors.resume_partition(store, config.name, (config.topic, config.partition))
+        except UnknownConnectorError as exc:
+            raise _fail(str(exc)) from None
+        if not resumed:
+            raise _fail(f"{shown} is not paused by an operator")
+        context.log.info(f"resumed {shown}")
+        context.log_event(connectors_event(store, f"resumed {shown}", context.instance))
+
+    @dg.job(
+        name=PAUSE_PARTITION_JOB,
+        description="Pause one source partition of a connector by hand, with a reason; the others flow on.",
+        tags={TAG_KIND: KIND_ADMIN},
+    )
+    def pause_partition() -> None:
+        pause_one()
+
+    @dg.job(
+        name=RESUME_PARTITION_JOB,
+        description="Resume a source partition paused by hand, from its first unacknowledged offset.",
+        tags={TAG_KIND: KIND_ADMIN},
+    )
+    def resume_partition() -> None:
+        resume_one()
+
+    return [pause_partition, resume_partition]
+
+
 def build_admin_jobs(connectors_event: ConnectorsEvent) -> list[dg.JobDefinition]:
-    """`put_connector` and the pause/resume/restart/delete jobs, recording the asset with `connectors_event`."""
-    return [_put_connector_job(connectors_event)] + [_state_job(action, connectors_event) for action in _ADMIN]
+    """`put_connector`, the pause/resume/restart/delete jobs and the partition pause/resume jobs, recording the
+    asset with `connectors_event`."""
+    return (
+        [_put_connector_job(connectors_event)]
+        + [_state_job(action, connectors_event) for action in _ADMIN]
+        + _partition_jobs(connectors_event)
+    )

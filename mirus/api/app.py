@@ -42,6 +42,7 @@ from replicator.state.records import (
     ConnectorNotStoppedError,
     ConnectorRecord,
     ConnectorState,
+    PartitionPauseError,
     TasksStillStoppingError,
     UnknownConnectorError,
 )
@@ -275,6 +276,44 @@ class ConnectApi:
     def resume(self, call: Call) -> Response:
         self._apply(connectors.resume_connector, call.path["name"])
         return Response(status_code=202)
+
+    # -- operator pauses of single partitions (an extension: outside Kafka Connect's API, docs/API.md) -----------
+
+    def pause_partition(self, call: Call) -> Response:
+        name, tp = call.path["name"], (call.path["topic"], call.path["partition"])
+        body = _object(call.body if call.body is not None else {}, "request body")
+        reason = body.get("reason")
+        if not isinstance(reason, str):
+            raise ApiError(400, 'Request body must be {"reason": "<why the partition is paused>"}')
+        try:
+            connectors.pause_partition(self.store, name, tp, reason)
+        except UnknownConnectorError:
+            raise _not_found(name) from None
+        except PartitionPauseError as exc:
+            raise ApiError(400, str(exc)) from None
+        return Response(status_code=202)
+
+    def resume_partition(self, call: Call) -> Response:
+        name, (topic, partition) = call.path["name"], (call.path["topic"], call.path["partition"])
+        try:
+            resumed = connectors.resume_partition(self.store, name, (topic, partition))
+        except UnknownConnectorError:
+            raise _not_found(name) from None
+        if not resumed:
+            raise ApiError(404, f"Partition {topic}[{partition}] of connector {name} is not paused by an operator")
+        return Response(status_code=202)
+
+    def paused_partitions(self, call: Call) -> Response:
+        name = call.path["name"]
+        if not self._exists(name):
+            raise _not_found(name)
+        pauses = self.store.partition_pauses(name)
+        return JSONResponse(
+            [
+                {"topic": t, "partition": p, "reason": row.reason, "paused_at": row.paused_at.isoformat()}
+                for (t, p), row in pauses.items()
+            ]
+        )
 
     def delete(self, call: Call) -> Response:
         self._apply(connectors.delete_connector, call.path["name"])
@@ -619,6 +658,9 @@ def create_app(store: Store, settings: ApiSettings, destination_bootstrap_server
         ("PUT", "/connectors/{name}/pause", api.pause),
         ("PUT", "/connectors/{name}/stop", api.pause),
         ("PUT", "/connectors/{name}/resume", api.resume),
+        ("GET", "/connectors/{name}/partitions/paused", api.paused_partitions),
+        ("PUT", "/connectors/{name}/partitions/{topic}/{partition:int}/pause", api.pause_partition),
+        ("PUT", "/connectors/{name}/partitions/{topic}/{partition:int}/resume", api.resume_partition),
         ("GET", "/connectors/{name}/offsets", api.get_offsets),
         ("PATCH", "/connectors/{name}/offsets", api.alter_offsets),
         ("DELETE", "/connectors/{name}/offsets", api.reset_offsets),

@@ -22,7 +22,12 @@ from replicator.configuration.connector import ConnectorConfigError
 from replicator.configuration.masking import mask_properties
 from replicator.configuration.secrets import parse_java_properties
 from replicator.state.database import make_engine, upgrade
-from replicator.state.records import ConnectorNotStoppedError, ConnectorState, UnknownConnectorError
+from replicator.state.records import (
+    ConnectorNotStoppedError,
+    ConnectorState,
+    PartitionPauseError,
+    UnknownConnectorError,
+)
 from replicator.state.store import Store
 from replicator.tools.offset_files import Format, OffsetFileError, OffsetLine, read_offsets, write_offsets
 
@@ -52,7 +57,13 @@ def _run(action: Callable[[], Any]) -> Any:
         return action()
     except ConnectorConfigError as exc:
         raise click.ClickException(f"connector configuration rejected, nothing was stored:\n{exc}") from None
-    except (UnknownConnectorError, ConnectorNotStoppedError, MetadataUnavailableError, OffsetFileError) as exc:
+    except (
+        UnknownConnectorError,
+        ConnectorNotStoppedError,
+        MetadataUnavailableError,
+        OffsetFileError,
+        PartitionPauseError,
+    ) as exc:
         raise click.ClickException(str(exc)) from None
 
 
@@ -148,6 +159,41 @@ _state_command("pause", connectors.pause_connector, "Pause: tasks commit and sto
 _state_command("resume", connectors.resume_connector, "Resume: tasks start again from their committed offsets.")
 _state_command("restart", connectors.restart_connector, "Restart the connector's tasks in place (new clients).")
 _state_command("delete", connectors.delete_connector, "Delete the connector; its offsets are kept.")
+
+
+@connectors_group.command("pause-partition")
+@click.argument("name")
+@click.argument("topic")
+@click.argument("partition", type=click.IntRange(min=0))
+@click.option("--reason", required=True, help="Why: shown next to the paused partition until it is resumed.")
+def connectors_pause_partition(name: str, topic: str, partition: int, reason: str) -> None:
+    """Pause one source partition by hand: its task stops reading it (the others flow on), also after restarts,
+    until `resume-partition`."""
+    store = _store()
+    _run(lambda: connectors.pause_partition(store, name, (topic, partition), reason))
+    click.echo(f"paused {topic}[{partition}] of {name}: {reason.strip()}")
+
+
+@connectors_group.command("resume-partition")
+@click.argument("name")
+@click.argument("topic")
+@click.argument("partition", type=click.IntRange(min=0))
+def connectors_resume_partition(name: str, topic: str, partition: int) -> None:
+    """Resume a partition paused by hand: read again from its first unacknowledged offset."""
+    store = _store()
+    if not _run(lambda: connectors.resume_partition(store, name, (topic, partition))):
+        raise click.ClickException(f"{topic}[{partition}] of {name} is not paused by an operator")
+    click.echo(f"resumed {topic}[{partition}] of {name}")
+
+
+@connectors_group.command("paused-partitions")
+@click.argument("name")
+def connectors_paused_partitions(name: str) -> None:
+    """The connector's partitions paused by hand, with their reason and since when."""
+    store = _store()
+    _run(lambda: store.get_connector(name))
+    for (topic, partition), row in store.partition_pauses(name).items():
+        click.echo(f"{topic}[{partition}]\tsince {row.paused_at.isoformat()}\t{row.reason}")
 
 
 # -- offsets -----------------------------------------------------------------------------------------------

@@ -2,12 +2,12 @@
 
 Per connector: its state and whether it replicates anything, its tasks with their run, lease state and last
 heartbeat, its partitions, lag, flow liveness (heartbeat records) and clusters, and its problems (replicator and
-admin runs that failed in the last hour, metadata errors, flow duties that failed, paused or dropped partitions,
-source partitions whose destination is missing, nothing to replicate). Recorded by the administration jobs after
-each change, by the monitor sensor whenever what it shows changes and at least every `REFRESH_S` while anything
-runs, and by the run-failure sensor when a run fails; times are absolute (UTC), so an older view never pretends to
-be current. Its size is bounded whatever the estate holds: long property values and long lists are cut with a
-count of what was left out.
+admin runs that failed in the last hour, metadata errors, flow duties that failed, partitions paused by an
+operator with the reason, paused or dropped partitions, source partitions whose destination is missing, nothing to
+replicate). Recorded by the administration jobs after each change, by the monitor sensor whenever what it shows
+changes and at least every `REFRESH_S` while anything runs, and by the run-failure sensor when a run fails; times
+are absolute (UTC), so an older view never pretends to be current. Its size is bounded whatever the estate holds:
+long property values and long lists are cut with a count of what was left out.
 
 Every recorder gets `connectors_materialization` from `mirus_dagster.definitions` (they never import this package).
 """
@@ -33,7 +33,7 @@ from mirus_dagster.constants import (
 )
 from replicator.configuration.masking import mask_properties
 from replicator.discovery.heartbeats import liveness_s
-from replicator.state.records import ConnectorState, ConnectorStatus, PartitionHealth
+from replicator.state.records import OPERATOR_PAUSE, ConnectorState, ConnectorStatus, PartitionHealth
 from replicator.state.store import Store
 
 REFRESH_S = 60.0
@@ -114,6 +114,10 @@ def _tasks(status: ConnectorStatus, runs: Mapping[tuple[str, int], str]) -> list
 def _problems(status: ConnectorStatus, findings: Sequence[str]) -> list[str]:
     problems = [f"{cluster} metadata: {error}" for cluster, error in sorted(status.metadata_errors.items())]
     problems += [f"{duty}: {reason}" for duty, reason in sorted(status.flow_problems.items())]
+    problems += [
+        f"{topic}[{partition}] {OPERATOR_PAUSE} at {_clock(row.paused_at)}: {row.reason}"
+        for (topic, partition), row in sorted(status.operator_pauses.items())
+    ]
     problems += [
         f"{topic}[{partition}] {row.state}: {row.reason}"
         for (topic, partition), row in sorted(status.unhealthy_partitions.items())

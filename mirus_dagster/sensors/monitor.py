@@ -156,6 +156,7 @@ def _fingerprint(
                 s.metadata_errors,
                 sorted(s.flow_problems.items()),
                 sorted(s.unhealthy_partitions),
+                sorted(s.operator_pauses.items()),
             )
             for s in statuses
         ]

@@ -18,7 +18,7 @@ from replicator.assignment import SourcePartition
 from replicator.clusters import METADATA_TIMEOUT_S, ClusterAdmin, MetadataUnavailableError, read_cluster
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load, validate_submission
 from replicator.configuration.properties import SPECS
-from replicator.state.records import LEASE_HELD, ConnectorState, UnknownConnectorError
+from replicator.state.records import LEASE_HELD, ConnectorState, PartitionPauseError, UnknownConnectorError
 from replicator.state.store import Store
 
 
@@ -57,6 +57,36 @@ def restart_connector(store: Store, name: str) -> None:
 def delete_connector(store: Store, name: str) -> None:
     if not store.delete_connector(name):
         raise UnknownConnectorError(f"connector {name!r} does not exist")
+
+
+MAX_PAUSE_REASON_CHARS = 1_000
+
+
+def pause_partition(store: Store, name: str, tp: SourcePartition, reason: str) -> None:
+    """Pause one source partition the connector replicates, with the operator's reason, until `resume_partition`:
+    its task stops reading it within a second, keeps what it acknowledged, and keeps it paused across restarts.
+    `PartitionPauseError` (a partition it does not replicate, no reason) changes nothing."""
+    reason = reason.strip()
+    if not reason:
+        raise PartitionPauseError("a reason is required: operators see it next to the paused partition")
+    if len(reason) > MAX_PAUSE_REASON_CHARS:
+        raise PartitionPauseError(f"the reason is {len(reason)} characters long, at most {MAX_PAUSE_REASON_CHARS}")
+    store.get_connector(name)  # UnknownConnectorError first
+    assigned = {p for partitions in store.read_assignment(name).values() for p in partitions}
+    if tp not in assigned:
+        topics = sorted({topic for topic, _ in assigned})
+        shown = ", ".join(topics[:10]) + (f" (+{len(topics) - 10} more)" if len(topics) > 10 else "")
+        raise PartitionPauseError(
+            f"connector {name!r} does not replicate {tp[0]}[{tp[1]}]: its assignment holds {len(assigned)} "
+            f"partition(s){' of ' + shown if shown else ''}"
+        )
+    store.pause_partition(name, tp, reason)
+
+
+def resume_partition(store: Store, name: str, tp: SourcePartition) -> bool:
+    """Lift an operator's pause: the task reads the partition again from its first unacknowledged offset. Whether
+    it was paused."""
+    return store.resume_partition(name, tp)
 
 
 def alter_offsets(store: Store, name: str, offsets: Mapping[SourcePartition, int | None] | None) -> None:

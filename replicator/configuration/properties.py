@@ -182,6 +182,14 @@ PROPERTIES: tuple[PropertySpec, ...] = (
     PropertySpec("offset.flush.interval.ms", _I, "How often a task commits replicated offsets to Postgres (and, "
                  "in exactly-once mode, its destination transaction first).",
                  default=1000, field="offset_commit_interval_ms", minimum=100),
+    PropertySpec("replication.throttle.bytes.per.second", _I, "The most the connector replicates a second, in "
+                 "key + value bytes (as the metrics count them), shared evenly by its tasks; over it the tasks stop "
+                 "reading until the budget allows (nothing is dropped: the backlog waits in the source). A change "
+                 "applies within a second, without new clients. 0: no limit.", default=0,
+                 field="throttle_bytes_per_second", minimum=0),
+    PropertySpec("replication.throttle.records.per.second", _I, "The most records the connector replicates a "
+                 "second, shared evenly by its tasks; as replication.throttle.bytes.per.second (both may be set). "
+                 "0: no limit.", default=0, field="throttle_records_per_second", minimum=0),
     PropertySpec("provenance.headers.enabled", _B, "Add `mirus.origin` and `mirus.source` headers to every copy: "
                  "cycle prevention, exact resume and offset translation; required by exactly-once.", default=True,
                  field="provenance_headers"),

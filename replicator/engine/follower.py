@@ -1,11 +1,13 @@
 """Which partitions a task replicates, and where to: it follows the connector's row (pause, delete, restart, new
 configuration versions and assignment generations) and its assignment, claims partitions from their last owner,
-starts each where it resumes, routes it to its destination partition, and pauses, resumes or drops one alone."""
+starts each where it resumes, routes it to its destination partition, and pauses, resumes or drops one alone —
+after a failure, or by an operator's hand (`partition_pauses`, kept until an operator resumes the partition)."""
 
 from __future__ import annotations
 
 import enum
 import logging
+import math
 from concurrent.futures import Future
 from datetime import timedelta
 from typing import Literal
@@ -19,7 +21,7 @@ from replicator.clusters import ClusterAdmin, TopicPartitions, connection_identi
 from replicator.engine.context import TaskContext
 from replicator.engine.partitions import UNASSIGNED_PARTITION, PartitionState, describe
 from replicator.engine.scheduler import CHECKING_DESTINATIONS, REFRESHING
-from replicator.state.records import ConnectorHead, ConnectorState, PartitionHealth
+from replicator.state.records import OPERATOR_PAUSE, ConnectorHead, ConnectorState, PartitionHealth
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,9 @@ class AssignmentFollower:
     def __init__(self, task: TaskContext) -> None:
         self.task = task
         self.generation = 0
+        self.tasks = 1  # in the connector's current assignment
+        self.pauses_version = -1  # of the connector's operator pauses, as last read (`follow_pauses`)
+        self.held: dict[SourcePartition, str] = {}  # partitions an operator paused, owned or not -> the reason
         self.head_in_flight: Future[ConnectorHead | None] | None = None  # the connector's row, read in the background
         self.metadata_in_flight: Future[dict[str, TopicPartitions]] | None = None
 
@@ -99,11 +104,17 @@ class AssignmentFollower:
             return TaskExit.PAUSED
         if not task.clients_open or head.version != task.version or head.restart_requested_at != task.restart_marker:
             task.rebuild(head.version, head.restart_requested_at)
+        if force or head.pauses_version != self.pauses_version:  # before claims: a claimed partition starts held
+            self.follow_pauses({tp: row.reason for tp, row in task.store.partition_pauses(task.connector).items()})
+            self.pauses_version = head.pauses_version
         if force or head.assignment_generation != self.generation:
             self.generation = head.assignment_generation
             assignment = task.store.read_assignment(task.connector, self.generation)
             if self.generation > 0 and task.task_id not in assignment:
                 return TaskExit.REMOVED
+            if len(assignment) != self.tasks and assignment:
+                self.tasks = len(assignment)
+                task.forwarder.rethrottle()
             self.apply_assignment(set(assignment.get(task.task_id, ())))
         if task.book.waiting:
             self.claim(sorted(task.book.waiting))
@@ -148,6 +159,9 @@ class AssignmentFollower:
             assign.append(TopicPartition(tp[0], tp[1], stored[tp] if tp in stored else resets[tp]))
         task.reader.assign(assign)  # each consumer reads its topics' metadata first (`SourceReader.assign`)
         self.check_destination(partitions)  # routes each partition through its destination topic's producer
+        for tp in partitions:
+            if tp in self.held:
+                self.hold(task.book.states[tp])
         for topic in {task.book.states[tp].destination_topic for tp in partitions}:
             if (producer := task.forwarder.producer_of(topic)) is None:
                 continue  # missing (its partitions are paused), or closed while idle: reopened with fresh metadata
@@ -257,6 +271,31 @@ class AssignmentFollower:
         self.task.book.pause(state, reason)
         self.task.reader.pause([state.tp])
         self._show(state, PartitionHealth.PAUSED, reason)
+        self.task.on_event(f"paused {state.topic}[{state.partition}]: {reason}")
+
+    def follow_pauses(self, wanted: dict[SourcePartition, str]) -> None:
+        """Hold the partitions an operator paused (`wanted`: partition -> reason) and let go of those resumed."""
+        states = self.task.book.states
+        for tp in self.held.keys() - wanted.keys():
+            del self.held[tp]
+            if (state := states.get(tp)) is not None and tp in self.task.book.paused:
+                # Resumed by the retry duty (`tick`) once every record it had produced is answered: read again
+                # sooner, those records would be written twice.
+                state.retry_at = 0.0
+        for tp, reason in wanted.items():
+            if self.held.get(tp) != reason:
+                self.held[tp] = reason
+                if (state := states.get(tp)) is not None:
+                    self.hold(state)
+
+    def hold(self, state: PartitionState) -> None:
+        """Stop reading a partition until an operator resumes it. What it produced is still acknowledged and
+        committed; the rest of a batch in hand is skipped (`Forwarder.forward`) and read again on resuming."""
+        reason = f"{OPERATOR_PAUSE}: {self.held[state.tp]}"
+        state.paused_reason = reason
+        self.task.book.paused[state.tp] = state  # with a failure's pause, if any: the operator's resume retries it
+        state.retry_at = math.inf  # never retried by time
+        self.task.reader.pause([state.tp])
         self.task.on_event(f"paused {state.topic}[{state.partition}]: {reason}")
 
     def resume(self, state: PartitionState) -> None:

@@ -25,6 +25,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from replicator.engine.context import TaskContext
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, UNASSIGNED_PARTITION, InFlight, PartitionState
 from replicator.engine.producers import DestinationProducers
+from replicator.engine.throttle import Throttle
 from replicator.topics import provenance
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,15 @@ class Forwarder:
         self.fatal_error: KafkaError | None = None  # the producer is done for: the loop replaces it
         self.unsettled = False  # runs cut short await the producer's emptying (`settle`)
         self.now_ms = 0
+        self.throttle: Throttle | None = None
+        self.rethrottle()
+
+    def rethrottle(self) -> None:
+        """This task's share of the connector's throttle, from the configuration and the number of tasks."""
+        config = self.task.config
+        self.throttle = Throttle.of(
+            config.throttle_records_per_second, config.throttle_bytes_per_second, self.task.follower.tasks
+        )
 
     def new_producer(self) -> Producer:
         task = self.task
@@ -130,9 +140,18 @@ class Forwarder:
             msgs = []
             self.serve(ACK_SERVE_S)
         else:
-            msgs = task.reader.consume(BATCH, 0)
-            if not msgs:
-                msgs = task.reader.consume(1, ACK_SERVE_S if len(producer) else timeout)
+            throttle = self.throttle
+            allowed = BATCH if throttle is None else throttle.allowance(BATCH)
+            if throttle is not None and not allowed:
+                # Over the connector's throttle: read nothing (the backlog waits in Kafka) until the budget allows.
+                msgs = []
+                self.serve(min(throttle.wait_s(), timeout))
+            else:
+                msgs = task.reader.consume(allowed, 0)
+                if not msgs:
+                    msgs = task.reader.consume(1, ACK_SERVE_S if len(producer) else timeout)
+                if throttle is not None:
+                    throttle.take(msgs)
         if msgs:
             self.forward(msgs)
         self.now_ms = time.time_ns() // 1_000_000  # acknowledgement time of everything this poll serves

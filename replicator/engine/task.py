@@ -35,6 +35,7 @@ from replicator.engine.metrics import TaskMetrics
 from replicator.engine.partitions import PartitionBook
 from replicator.engine.scheduler import RECORDING_METRICS, RESTING, Scheduler
 from replicator.engine.source_reader import DEFAULT_LIMITS, SourceReader, TierLimits
+from replicator.engine.throttle import only_throttle_changed
 from replicator.engine.transactions import TransactionalCommitter
 from replicator.state.records import FencedError, Lease, MetricInterval
 from replicator.state.store import Store
@@ -164,6 +165,11 @@ class ReplicationTask:
         """(Re)create clients for the current configuration, resuming every owned partition from its commit."""
         record = self.store.get_connector(self.connector)
         config = load(record.properties)
+        if self.clients_open and restart_marker == self.restart_marker and only_throttle_changed(self.config, config):
+            self.config, self.version = config, record.version
+            self.forwarder.rethrottle()
+            self.on_event(f"configuration version {record.version}: throttle changed, clients kept")
+            return
         owned = sorted(self.book.states)
         if self.clients_open:
             self.on_event(f"configuration version {record.version}: restarting clients in place")

@@ -14,8 +14,10 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from replicator.assignment import SourcePartition
 from replicator.state.base import StoreBase
 from replicator.state.records import (
     ConnectorHead,
@@ -23,6 +25,7 @@ from replicator.state.records import (
     ConnectorState,
     ConnectorStatus,
     PartitionHealth,
+    PartitionPauseRow,
     PartitionStatusRow,
     TaskStatus,
     UnknownConnectorError,
@@ -32,6 +35,7 @@ from replicator.state.schema import (
     ConnectorConfig,
     MetricTotal,
     PartitionLag,
+    PartitionPause,
 )
 
 
@@ -69,6 +73,10 @@ SELECT c.name, c.state, c.version, c.assignment_generation, cfg.config,
         'topic', p.topic, 'partition', p.partition, 'task_id', p.task_id, 'state', p.state, 'reason', p.reason,
         'updated_at', p.updated_at) ORDER BY p.topic, p.partition)
      FROM partition_status p WHERE p.connector = c.name AND p.state <> 'ACTIVE'), '[]'::json) AS unhealthy,
+  COALESCE((SELECT json_agg(json_build_object(
+        'topic', q.topic, 'partition', q.partition, 'reason', q.reason, 'paused_at', q.paused_at)
+        ORDER BY q.topic, q.partition)
+     FROM partition_pauses q WHERE q.connector = c.name), '[]'::json) AS operator_pauses,
   f.source_cluster_id, f.destination_cluster_id, COALESCE(f.problems, '{}'::jsonb) AS flow_problems,
   COALESCE(f.heartbeats, '[]'::jsonb) AS heartbeats,
   (SELECT o.positions[1] FROM offsets o WHERE o.connector = c.name AND o.topic = 'heartbeats')
@@ -132,7 +140,11 @@ class ConnectorStore(StoreBase):
         with self.engine.connect() as conn:
             row = conn.execute(
                 select(
-                    Connector.version, Connector.state, Connector.assignment_generation, Connector.restart_requested_at
+                    Connector.version,
+                    Connector.state,
+                    Connector.assignment_generation,
+                    Connector.restart_requested_at,
+                    Connector.pauses_version,
                 ).where(Connector.name == name)
             ).one_or_none()
         return ConnectorHead(row[0], ConnectorState(row[1]), *row[2:]) if row else None
@@ -150,6 +162,47 @@ class ConnectorStore(StoreBase):
             result = s.execute(update(Connector).where(Connector.name == name).values(restart_requested_at=func.now()))
             if result.rowcount == 0:
                 raise UnknownConnectorError(f"connector {name!r} does not exist")
+
+    def pause_partition(self, name: str, tp: SourcePartition, reason: str) -> None:
+        """Pause one source partition of the connector by hand (again: a new reason), until `resume_partition`."""
+        with Session(self.engine) as s, s.begin():
+            row = s.get(Connector, name, with_for_update=True)
+            if row is None:
+                raise UnknownConnectorError(f"connector {name!r} does not exist")
+            values = {"connector": name, "topic": tp[0], "partition": tp[1], "reason": reason}
+            s.execute(
+                insert(PartitionPause)
+                .values(values)
+                .on_conflict_do_update(
+                    index_elements=["connector", "topic", "partition"], set_={"reason": reason, "paused_at": func.now()}
+                )
+            )
+            row.pauses_version += 1
+
+    def resume_partition(self, name: str, tp: SourcePartition) -> bool:
+        """Lift an operator's pause of one source partition; whether there was one."""
+        with Session(self.engine) as s, s.begin():
+            row = s.get(Connector, name, with_for_update=True)
+            if row is None:
+                raise UnknownConnectorError(f"connector {name!r} does not exist")
+            lifted = s.execute(
+                delete(PartitionPause).where(
+                    PartitionPause.connector == name, PartitionPause.topic == tp[0], PartitionPause.partition == tp[1]
+                )
+            ).rowcount
+            if lifted:
+                row.pauses_version += 1
+            return lifted > 0
+
+    def partition_pauses(self, name: str) -> dict[SourcePartition, PartitionPauseRow]:
+        """The connector's partitions paused by an operator."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(PartitionPause.topic, PartitionPause.partition, PartitionPause.reason, PartitionPause.paused_at)
+                .where(PartitionPause.connector == name)
+                .order_by(PartitionPause.topic, PartitionPause.partition)
+            ).all()
+        return {(r.topic, r.partition): PartitionPauseRow(r.reason, r.paused_at) for r in rows}
 
     def delete_connector(self, name: str) -> bool:
         """Remove the connector, its versions, assignments, leases, partition status, metric totals and lags.
@@ -194,6 +247,10 @@ class ConnectorStore(StoreBase):
                 flow_problems=dict(r.flow_problems),
                 heartbeats=list(r.heartbeats),
                 heartbeats_committed=r.heartbeats_committed,
+                operator_pauses={
+                    (p["topic"], p["partition"]): PartitionPauseRow(p["reason"], datetime.fromisoformat(p["paused_at"]))
+                    for p in r.operator_pauses
+                },
             )
             for r in rows
         ]

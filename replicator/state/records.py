@@ -26,6 +26,7 @@ class PartitionHealth(StrEnum):
     DROPPED = "DROPPED"
 
 
+OPERATOR_PAUSE = "paused by an operator"  # how a partition in `partition_pauses` is shown, and why its task holds it
 KEPT_GENERATIONS = 10  # assignment generations kept per connector, the current one included
 LEASE_HELD = "RUNNING"  # a lease's state while an instance holds it (see LeaseRow.state)
 
@@ -36,6 +37,10 @@ class FencedError(RuntimeError):
 
 class UnknownConnectorError(LookupError):
     pass
+
+
+class PartitionPauseError(ValueError):
+    """An operator's pause names a partition the connector does not replicate, or gives no usable reason."""
 
 
 class ConnectorNotStoppedError(RuntimeError):
@@ -66,6 +71,7 @@ class ConnectorHead:
     state: ConnectorState
     assignment_generation: int
     restart_requested_at: datetime | None
+    pauses_version: int = 0  # raised by every operator pause or resume of one of its partitions
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,14 @@ class PartitionStatusRow:
     state: PartitionHealth
     reason: str | None
     updated_at: datetime
+
+
+@dataclass(frozen=True)
+class PartitionPauseRow:
+    """A source partition an operator paused, why, and since when."""
+
+    reason: str
+    paused_at: datetime
 
 
 @dataclass(frozen=True)
@@ -165,6 +179,7 @@ class ConnectorStatus:
     flow_problems: dict[str, str] = field(default_factory=dict)  # what the monitor's periodic duties could not do
     heartbeats: list[list[int]] = field(default_factory=list)  # recent heartbeats emitted: [offset, timestamp ms]
     heartbeats_committed: int | None = None  # the connector's committed offset in its source's heartbeats topic
+    operator_pauses: dict[SourcePartition, PartitionPauseRow] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

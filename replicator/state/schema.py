@@ -6,6 +6,7 @@
 - `offsets`: the next source offset to replicate, per connector and source topic, one array element per partition
   (exactly-once: and where its copies end at the destination).
 - `partition_status`: a partition paused or dropped by the engine, and why.
+- `partition_pauses`: a partition paused by an operator, and why, until an operator resumes it.
 - `metadata_snapshots`: what the monitor saw on a cluster.
 - `metric_samples`: per task, source topic and interval: records, bytes, latency summary and histogram, lag.
 - `metric_totals`: per connector and source topic, the running totals of those samples (never lowered).
@@ -54,6 +55,13 @@ class Connector(Base):
     )
     tasks_max: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1")
     restart_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    pauses_version: Mapped[int] = mapped_column(
+        BigInteger,
+        nullable=False,
+        server_default="0",
+        doc="Raised by every operator pause or resume of a partition: a running task, which polls this row, re-reads "
+        "`partition_pauses` only when it changes.",
+    )
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
 
@@ -127,6 +135,19 @@ class PartitionStatus(Base):
     state: Mapped[str] = mapped_column(Text, nullable=False, doc="ACTIVE, PAUSED or DROPPED.")
     reason: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime] = _now()
+
+
+class PartitionPause(Base):
+    """A source partition an operator paused: the task holding it reads none of it until an operator resumes it,
+    across task restarts and takeovers. Apart from `partition_status`, which the engine writes and overwrites."""
+
+    __tablename__ = "partition_pauses"
+
+    connector: Mapped[str] = mapped_column(Text, ForeignKey("connectors.name", ondelete="CASCADE"), primary_key=True)
+    topic: Mapped[str] = mapped_column(Text, primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    reason: Mapped[str] = mapped_column(Text, nullable=False, doc="Why, as the operator gave it.")
+    paused_at: Mapped[datetime] = _now()
 
 
 class MetadataSnapshot(Base):
