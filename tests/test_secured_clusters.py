@@ -306,6 +306,10 @@ def test_a_connector_replicates_between_secured_clusters_with_only_the_documente
         }
         watched(lambda: _acls_of(admin_destination, {app, intruder}) == expected_acls, "topic ACLs synced")
         assert _acls_of(admin_destination, {app, intruder}, "*") == set()
+        watched(
+            lambda: "topic ACLs: 4 mirrored at " in _asset(store.connector_statuses(unique)[0]),
+            "the ACL sync shown on the connectors asset",
+        )
     finally:
         runner.finish()
     assert store.flow(unique).problems == {}

@@ -163,6 +163,8 @@ def connectors_markdown(
         tasks = "; ".join(_cell(t) for t in _capped(_tasks(s, runs))) or "none assigned"
         problems = "; ".join(_cell(p) for p in _capped(_problems(s, findings.get(s.name, ())))) or "—"
         clusters = " → ".join(cluster or "?" for cluster in s.cluster_ids)
+        if s.acl_sync is not None:
+            clusters += f"; topic ACLs: {s.acl_sync[0]} mirrored at {_clock(s.acl_sync[1])}"
         age = liveness_s(s.heartbeats, s.heartbeats_committed)
         liveness = "—" if age is None else f"{age:.0f}s"
         lines.append(

@@ -324,6 +324,8 @@ class KafkaMonitor:
         written.acls = sync_topic_acls(admins.source, admins.destination, pairs, written.acls.bindings)
         written.acls_synced_at, written.acls_topics = now, topics
         _replace_problems(updates, flow, ACL_PROBLEM, {"": written.acls.problem} if written.acls.problem else {})
+        if written.acls.problem is None:
+            updates.update(acls_synced_at=datetime.now(UTC), acls_mirrored=len(written.acls.bindings))
 
     def _periodic_duties(
         self,

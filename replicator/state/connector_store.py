@@ -78,7 +78,7 @@ SELECT c.name, c.state, c.version, c.assignment_generation, cfg.config,
         ORDER BY q.topic, q.partition)
      FROM partition_pauses q WHERE q.connector = c.name), '[]'::json) AS operator_pauses,
   f.source_cluster_id, f.destination_cluster_id, COALESCE(f.problems, '{}'::jsonb) AS flow_problems,
-  COALESCE(f.heartbeats, '[]'::jsonb) AS heartbeats,
+  COALESCE(f.heartbeats, '[]'::jsonb) AS heartbeats, f.acls_mirrored, f.acls_synced_at,
   (SELECT o.positions[1] FROM offsets o WHERE o.connector = c.name AND o.topic = 'heartbeats')
     AS heartbeats_committed
 FROM connectors c JOIN connector_configs cfg ON cfg.connector = c.name AND cfg.version = c.version
@@ -247,6 +247,7 @@ class ConnectorStore(StoreBase):
                 flow_problems=dict(r.flow_problems),
                 heartbeats=list(r.heartbeats),
                 heartbeats_committed=r.heartbeats_committed,
+                acl_sync=None if r.acls_synced_at is None else (r.acls_mirrored, r.acls_synced_at),
                 operator_pauses={
                     (p["topic"], p["partition"]): PartitionPauseRow(p["reason"], datetime.fromisoformat(p["paused_at"]))
                     for p in r.operator_pauses

@@ -135,6 +135,8 @@ class FlowRow:
     groups_synced_at: datetime | None = None
     heartbeat_emitted_at: datetime | None = None
     heartbeats: list[list[int]] = field(default_factory=list)
+    acls_synced_at: datetime | None = None
+    acls_mirrored: int | None = None
     problems: dict[str, str] = field(default_factory=dict)
 
 
@@ -180,6 +182,7 @@ class ConnectorStatus:
     heartbeats: list[list[int]] = field(default_factory=list)  # recent heartbeats emitted: [offset, timestamp ms]
     heartbeats_committed: int | None = None  # the connector's committed offset in its source's heartbeats topic
     operator_pauses: dict[SourcePartition, PartitionPauseRow] = field(default_factory=dict)
+    acl_sync: tuple[int, datetime] | None = None  # destination topic ACLs mirrored, and when (last sync that worked)
 
 
 @dataclass(frozen=True)

@@ -243,6 +243,12 @@ class Flow(Base):
     configs_synced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     groups_synced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_emitted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    acls_synced_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), doc="When the last topic ACL sync succeeded."
+    )
+    acls_mirrored: Mapped[int | None] = mapped_column(
+        Integer, doc="Destination topic ACLs that sync found or created (MirrorMaker 2's rules)."
+    )
     heartbeats: Mapped[list[list[int]]] = mapped_column(
         JSONB,
         nullable=False,
