@@ -13,6 +13,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
+from mirus.api.app import ConnectApi
 from mirus.api.auth import ApiSettings, Credentials
 from mirus.waiting import wait_until
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET
@@ -25,7 +26,7 @@ from replicator.engine.task import TaskExit
 from replicator.state.store import Store
 
 from .api_helpers import serve_api
-from .engine_helpers import TaskThread, connector_properties
+from .engine_helpers import TaskThread, connector_properties, private_database
 from .kafka_helpers import consume_all, create_topics, produce
 
 
@@ -649,3 +650,19 @@ def test_metrics_can_require_the_token_and_refusals_are_logged_without_it(
     with pytest.raises(ValueError, match="MIRUS_API_METRICS_AUTH"):
         Credentials(ApiSettings(metrics_auth=True))
     assert Credentials(ApiSettings(host="::1")).required is False
+
+
+def test_the_version_probe_names_the_destination_the_watcher_recorded_without_a_client_of_its_own(
+    stack: StackEndpoints, unique: str
+) -> None:
+    """A secured destination refuses a client without the connectors' settings: `GET /` answers from the flows."""
+    engine = private_database(stack, unique)
+    try:
+        store = Store(engine)
+        store.put_connector(unique, {"name": unique}, 1)
+        store.update_flow(unique, destination_cluster_id="the-secured-destination")
+        # Nothing listens at the platform's destination address: asking it would answer nothing.
+        api = ConnectApi(store, "localhost:8083", destination_bootstrap_servers="127.0.0.1:1")
+        assert api.cluster_id() == "the-secured-destination"
+    finally:
+        engine.dispose()

@@ -444,7 +444,13 @@ class ConnectApi:
             ) from None
 
     def cluster_id(self) -> str | None:
-        """The destination cluster's id (Kafka Connect reports the cluster its worker writes to)."""
+        """The destination cluster's id (Kafka Connect reports the cluster its worker writes to): the one the
+        metadata watcher recorded for the connectors when they all write to one cluster (read with the connectors'
+        own security settings there, so a secured destination needs none here), else asked of the platform's
+        destination (`MIRUS_DESTINATION_BOOTSTRAP_SERVERS`)."""
+        recorded = self.store.destination_cluster_ids()
+        if len(recorded) == 1:
+            return next(iter(recorded))
         if self._cluster_id is None and self.destination_bootstrap_servers:
             try:
                 admin = AdminClient({"bootstrap.servers": self.destination_bootstrap_servers})

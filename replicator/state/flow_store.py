@@ -57,6 +57,12 @@ class FlowStore(StoreBase):
             row = s.get(Flow, connector)
             return typed_row(FlowRow, row) if row else FlowRow()
 
+    def destination_cluster_ids(self) -> set[str]:
+        """The Kafka cluster ids of the connectors' destinations, as the metadata watcher recorded them."""
+        with self.engine.connect() as conn:
+            query = select(Flow.destination_cluster_id).where(Flow.destination_cluster_id.is_not(None)).distinct()
+            return {cluster for cluster in conn.scalars(query) if cluster is not None}
+
     def update_flow(self, connector: str, **values: Any) -> None:
         """Create or update the connector's `flows` row with `values` (column -> value)."""
         with Session(self.engine) as s, s.begin():
