@@ -16,10 +16,15 @@ from replicator.configuration.secrets import (
 )
 
 DEPLOYMENT = Path(__file__).resolve().parents[1] / "docs" / "DEPLOYMENT.md"
+# The API's own bearer token: read by `mirus api` itself at start (`mirus/api/auth.py`, any path), never by a
+# connector's clients, so the connectors' allow-lists do not apply to it.
+API_TOKEN_REFERENCE = "${file:/etc/mirus/api/token}"
 
 
 def documented_references() -> list[str]:
-    found = sorted(set(re.findall(r"\$\{(?:env|file):[^}]+\}", DEPLOYMENT.read_text())))
+    """The references connectors' configs are told to use (the platform's processes resolve them under the
+    deployment's allow-lists)."""
+    found = sorted(set(re.findall(r"\$\{(?:env|file):[^}]+\}", DEPLOYMENT.read_text())) - {API_TOKEN_REFERENCE})
     assert any(r.startswith("${env:") for r in found) and any(r.startswith("${file:") for r in found), found
     return found
 

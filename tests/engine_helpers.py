@@ -39,13 +39,17 @@ def connector_properties(stack: StackEndpoints, name: str, **extra: Any) -> dict
     }
 
 
-def step_failure_message(result: dg.ExecuteInProcessResult) -> str:
-    """The error message of the first failed step of an in-process Dagster run (asserting there is one)."""
+def step_failure_message(result: dg.ExecuteInProcessResult, with_causes: bool = False) -> str:
+    """The error message of the first failed step of an in-process Dagster run (asserting there is one), and with
+    `with_causes` the messages of the errors that caused it, one a line."""
     failures = result.get_step_failure_events()
     assert failures, "no step of the run failed"
     error = failures[0].step_failure_data.error
     assert error is not None, "the failed step carries no error"
-    return error.message
+    messages = [error.message]
+    while with_causes and (error := error.cause or error.context) is not None:
+        messages.append(error.message)
+    return "\n".join(messages)
 
 
 def private_database(stack: StackEndpoints, name: str) -> Engine:

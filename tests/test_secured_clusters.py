@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import certifi
+import dagster as dg
 import pytest
 import requests
 from confluent_kafka import Consumer, TopicPartition
@@ -35,6 +36,7 @@ from mirus.faults.brokers import KafkaKit
 from mirus.faults.kit_security import KitSecurity
 from mirus.waiting import wait_until
 from mirus_dagster.assets.connectors import connectors_markdown
+from mirus_dagster.definitions import kafka_monitor
 from replicator.clusters import ClusterIdentityError
 from replicator.configuration.secrets import ENV_ALLOWED_PATHS
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC, flow_liveness_s
@@ -43,9 +45,11 @@ from replicator.state.records import ConnectorStatus, PartitionHealth
 from replicator.state.store import Store
 
 from .api_helpers import serve_api
-from .engine_helpers import TaskThread, create_connector
+from .engine_helpers import TaskThread, create_connector, step_failure_message
 from .kafka_helpers import consume_all, create_topics, produce
 from .replica_check import check_replica
+from .test_secret_outputs import files_containing
+from .test_sensors import InProcessRun, evaluate, requests_for
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "SECURITY.md"
 PRINCIPAL = "User:replicator"
@@ -459,6 +463,7 @@ def test_a_refused_connection_shows_on_the_connector_within_10_seconds(
         _stored_text(db_engine, unique),
         json.dumps(body),
         metrics,
+        _asset(status),
         *capfd.readouterr(),  # librdkafka's own log lines included
         *runner.events,
         *(record.getMessage() for record in caplog.records),
@@ -809,3 +814,34 @@ def test_a_named_topic_the_principal_may_not_see_is_shown_on_the_connector(
         what=f"{hidden} assigned once granted",
     )
     assert f"source topic {hidden}" not in store.flow(unique).problems
+
+
+def test_a_refused_password_stays_out_of_the_dagster_run_history(
+    secured_kafka: KafkaKit,
+    security: KitSecurity,
+    store: Store,
+    unique: str,
+    credentials: tuple[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    instance: dg.DagsterInstance,
+    resources: dict,
+) -> None:
+    """The wrong-password case as the platform runs it: the monitor sensor's replicator run fails naming the
+    refusal, and neither the password given nor the right ones are in any file of the Dagster instance (runs, run
+    configs, event logs, compute logs) — what the UI's run history shows."""
+    wrong = "not-" + security.passwords["replicator"]
+    monkeypatch.setenv("MIRUS_SECRET_WRONG_PASSWORD", wrong)
+    properties = secured_properties(secured_kafka, unique, credentials, **{"topics.whitelist": unique, **DUTIES_OFF})
+    create_topics(_cluster(secured_kafka, "source"), {unique: 1})
+    refused = {**properties, "consumer.sasl.password": "${env:MIRUS_SECRET_WRONG_PASSWORD}"}
+    create_connector(store, refused, {0: [(unique, 0)]})
+    request = requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
+    run = InProcessRun(instance, resources, request).join()
+    assert not run.success
+    failure = step_failure_message(run, with_causes=True)
+    assert "source cluster" in failure and "refused the connection" in failure, failure
+    written = [*_secrets(security), wrong]
+    leaks = {secret[:4]: files_containing(Path(instance.root_directory), secret.encode()) for secret in written}
+    assert {start: files for start, files in leaks.items() if files} == {}
+    # The search read where the refusal is kept: the run's events hold it.
+    assert files_containing(Path(instance.root_directory), b"refused the connection")
