@@ -186,6 +186,17 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
+def _still_running(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """`psutil.wait_procs`'s survivors. A process that ends while psutil opens a handle on it can make that call
+    raise FileNotFoundError (its `pidfd_open`, seen under load): the wait then goes on with the ones still running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return psutil.wait_procs(procs, timeout=max(deadline - time.monotonic(), 0))[1]
+        except FileNotFoundError:
+            procs = [p for p in procs if _alive(p)]
+
+
 def _describe(proc: psutil.Process) -> str:
     try:
         return f"{proc.pid} {' '.join(proc.cmdline())[:160]}"
@@ -428,7 +439,7 @@ class DagsterDev:
         for proc in victims:
             with suppress(psutil.NoSuchProcess):
                 proc.kill()
-        _gone, alive = psutil.wait_procs(victims, timeout=10)
+        alive = _still_running(victims, timeout=10)
         if alive:
             raise self.fail(f"still alive after SIGKILL: {[_describe(p) for p in alive]}")
         return KilledWorker(worker.pid, at, monotonic)
@@ -463,13 +474,13 @@ class DagsterDev:
             self.process.wait(timeout)
         # dagster dev waits for its children; stragglers (run workers ending their runs) get the rest of the time.
         remaining = max(timeout - (time.monotonic() - started), 1.0)
-        _gone, alive = psutil.wait_procs(list(procs.values()), timeout=remaining)
+        alive = _still_running(list(procs.values()), timeout=remaining)
         alive += [p for p in self._group() if p.pid not in {a.pid for a in alive}]
         killed = [_describe(p) for p in alive]
         for proc in alive:
             with suppress(psutil.NoSuchProcess):
                 proc.kill()
-        _gone, survivors = psutil.wait_procs(alive, timeout=10)
+        survivors = _still_running(alive, timeout=10)
         if self.process.poll() is None:
             self.process.wait(10)
         self.shutdown_report = ShutdownReport(self.process.returncode, killed, time.monotonic() - started)
