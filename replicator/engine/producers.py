@@ -60,6 +60,8 @@ class DestinationProducers:
                 index = len(self.all) - 1
             self.loads[index] += partitions
             self.topics[topic] = index
+            # About to be written: a producer made long before (a standby's, warmed up while it waited) is not idle.
+            self.served_at[index] = time.monotonic()
         return index
 
     def open(self, index: int) -> Producer:
