@@ -27,6 +27,7 @@ class TopicTotals:
     latency_sum_ms: int
     latency_count: int
     histogram: dict[str, int]  # upper bound in ms ('+Inf') -> records at or below it
+    resent: int  # written again after restarts
 
 
 @dataclass(frozen=True)
@@ -56,13 +57,13 @@ def topic_totals(store: Store) -> list[TopicTotals]:
     with store.engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT connector, topic, records, bytes, latency_sum_ms, latency_count, latency_histogram"
+                "SELECT connector, topic, records, bytes, latency_sum_ms, latency_count, latency_histogram, resent"
                 f" FROM metric_totals WHERE {_EXISTING} ORDER BY connector, topic"
             )
         ).all()
     return [
-        TopicTotals(c, t, int(r), int(b), int(ls), int(lc), {k: int(v) for k, v in h.items()})
-        for c, t, r, b, ls, lc, h in rows
+        TopicTotals(c, t, int(r), int(b), int(ls), int(lc), {k: int(v) for k, v in h.items()}, int(rs))
+        for c, t, r, b, ls, lc, h, rs in rows
     ]
 
 

@@ -87,7 +87,7 @@ def metric_row(topic: str, end: datetime, records: int, histogram: dict[str, int
 def insert_partition_sample(conn: Connection, connector: str, partition: int, row: MetricRow) -> None:
     """A sample as stored before migration 0006, one per partition."""
     values = {
-        **asdict(row),
+        **{k: v for k, v in asdict(row).items() if k != "resent"},  # a column since migration 0011
         "connector": connector,
         "partition": partition,
         "latency_histogram": json.dumps(row.latency_histogram),

@@ -498,3 +498,70 @@ def test_a_new_config_version_and_a_restart_apply_in_place(stack: StackEndpoints
     wait_until(lambda: sum(_committed(store, unique).values()) == 31, what="replicating after the restart")
     assert runner.thread.is_alive() and sum("claimed" in e for e in runner.events) == 1
     assert runner.finish() is TaskExit.STOPPED
+
+
+@pytest.mark.parametrize("skipping", [False, True], ids=["re-sent-and-counted", "resumed-after-the-copies"])
+def test_a_kill_re_sends_what_was_copied_after_the_last_commit_counted_or_resumes_after_it(
+    stack: StackEndpoints, store: Store, unique: str, tmp_path: Path, skipping: bool
+) -> None:
+    partitions = 2
+    create_topics(stack.source_bootstrap_servers, {unique: partitions})
+    create_topics(stack.destination_bootstrap_servers, {unique: partitions})
+    # Commits an hour apart: the killed run copies everything and commits (almost) nothing of it.
+    extra = {"topics.whitelist": unique, "offset.flush.interval.ms": 3_600_000}
+    create_connector(
+        store,
+        connector_properties(stack, unique, **extra, **{"resume.after.destination.copies": skipping}),
+        {0: [(unique, p) for p in range(partitions)]},
+    )
+    produce(
+        stack.source_bootstrap_servers,
+        [{"topic": unique, "partition": i % partitions, "value": b"a%d" % i} for i in range(200)],
+    )
+    first = TaskThread.start(store, unique)
+    consume_all(stack.destination_bootstrap_servers, unique, partitions, expected=200)
+    first.finish()  # the final commit stores where the next copy of each partition goes at the destination
+
+    produce(
+        stack.source_bootstrap_servers,
+        [{"topic": unique, "partition": i % partitions, "value": b"b%d" % i} for i in range(300)],
+    )
+    env = {**os.environ, "MIRUS_DATABASE_URL": stack.database_url}
+    argv = [sys.executable, "-c", "from mirus.cli.main import main; main()", "task", "run", unique, "0"]
+    with open(tmp_path / "killed.log", "w") as log:
+        killed = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            consume_all(stack.destination_bootstrap_servers, unique, partitions, expected=500)
+        finally:
+            killed.send_signal(signal.SIGKILL)
+            killed.wait(10)
+    committed_at_kill = _committed(store, unique)
+    assert sum(committed_at_kill.values()) < 500, "the killed run committed everything: nothing to re-send"
+
+    last = TaskThread.start(store, unique)
+    produce(
+        stack.source_bootstrap_servers,
+        [{"topic": unique, "partition": i % partitions, "value": b"c%d" % i} for i in range(20)],
+    )
+    consume_all(stack.destination_bootstrap_servers, unique, partitions, expected=520, distinct=lambda r: r.value)
+    last.finish()
+
+    replica = check_replica(
+        stack.source_bootstrap_servers,
+        unique,
+        stack.destination_bootstrap_servers,
+        partitions=partitions,
+        written=520,
+    )
+    replica.assert_at_least_once()
+    resent = next(f for f in StoreCollector(store).collect() if f.name == "mirus_records_resent")
+    counted = sum(s.value for s in resent.samples if s.labels["connector"] == unique and s.name.endswith("_total"))
+    if skipping:
+        replica.assert_exactly_once()
+        assert counted == 0
+        assert any("resuming after" in e and "copied since the last commit" in e for e in last.events), last.events
+    else:
+        duplicated = sum(replica.duplicated.values())
+        assert duplicated == 500 - sum(committed_at_kill.values())  # everything the killed run had not committed
+        assert counted == duplicated  # the metric counts each record written again
+        assert any(f"re-sending {duplicated} record(s)" in e for e in last.events), last.events

@@ -22,7 +22,7 @@ from replicator.discovery.monitor import plan_partitions
 from replicator.engine.metrics import BUCKET_LABELS
 from replicator.state.records import LEASE_HELD
 from replicator.state.store import Store
-from reports.metric_totals import partition_lags, recent_topics, topic_totals
+from reports.metric_totals import TopicTotals, partition_lags, recent_topics, topic_totals
 
 RATE_WINDOW_S = 60.0
 TASK_STATES = ("RUNNING", "PAUSED", "FAILED", "UNASSIGNED")
@@ -40,12 +40,14 @@ class _Totals:
     bytes: int = 0
     latency_sum_ms: int = 0
     histogram: Counter[str] = field(default_factory=Counter)
+    resent: int = 0
 
-    def add(self, records: int, nbytes: int, latency_sum_ms: int, histogram: dict[str, int]) -> None:
-        self.records += records
-        self.bytes += nbytes
-        self.latency_sum_ms += latency_sum_ms
-        self.histogram.update(histogram)
+    def add(self, t: TopicTotals) -> None:
+        self.records += t.records
+        self.bytes += t.bytes
+        self.latency_sum_ms += t.latency_sum_ms
+        self.histogram.update(t.histogram)
+        self.resent += t.resent
 
 
 @dataclass
@@ -102,18 +104,26 @@ class StoreCollector(Collector):
             "(Mirus replication-latency-ms; buckets include Mirus's 5m/10m/30m/60m/12h).",
             labels=labels,
         )
+        resent = CounterMetricFamily(
+            "mirus_records_resent",
+            "Records written again after a task restart: at least once, those copied after their partition's last "
+            "commit before it (0 with resume.after.destination.copies).",
+            labels=labels,
+        )
         totals: dict[tuple[str, str], _Totals] = defaultdict(_Totals)
         for t in topic_totals(self.store):
             destination = self._destination(configs, t.connector, t.topic)
             if destination is not None:
-                totals[(t.connector, destination)].add(t.records, t.bytes, t.latency_sum_ms, t.histogram)
+                totals[(t.connector, destination)].add(t)
         for key, total in sorted(totals.items()):
             records.add_metric(list(key), total.records)
             nbytes.add_metric(list(key), total.bytes)
+            resent.add_metric(list(key), total.resent)
             buckets = [(_seconds(bound), total.histogram.get(bound, 0)) for bound in BUCKET_LABELS]
             latency.add_metric(list(key), buckets=buckets, sum_value=total.latency_sum_ms / 1000)
         yield records
         yield nbytes
+        yield resent
         yield latency
 
     def _last_window(self, configs: dict[str, ConnectorConfig]) -> Iterator[Metric]:

@@ -41,6 +41,13 @@ def faults() -> None:
     help="Replicate with exactly.once.support=required and require zero duplicates (needs --apache-kafka: the "
     "embedded broker shows aborted transactions' records to read_committed readers).",
 )
+@click.option(
+    "--resume-after-destination-copies",
+    "resume_after_copies",
+    is_flag=True,
+    help="Replicate with resume.after.destination.copies=true: a killed task's successor resumes after the copies "
+    "at the destination, so a kill re-sends nothing.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the fault schedule.")
 @click.option("--work-dir", type=click.Path(path_type=Path), help="Keep logs and data here (default: a temp dir).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -52,6 +59,7 @@ def run(
     kinds: str | None,
     apache_kafka: bool,
     exactly_once: bool,
+    resume_after_copies: bool,
     seed: int,
     work_dir: Path | None,
     as_json: bool,
@@ -71,6 +79,7 @@ def run(
             seed=seed,
             work_dir=work_dir,
             exactly_once=exactly_once,
+            resume_after_copies=resume_after_copies,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--faults") from None

@@ -26,6 +26,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -77,6 +78,7 @@ class FaultPlan:
     # The engine never gives a record up for time; a value here makes it (a cut longer than this times out).
     producer_message_timeout_ms: int | None = None
     exactly_once: bool = False
+    resume_after_copies: bool = False  # resume.after.destination.copies: a kill re-sends nothing
 
     def __post_init__(self) -> None:
         unknown = set(self.faults) - set(ALL_FAULTS)
@@ -174,7 +176,8 @@ class FaultReport:
             f"{t['missing']} missing, {t['out_of_order']} out of order, {t['mismatched']} changed, "
             f"{t['duplicated']:,} duplicated ({100 * t['duplicated'] / max(t['source_records'], 1):.2f} %), "
             f"{t['elsewhere']} in another partition",
-            f"mode: {'exactly-once (read_committed reader)' if self.plan.exactly_once else 'at-least-once'}",
+            f"mode: {'exactly-once (read_committed reader)' if self.plan.exactly_once else 'at-least-once'}"
+            + (", resume.after.destination.copies" if self.plan.resume_after_copies else ""),
         ]
         if self.kills:
             resent = sum(k.resent for k in self.kills)
@@ -184,6 +187,7 @@ class FaultReport:
             seconds = f" ≈ {worst.resent / per_task_rate:.2f} s of that task's traffic" if per_task_rate else ""
             lines.append(
                 f"kills: {len(self.kills)}; re-sent after kills {resent:,} (bound {bound:,}); "
+                f"median per kill {statistics.median(k.resent for k in self.kills):,.0f}; "
                 f"most after one kill {worst.resent:,}{seconds}; "
                 f"all within bound: {'yes' if all(k.within_bound for k in self.kills) else 'NO'}"
             )
@@ -444,6 +448,7 @@ class FaultRun:
                 "tasks.max": str(self.plan.tasks),
                 **({"producer.message.timeout.ms": str(timeout)} if timeout is not None else {}),
                 **({"exactly.once.support": "required"} if self.plan.exactly_once else {}),
+                **({"resume.after.destination.copies": "true"} if self.plan.resume_after_copies else {}),
             }
         )
         self.store.put_connector(config.name, config.raw, config.tasks_max)

@@ -417,6 +417,12 @@ class _Parser(TopicRules):
         fields.update(self.clients())
         if fields.get("exactly_once_support", "disabled") != "disabled":
             self.check_exactly_once(fields)
+        if fields.get("resume_after_destination_copies") and fields.get("provenance_headers") is False:
+            self.fail(
+                "provenance.headers.enabled",
+                "must stay true with resume.after.destination.copies=true: each partition resumes after its "
+                "last copy at the destination, found by these headers",
+            )
         fields["selector"] = self.selector()
         fields["namer"] = self.namer(fields.get("source_alias", "source"), fields.get("target_alias", "target"))
         if fields["selector"] is not None and fields["namer"] is not None:

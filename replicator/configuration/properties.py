@@ -182,6 +182,13 @@ PROPERTIES: tuple[PropertySpec, ...] = (
     PropertySpec("offset.flush.interval.ms", _I, "How often a task commits replicated offsets to Postgres (and, "
                  "in exactly-once mode, its destination transaction first).",
                  default=1000, field="offset_commit_interval_ms", minimum=100),
+    PropertySpec("resume.after.destination.copies", _B, "At least once: when a task starts (after a crash, a "
+                 "kill, a takeover), read each partition's copies written at the destination since its last commit "
+                 "and resume after the last one, so a crash re-sends nothing instead of the records read since the "
+                 "last commit. Costs one read of those copies per start (one ListOffsets request per destination "
+                 "broker first: a partition with nothing past its commit is not read). Needs "
+                 "provenance.headers.enabled. Exactly-once always resumes so.", default=False,
+                 field="resume_after_destination_copies"),
     PropertySpec("replication.throttle.bytes.per.second", _I, "The most the connector replicates a second, in "
                  "key + value bytes (as the metrics count them), shared evenly by its tasks; over it the tasks stop "
                  "reading until the budget allows (nothing is dropped: the backlog waits in the source). A change "

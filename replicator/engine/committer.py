@@ -7,8 +7,9 @@ share `AbstractWorkerSourceTask`). The loop never asks which mode it runs in.
 
 At least once, a partition's committable offset is the first one not yet acknowledged (`PartitionState.committable`):
 acknowledgements advance each partition on their own, and every `offset.flush.interval.ms` one transaction writes
-every partition that moved, on a background thread — consumption never waits for a commit. A crash re-sends what
-was acknowledged after the last commit.
+every partition that moved, with where its next copy goes at the destination, on a background thread — consumption
+never waits for a commit. A crash re-sends what was copied after the last commit: a start finds those copies at
+the destination and counts them, or skips them (`resume.after.destination.copies`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from confluent_kafka import KafkaError
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
+from replicator.clusters import log_offsets
 from replicator.engine.context import TaskContext
-from replicator.engine.partitions import PartitionState
+from replicator.engine.destination_copies import DestinationReadError, ResumePoint, copies_end
+from replicator.engine.partitions import PartitionState, describe
 from replicator.engine.scheduler import COMMITTING, HEARTBEATING
 
 log = logging.getLogger(__name__)
@@ -32,6 +35,9 @@ COMMIT_WAIT_S = 30  # how long a commit that must come first (hand-over, shutdow
 # the partitions (10,000 of them: ~10 ms a second); still, every partition is looked at this often, for a change
 # made elsewhere (a pause, a re-read) that moved a committable offset.
 UNTOUCHED_RESCAN_S = 10.0
+# At least once, a start that cannot read its copies at the destination within this long resumes at the committed
+# offsets (re-sending, as without the read) rather than wait longer for a destination that may be down.
+RESEND_SCAN_S = 10.0
 
 
 class CommitWatchdogError(RuntimeError):
@@ -72,7 +78,58 @@ class Committer:
         self.task.forwarder.recreate_producer(err)
 
     def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> None:
-        """Where `partitions` resume, as stored in Postgres (`stored`, updated in place)."""
+        """Where `partitions` resume, as stored in Postgres (`stored`, updated in place).
+
+        At least once, a partition resumes at its committed offset and so writes again what was copied after that
+        commit (a crash's re-send): those copies are found at the destination (`replicator.engine.destination_copies`)
+        and counted (`mirus_records_resent_total`), or with resume.after.destination.copies skipped."""
+        task = self.task
+        if not task.config.ordered_acks:
+            return  # a copy then says nothing of the records before it (and no destination offset is stored)
+        kept = task.store.load_destination_offsets(task.connector, [tp for tp in partitions if tp in stored])
+        if not kept:
+            return  # a first start, or a connector committed before destination offsets were stored
+        points = self.resume_points(list(kept), kept)
+        # A partition whose destination log ends where its last commit left it (a clean stop) holds no copy to find.
+        # One ListOffsets request per broker; where the answer is missing the partition is not read: a re-send then
+        # goes uncounted, but nothing is skipped that is not known to be there.
+        ends = log_offsets(task.follower.destination_admin(), {(p.topic, p.partition) for p in points.values()}, True)
+        points = {tp: p for tp, p in points.items() if ends.get((p.topic, p.partition), 0) > (p.start or 0)}
+        if not points:
+            return
+        try:
+            found = copies_end(task.config.admin_settings("destination"), task.source_cluster, points, RESEND_SCAN_S)
+        except DestinationReadError as exc:
+            task.on_event(f"{exc}; resuming at the committed offsets (a re-send, if any, goes uncounted)")
+            return
+        ahead = {tp: offset - stored[tp] for tp, offset in found.items() if offset > stored[tp]}
+        if not ahead:
+            return
+        records = sum(ahead.values())
+        if task.config.resume_after_destination_copies:
+            stored.update({tp: found[tp] for tp in ahead})
+            task.on_event(
+                f"resuming after {records} record(s) copied since the last commit, found at the destination: "
+                f"{describe(ahead)}"
+            )
+            return
+        for (topic, _), count in ahead.items():
+            task.metrics.counters_for(topic).resent += count
+        task.on_event(f"re-sending {records} record(s) already copied since the last commit: {describe(ahead)}")
+
+    def resume_points(
+        self, partitions: list[SourcePartition], kept: dict[SourcePartition, int]
+    ) -> dict[SourcePartition, ResumePoint]:
+        """Where each partition's copies are read from at the destination (`kept`: the destination offsets stored
+        with the last commit), for those written to the destination partition with their number."""
+        task = self.task
+        destinations = {tp: task.config.namer.destination_topic(tp[0]) for tp in partitions}
+        layouts = task.follower.destination_layouts(set(destinations.values()))
+        return {
+            tp: ResumePoint(destination, tp[1], kept.get(tp))
+            for tp, destination in destinations.items()
+            if tp[1] in layouts[destination].ids
+        }
 
     def claimed_from(self, silent_tasks: set[int]) -> None:
         """Partitions were taken over from these tasks, silent past their lease without releasing them."""
@@ -82,8 +139,11 @@ class Committer:
         return state.committable()
 
     def destination_offsets(self, offsets: dict[SourcePartition, int]) -> dict[SourcePartition, int] | None:
-        """Where `offsets`' copies end at the destination, when the mode keeps it."""
-        return None
+        """Where the next copy of each of `offsets`' partitions goes at the destination (known where one
+        acknowledgement stands for a run: `PartitionState.ordered`), so that a start reads from there."""
+        states = self.task.book.states
+        ends = {tp: states[tp].destination_next for tp in offsets if tp in states}
+        return {tp: end for tp, end in ends.items() if end is not None}
 
     # -- committing -------------------------------------------------------------------------------------------
 

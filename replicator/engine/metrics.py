@@ -29,7 +29,7 @@ BUCKET_LABELS: tuple[str, ...] = (*(str(b) for b in LATENCY_BUCKETS_MS), "+Inf")
 class TopicCounters:
     """What one source topic replicated since the last drain."""
 
-    __slots__ = ("buckets", "bytes", "latency_count", "latency_max", "latency_min", "latency_sum", "records")
+    __slots__ = ("buckets", "bytes", "latency_count", "latency_max", "latency_min", "latency_sum", "records", "resent")
 
     def __init__(self) -> None:
         self.records = 0
@@ -39,6 +39,7 @@ class TopicCounters:
         self.latency_sum = 0
         self.latency_count = 0
         self.buckets = [0] * len(BUCKET_LABELS)
+        self.resent = 0  # records a start found already copied after their last commit, written again
 
     def add(self, records: int, nbytes: int) -> None:
         """Fold `records` acknowledged records of `nbytes`."""
@@ -132,6 +133,7 @@ class TaskMetrics:
                     latency_count=c.latency_count,
                     latency_histogram=c.cumulative_histogram(),
                     lag=topic_lags[topic],
+                    resent=c.resent,
                 )
             )
         self.counters = {}

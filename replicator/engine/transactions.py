@@ -5,9 +5,9 @@ A task writes through one transactional producer, `transactional.id` = `mirus-<c
 later writes refused). Every `offset.flush.interval.ms` the task lets its in-flight records be acknowledged,
 commits the transaction and only then stores the partitions' next source offsets in Postgres (epoch-fenced), with
 each destination partition's offset after the transaction's last record. A crash between the two leaves the
-destination ahead of Postgres; `resume_offsets` closes that gap by reading each destination partition
-(`read_committed`) forward from the stored destination offset and finding the last copy of the source partition
-by its `mirus.source` header. An aborted transaction's records are never seen by `read_committed` readers, so
+destination ahead of Postgres; `replicator.engine.destination_copies` closes that gap by reading each destination
+partition (`read_committed`) forward from the stored destination offset and finding the last copy of the source
+partition by its `mirus.source` header. An aborted transaction's records are never seen by `read_committed` readers, so
 the task rewinds every partition to its last committed record and writes them again.
 
 `TransactionalCommitter` is the task's committer in this mode (`replicator.engine.committer` has the interface and
@@ -21,25 +21,20 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from replicator.assignment import SourcePartition
 from replicator.engine.committer import COMMIT_WAIT_S, Committer
 from replicator.engine.context import TaskContext
+from replicator.engine.destination_copies import DestinationReadError, copies_end
 from replicator.engine.forwarder import ACK_SERVE_S, MAX_BLOCK_S
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, PartitionState
-from replicator.partition_reader import PartitionReadError, read_to_end
 from replicator.state.records import FencedError
-from replicator.topics import provenance
 
 # A newer producer with the same transactional.id exists: this instance must stop (as a fenced Postgres write).
 FENCED_CODES = {KafkaError.PRODUCER_FENCED, KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
-# A destination partition that neither delivers records nor reports its end for this long: longer than the
-# default transaction.timeout.ms (60 s), after which the broker aborts a transaction its dead producer left open.
-SCAN_IDLE_S = 90.0
 
 
 class TransactionError(RuntimeError):
@@ -132,54 +127,6 @@ def fence(settings: Mapping[str, Any], timeout_s: float) -> None:
         raise TransactionError(f"fencing {settings['transactional.id']} failed ({err.name()}: {err.str()})") from None
 
 
-@dataclass(frozen=True)
-class ResumePoint:
-    """Where the destination's copies of one source partition end."""
-
-    topic: str  # destination topic and partition
-    partition: int
-    start: int | None  # destination offset to read from (stored with the Postgres offsets), None: the beginning
-
-
-def resume_offsets(
-    settings: Mapping[str, Any], source_cluster: str, points: Mapping[SourcePartition, ResumePoint]
-) -> dict[SourcePartition, int]:
-    """Per source partition, the next source offset after its last committed copy at the destination (absent
-    when the destination holds none). Reads each destination partition once, from its stored position to its end."""
-    found: dict[SourcePartition, int] = {}
-    if not points:
-        return found
-    wanted: dict[tuple[str, int], dict[bytes, SourcePartition]] = {}
-    for tp, point in points.items():
-        prefix = provenance.source_prefix(source_cluster, *tp)
-        wanted.setdefault((point.topic, point.partition), {})[prefix] = tp
-    consumer = Consumer(
-        {
-            **settings,
-            "group.id": "mirus-resume",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    try:
-        starts = {(p.topic, p.partition): p.start for p in points.values()}
-        consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING if s is None else s) for (t, p), s in starts.items()])
-        for msg in read_to_end(consumer, set(starts), SCAN_IDLE_S):
-            for name, value in msg.headers() or ():
-                if name == provenance.SOURCE and value is not None:
-                    prefix, _, offset = value.rpartition(b"/")
-                    tp = wanted[(msg.topic(), msg.partition())].get(prefix + b"/")
-                    if tp is not None:
-                        found[tp] = max(found.get(tp, 0), int(offset) + 1)
-    except PartitionReadError as exc:
-        raise TransactionError(f"reading the destination to resume: {exc}") from None
-    finally:
-        consumer.close()
-    return found
-
-
 class TransactionalCommitter(Committer):
     """Exactly-once: every commit is a destination transaction's, and what Postgres stores is only ever what a
     committed transaction holds (`PartitionState.durable`)."""
@@ -221,15 +168,12 @@ class TransactionalCommitter(Committer):
         """A partition resumes after its last committed copy at the destination when that is ahead of Postgres (the
         task stopped between a transaction's commit and the offsets' commit)."""
         task = self.task
-        ends = task.store.load_destination_offsets(task.connector, partitions)
-        destinations = {tp: task.config.namer.destination_topic(tp[0]) for tp in partitions}
-        layouts = task.follower.destination_layouts(set(destinations.values()))
-        points = {}
-        for tp, destination in destinations.items():
-            if tp[1] in layouts[destination].ids:
-                points[tp] = ResumePoint(destination, tp[1], ends.get(tp))
-        settings = task.config.admin_settings("destination")
-        for tp, offset in resume_offsets(settings, task.source_cluster, points).items():
+        points = self.resume_points(partitions, task.store.load_destination_offsets(task.connector, partitions))
+        try:
+            found = copies_end(task.config.admin_settings("destination"), task.source_cluster, points)
+        except DestinationReadError as exc:
+            raise TransactionError(str(exc)) from None
+        for tp, offset in found.items():
             if offset > stored.get(tp, 0):
                 task.on_event(
                     f"{tp[0]}[{tp[1]}] resumes at {offset} after its last copy at the destination "

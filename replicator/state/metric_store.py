@@ -65,11 +65,13 @@ def _add_to_totals(connector: str, samples: Sequence[MetricRow]) -> Any:
                 "latency_sum_ms": 0,
                 "latency_count": 0,
                 "latency_histogram": {},
+                "resent": 0,
             }
         total["records"] += r.records
         total["bytes"] += r.bytes
         total["latency_sum_ms"] += r.latency_sum_ms
         total["latency_count"] += r.latency_count
+        total["resent"] += r.resent
         histogram = total["latency_histogram"]
         for bound, count in r.latency_histogram.items():
             histogram[bound] = histogram.get(bound, 0) + count
@@ -84,6 +86,7 @@ def _add_to_totals(connector: str, samples: Sequence[MetricRow]) -> Any:
             "latency_sum_ms": MetricTotal.latency_sum_ms + add.excluded.latency_sum_ms,
             "latency_count": MetricTotal.latency_count + add.excluded.latency_count,
             "latency_histogram": HISTOGRAM_SUM,
+            "resent": MetricTotal.resent + add.excluded.resent,
             "updated_at": func.now(),
         },
     )

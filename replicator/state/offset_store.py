@@ -1,5 +1,5 @@
-"""Offsets: each partition's next source offset (and, exactly-once, where its copies end at the destination), written
-only under the lease's epoch.
+"""Offsets: each partition's next source offset (and where its next copy goes at the destination), written only under
+the lease's epoch.
 """
 
 from __future__ import annotations
@@ -48,9 +48,13 @@ ON CONFLICT (connector, topic) DO UPDATE SET
          AND cardinality(excluded.positions) >= cardinality(o.positions) THEN excluded.positions
     ELSE (SELECT array_agg(coalesce(n, s) ORDER BY i)
           FROM unnest(o.positions, excluded.positions) WITH ORDINALITY AS m(s, n, i)) END,
-  destination_positions = CASE WHEN excluded.destination_positions IS NULL THEN o.destination_positions ELSE
-    (SELECT array_agg(coalesce(n, s) ORDER BY i)
-     FROM unnest(o.destination_positions, excluded.destination_positions) WITH ORDINALITY AS m(s, n, i)) END,
+  destination_positions = CASE
+    WHEN excluded.destination_positions IS NULL THEN o.destination_positions
+    WHEN array_position(excluded.destination_positions, NULL) IS NULL
+         AND cardinality(excluded.destination_positions) >= coalesce(cardinality(o.destination_positions), 0)
+      THEN excluded.destination_positions
+    ELSE (SELECT array_agg(coalesce(n, s) ORDER BY i)
+          FROM unnest(o.destination_positions, excluded.destination_positions) WITH ORDINALITY AS m(s, n, i)) END,
   epoch = excluded.epoch, updated_at = now()
 """)
 
@@ -76,9 +80,10 @@ class OffsetStore(StoreBase):
     ) -> None:
         """Heartbeat and store `offsets` (next offset to replicate) atomically, only under `lease`'s epoch.
 
-        Exactly-once also stores `destination_offsets`: where the partition's copies end at the destination (a
-        partition without a new one keeps its stored value). One statement for every changed partition: a topic's
-        partitions go as one array, merged into the stored one element by element."""
+        `destination_offsets`: where the partition's next copy goes at the destination (a partition without a new
+        one keeps its stored value), read from at a start (`replicator.engine.destination_copies`). One statement
+        for every changed partition: a topic's partitions go as one array, merged into the stored one element by
+        element."""
         with Session(self.engine) as s, s.begin():
             self._fence_check(s, lease)
             if offsets:
@@ -99,7 +104,7 @@ class OffsetStore(StoreBase):
     def load_destination_offsets(
         self, connector: str, partitions: Iterable[SourcePartition]
     ) -> dict[SourcePartition, int]:
-        """Exactly-once: where each partition's committed copies end at the destination, where recorded."""
+        """Where each partition's committed copies end at the destination, where recorded."""
         return self._stored(connector, Offset.destination_positions, partitions)
 
     def _stored(

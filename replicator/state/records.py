@@ -201,6 +201,7 @@ class MetricRow:
     latency_count: int
     latency_histogram: dict[str, int]
     lag: int | None  # the sum of the known lags of the task's partitions of the topic
+    resent: int = 0  # records written again after a restart: copied after the last commit before it
 
 
 @dataclass(frozen=True)

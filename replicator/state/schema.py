@@ -119,7 +119,9 @@ class Offset(Base):
         ARRAY(BigInteger), nullable=False, doc="Next source offset to replicate, per partition."
     )
     destination_positions: Mapped[list[int | None] | None] = mapped_column(
-        ARRAY(BigInteger), doc="Exactly-once: the destination offset after the last committed transaction's copies."
+        ARRAY(BigInteger),
+        doc="The destination offset of the partition's next copy as of the commit (exactly-once: after the last "
+        "committed transaction's copies); a start reads the destination from here.",
     )
     epoch: Mapped[int] = mapped_column(BigInteger, nullable=False, doc="Lease epoch of the last writer.")
     updated_at: Mapped[datetime] = _now()
@@ -188,6 +190,12 @@ class MetricSample(Base):
     lag: Mapped[int | None] = mapped_column(
         BigInteger, doc="Source records not yet replicated, summed over the task's partitions whose lag is known."
     )
+    resent: Mapped[int] = mapped_column(
+        BigInteger,
+        nullable=False,
+        server_default="0",
+        doc="Records written again after a restart (at least once: those copied after the last commit before it).",
+    )
 
 
 class MetricTotal(Base):
@@ -206,6 +214,7 @@ class MetricTotal(Base):
     latency_histogram: Mapped[dict[str, int]] = mapped_column(
         JSONB, nullable=False, doc="Upper bound in ms ('+Inf' last) -> records at or below it, since the start."
     )
+    resent: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     updated_at: Mapped[datetime] = _now()
 
 
