@@ -564,4 +564,4 @@ def test_a_kill_re_sends_what_was_copied_after_the_last_commit_counted_or_resume
         duplicated = sum(replica.duplicated.values())
         assert duplicated == 500 - sum(committed_at_kill.values())  # everything the killed run had not committed
         assert counted == duplicated  # the metric counts each record written again
-        assert any(f"re-sending {duplicated} record(s)" in e for e in last.events), last.events
+        assert any(f"re-sending {duplicated} record(s) copied" in e for e in last.events), last.events

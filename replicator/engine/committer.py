@@ -18,7 +18,7 @@ import logging
 import time
 from concurrent.futures import Future
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
@@ -89,33 +89,36 @@ class Committer:
         kept = task.store.load_destination_offsets(task.connector, [tp for tp in partitions if tp in stored])
         if not kept:
             return  # a first start, or a connector committed before destination offsets were stored
-        points = self.resume_points(list(kept), kept)
-        # A partition whose destination log ends where its last commit left it (a clean stop) holds no copy to find.
-        # One ListOffsets request per broker; where the answer is missing the partition is not read: a re-send then
-        # goes uncounted, but nothing is skipped that is not known to be there.
-        ends = log_offsets(task.follower.destination_admin(), {(p.topic, p.partition) for p in points.values()}, True)
-        points = {tp: p for tp, p in points.items() if ends.get((p.topic, p.partition), 0) > (p.start or 0)}
-        if not points:
-            return
+        started = time.monotonic()
         try:
+            points = self.resume_points(list(kept), kept)
+            # A partition whose destination log ends where its last commit left it (a clean stop) holds no copy to
+            # find. One ListOffsets request per broker; where the answer is missing the partition is not read: a
+            # re-send then goes uncounted, but nothing is skipped that is not known to be there.
+            admin = task.follower.destination_admin()
+            ends = log_offsets(admin, {(p.topic, p.partition) for p in points.values()}, latest=True)
+            points = {tp: p for tp, p in points.items() if ends.get((p.topic, p.partition), 0) > (p.start or 0)}
+            if not points:
+                return
             found = copies_end(task.config.admin_settings("destination"), task.source_cluster, points, RESEND_SCAN_S)
-        except DestinationReadError as exc:
-            task.on_event(f"{exc}; resuming at the committed offsets (a re-send, if any, goes uncounted)")
+        except (KafkaException, DestinationReadError) as exc:
+            # The destination is down or refuses (its partitions wait for it anyway): resume as without the read.
+            task.on_event(f"copies since the last commit not looked up ({exc}): resuming at the committed offsets")
             return
         ahead = {tp: offset - stored[tp] for tp, offset in found.items() if offset > stored[tp]}
         if not ahead:
             return
-        records = sum(ahead.values())
+        records, took = sum(ahead.values()), f"found in {time.monotonic() - started:.2f}s"
         if task.config.resume_after_destination_copies:
             stored.update({tp: found[tp] for tp in ahead})
             task.on_event(
-                f"resuming after {records} record(s) copied since the last commit, found at the destination: "
+                f"resuming after {records} record(s) copied since the last commit, {took} at the destination: "
                 f"{describe(ahead)}"
             )
             return
         for (topic, _), count in ahead.items():
             task.metrics.counters_for(topic).resent += count
-        task.on_event(f"re-sending {records} record(s) already copied since the last commit: {describe(ahead)}")
+        task.on_event(f"re-sending {records} record(s) copied since the last commit ({took}): {describe(ahead)}")
 
     def resume_points(
         self, partitions: list[SourcePartition], kept: dict[SourcePartition, int]
