@@ -21,7 +21,9 @@ def read_to_end(consumer: Consumer, partitions: set[tuple[str, int]], idle_s: fl
     open_partitions = set(partitions)
     idle_since = time.monotonic()
     while open_partitions:
-        messages = consumer.consume(1000, 1.0)
+        # consume() returns once it has 1,000 messages or its timeout passed: a short one, or every read of a few
+        # records (a task's start looking for its copies) would take a whole second.
+        messages = consumer.consume(1000, 0.05)
         if not messages and time.monotonic() - idle_since > idle_s:
             shown = ", ".join(f"{t}[{p}]" for t, p in sorted(open_partitions))
             raise PartitionReadError(f"no end reached within {idle_s:.0f}s for {shown}")
