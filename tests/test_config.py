@@ -882,6 +882,22 @@ def test_settings_that_contradict_exactly_once_are_refused(prop: str, value: str
     submit({**BASE, prop: value} if prop != "producer.transactional.id" else BASE)  # fine in at-least-once mode
 
 
+@pytest.mark.parametrize(
+    ("prop", "value", "reason"),
+    [
+        ("provenance.headers.enabled", "false", "must stay true with resume.after.destination.copies=true"),
+        ("producer.enable.gapless.guarantee", "false", "needs a producer whose acknowledgement stands"),
+        ("producer.message.timeout.ms", "30000", "needs a producer whose acknowledgement stands"),
+    ],
+)
+def test_resuming_after_destination_copies_is_refused_where_a_copy_does_not_prove_the_records_before_it(
+    prop: str, value: str, reason: str
+) -> None:
+    assert parse(**{"resume.after.destination.copies": "true"}).resume_after_destination_copies
+    refused = prop if prop == "provenance.headers.enabled" else "resume.after.destination.copies"
+    assert reason in error_for(refused, **{"resume.after.destination.copies": "true", prop: value})
+
+
 def test_an_unknown_exactly_once_value_is_refused() -> None:
     assert "disabled, requested or required" in error_for("exactly.once.support", **{"exactly.once.support": "on"})
 
