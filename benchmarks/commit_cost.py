@@ -8,23 +8,19 @@ One task's lease, then `--rounds` commits of every partition (each one moved), a
 the median wall time of `Store.commit` and the mean CPU the Postgres server processes used for it (a mean: the
 kernel counts CPU time in 10-ms ticks, finer only summed over many commits). Uses
 `MIRUS_DATABASE_URL` when set (the CPU column then reads 0 unless the server runs on this machine), else a private
-embedded Postgres on free ports.
+embedded Postgres on free ports (no Kafka needed).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
+import apache_kafka as kit  # puts the project on the path
 import psutil
 
-from mirus.local.stack import LocalStack, free_port
-from mirus_dagster.settings import PlatformSettings
-from replicator.state.database import make_engine, upgrade
+# isort: split
 from replicator.state.store import Store
 
 CONNECTOR = "commit-bench"
@@ -42,10 +38,7 @@ def postgres_cpu() -> float:
     return total
 
 
-def run(url: str, topics: int, partitions: int, rounds: int) -> None:
-    engine = make_engine(url)
-    upgrade(engine)
-    store = Store(engine)
+def run(store: Store, topics: int, partitions: int, rounds: int) -> None:
     store.put_connector(CONNECTOR, {"name": CONNECTOR, "topics.whitelist": "t.*"}, 1)
     lease = store.claim_task(CONNECTOR, 0, "bench")
     names = [f"t{i:03d}" for i in range(topics)]
@@ -77,22 +70,8 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
-    if url := os.environ.get("MIRUS_DATABASE_URL"):
-        run(url, args.topics, args.partitions, args.rounds)
-        return
-    with tempfile.TemporaryDirectory(prefix="mirus-commit-") as state:
-        settings = PlatformSettings(
-            state_dir=Path(state),
-            postgres_port=free_port(),
-            source_bootstrap_servers="unused:1",
-            destination_bootstrap_servers="unused:2",
-        )
-        local = LocalStack(settings)
-        endpoints = local.up()
-        try:
-            run(endpoints.database_url, args.topics, args.partitions, args.rounds)
-        finally:
-            local.down()
+    with kit.platform_database() as store:
+        run(store, args.topics, args.partitions, args.rounds)
 
 
 if __name__ == "__main__":
