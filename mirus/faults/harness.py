@@ -598,12 +598,15 @@ class FaultRun:
 def _attribute_replays(kills: list[KillCheck], report: VerifyReport, topic: str) -> None:
     """Give each kill the replay its successor caused: per partition, in destination order, the first replay not yet
     given to a kill that starts between the kill's committed offset and the source's end at that moment (the
-    successor resumes at the committed offset, or later if the replay began with records never delivered)."""
+    successor resumes at the committed offset, or later if the replay began with records never delivered) and goes
+    back only over records delivered before that end (a replay reaching past it re-sends what a later producer
+    replacement had in flight, not what the killed task had read)."""
     available = {p.source_partition: list(p.replays) for p in report.partitions if p.source_topic == topic}
     for kill in kills:
         for partition, committed in kill.committed.items():
             replays = available.get(int(partition), [])
-            match = next((r for r in replays if committed <= r.start <= kill.ends[partition]), None)
+            end = kill.ends[partition]
+            match = next((r for r in replays if committed <= r.start <= end and r.highest < end), None)
             if match is not None:
                 replays.remove(match)
                 kill.resent += match.resent

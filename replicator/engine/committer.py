@@ -97,6 +97,12 @@ class Committer:
             # re-send then goes uncounted, but nothing is skipped that is not known to be there.
             admin = task.follower.destination_admin()
             ends = log_offsets(admin, {(p.topic, p.partition) for p in points.values()}, latest=True)
+            unknown = [tp for tp, p in points.items() if (p.topic, p.partition) not in ends]
+            if unknown:
+                task.on_event(
+                    f"copies since the last commit not looked up for {len(unknown)} partition(s) (the destination "
+                    f"gave no end offset): they resume at their committed offsets: {describe(unknown)}"
+                )
             points = {tp: p for tp, p in points.items() if ends.get((p.topic, p.partition), 0) > (p.start or 0)}
             if not points:
                 return
