@@ -116,11 +116,16 @@ class Committer:
             return
         records, took = sum(ahead.values()), f"found in {time.monotonic() - started:.2f}s"
         if task.config.resume_after_destination_copies:
-            stored.update({tp: found[tp] for tp in ahead})
+            skipped = {tp: found[tp] for tp in ahead}
+            stored.update(skipped)
             task.on_event(
                 f"resuming after {records} record(s) copied since the last commit, {took} at the destination: "
                 f"{describe(ahead)}"
             )
+            try:  # stored at once: a partition that stays idle would otherwise show its old offset until it moves
+                task.store.commit(task.lease, skipped)
+            except SQLAlchemyError as exc:
+                log.warning("offsets of %s-%d after the copies not stored yet: %s", task.connector, task.task_id, exc)
             return
         for (topic, _), count in ahead.items():
             task.metrics.counters_for(topic).resent += count
