@@ -185,9 +185,10 @@ PROPERTIES: tuple[PropertySpec, ...] = (
     PropertySpec("resume.after.destination.copies", _B, "At least once: when a task starts (after a crash, a "
                  "kill, a takeover), read each partition's copies written at the destination since its last commit "
                  "and resume after the last one, so a crash re-sends nothing instead of the records read since the "
-                 "last commit. Costs one read of those copies per start (one ListOffsets request per destination "
-                 "broker first: a partition with nothing past its commit is not read). Needs "
-                 "provenance.headers.enabled. Exactly-once always resumes so.", default=False,
+                 "last commit. A start reads those copies either way (one ListOffsets request per destination broker "
+                 "first: a partition with nothing past its commit is not read); false counts them as re-sent "
+                 "(mirus_records_resent_total) and writes them again. Needs provenance.headers.enabled and the "
+                 "default producer ordering. Exactly-once always resumes so.", default=False,
                  field="resume_after_destination_copies"),
     PropertySpec("replication.throttle.bytes.per.second", _I, "The most the connector replicates a second, in "
                  "key + value bytes (as the metrics count them), shared evenly by its tasks; over it the tasks stop "
