@@ -435,14 +435,16 @@ class _Parser(TopicRules):
                     field = str(problem["loc"][0]) if problem["loc"] else "config"
                     self.fail(FIELD_PROPERTIES.get(field, field), str(problem["msg"]).removeprefix("Value error, "))
             else:
-                if not (config.resume_after_destination_copies and not config.ordered_acks):
+                if config.resume_after_destination_copies and not config.ordered_acks:
+                    self.fail(
+                        "resume.after.destination.copies",
+                        "needs a producer whose acknowledgement stands for every earlier record (producer."
+                        "enable.idempotence and producer.enable.gapless.guarantee true, no producer.message.timeout."
+                        "ms: the defaults): otherwise a copy at the destination does not mean the records before it "
+                        "are there",
+                    )
+                else:
                     return config
-                self.fail(
-                    "resume.after.destination.copies",
-                    "needs a producer whose acknowledgement stands for every earlier record (producer."
-                    "enable.idempotence and producer.enable.gapless.guarantee true, no producer.message.timeout.ms: "
-                    "the defaults): otherwise a copy at the destination does not mean the records before it are there",
-                )
         raise ConnectorConfigError(self.sanitized_errors())
 
     def resolve(self) -> dict[object, object]:
