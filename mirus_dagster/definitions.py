@@ -18,7 +18,7 @@ from mirus_dagster.assets.lake import platform_lake
 from mirus_dagster.assets.reports import report_assets
 from mirus_dagster.assets.topology import destination_topics, source_topics
 from mirus_dagster.constants import ENV_ALERT_WEBHOOK_URL, ENV_DATABASE_URL, ENV_TASK_AUTO_RESTART
-from mirus_dagster.jobs import build_admin_jobs, build_watcher_job, replicator
+from mirus_dagster.jobs import build_admin_jobs, build_watcher_job, replicator, replicator_worker
 from mirus_dagster.report_schedule import reports_job, reports_schedule
 from mirus_dagster.reporting import Reporting, spark_config, spark_master_from_env
 from mirus_dagster.resources import FailureWebhook, PlatformDatabase, SupervisorPolicy
@@ -37,15 +37,21 @@ def _database_url() -> str | dg.EnvVar:
 
 admin_jobs = build_admin_jobs(connectors_materialization)
 metadata_watcher = build_watcher_job(flow_materialization)
+workers = PlatformSettings.from_env().replicator_workers
 kafka_monitor = build_kafka_monitor(
-    replicator, metadata_watcher, connectors_event=connectors_materialization, refresh_s=REFRESH_S
+    replicator,
+    metadata_watcher,
+    connectors_event=connectors_materialization,
+    refresh_s=REFRESH_S,
+    worker_job=replicator_worker,
+    workers=workers,
 )
-task_supervisor = build_task_supervisor(replicator)
-run_failure_alerts = build_run_failure_alerts([replicator, *admin_jobs], connectors_materialization)
+task_supervisor = build_task_supervisor(replicator, replicator_worker, workers)
+run_failure_alerts = build_run_failure_alerts([replicator, replicator_worker, *admin_jobs], connectors_materialization)
 
 defs = dg.Definitions(
     assets=[connectors_spec, flows_spec, source_topics, destination_topics, platform_lake, *report_assets],
-    jobs=[replicator, metadata_watcher, *admin_jobs, reports_job],
+    jobs=[replicator, replicator_worker, metadata_watcher, *admin_jobs, reports_job],
     schedules=[reports_schedule],
     # Asset runs launched from the UI run in one process: the reports then share one Spark session.
     executor=dg.in_process_executor,

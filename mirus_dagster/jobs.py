@@ -16,6 +16,7 @@ from pydantic import Field
 
 from mirus_dagster.constants import (
     CONNECTOR_PARTITIONS,
+    HOST_TASKS_OP,
     KIND_ADMIN,
     KIND_REPLICATOR,
     KIND_WATCHER,
@@ -29,6 +30,7 @@ from mirus_dagster.constants import (
     TAG_KIND,
     WATCH_OP,
     WATCHER_JOB,
+    WORKER_JOB,
     admin_job_name,
     admin_op_name,
 )
@@ -42,6 +44,7 @@ from replicator.discovery.monitor import MonitorResult
 from replicator.discovery.watcher import MetadataWatcher
 from replicator.engine.ownership import run_owned
 from replicator.engine.task import ReplicationTask, TaskExit
+from replicator.engine.worker import TaskWorker
 from replicator.state.records import PartitionPauseError, UnknownConnectorError
 from replicator.state.store import Store
 
@@ -110,6 +113,38 @@ def _connector_exists(store: Store, name: str) -> bool:
 )
 def replicator() -> None:
     replicate()
+
+
+# -- workers: many tasks in one run -------------------------------------------------------------------------
+
+
+class ReplicatorWorkerConfig(dg.Config):
+    worker: int = Field(ge=0, description="This worker's index (0 .. workers - 1).")
+    workers: int = Field(ge=1, description="How many workers the estate has (MIRUS_REPLICATOR_WORKERS).")
+
+
+@dg.op(
+    name=HOST_TASKS_OP,
+    description="Host this worker's share of every running connector's tasks (owner or standby) until terminated.",
+)
+def host_tasks(context: dg.OpExecutionContext, config: ReplicatorWorkerConfig, platform: PlatformDatabase) -> None:
+    if config.worker >= config.workers:
+        raise dg.Failure(f"worker {config.worker} does not exist among {config.workers} (0 .. {config.workers - 1})")
+    owner = f"{socket.gethostname()}:{os.getpid()}:{context.run_id}"
+    # Termination arrives as DagsterExecutionInterruptedError in this thread; the worker's `finally` stops every
+    # task it hosts (each flushes, commits and gives its lease back) before it propagates.
+    TaskWorker(platform.worker_store(), config.worker, config.workers, owner, on_event=context.log.info).run()
+
+
+@dg.job(
+    name=WORKER_JOB,
+    description="A worker hosting the tasks of many connectors (MIRUS_REPLICATOR_WORKERS > 0). Started and kept "
+    "alive by the sensors.",
+    executor_def=dg.in_process_executor,
+    tags={TAG_KIND: KIND_REPLICATOR},  # counted with the replicator runs by the run queue's limit
+)
+def replicator_worker() -> None:
+    host_tasks()
 
 
 # -- the metadata watcher --------------------------------------------------------------------------------

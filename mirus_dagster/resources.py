@@ -5,7 +5,7 @@ import threading
 import dagster as dg
 from pydantic import Field
 
-from replicator.state.database import make_engine, task_engine, upgrade_if_behind
+from replicator.state.database import make_engine, task_engine, upgrade_if_behind, worker_engine
 from replicator.state.store import Store
 
 _stores: dict[str, Store] = {}
@@ -26,6 +26,10 @@ class PlatformDatabase(dg.ConfigurableResource):
                 upgrade_if_behind(engine)
                 store = _stores[self.database_url] = Store(engine)
             return store
+
+    def worker_store(self) -> Store:
+        """A worker run's store, shared by the tasks it hosts (`replicator.state.database.worker_engine`)."""
+        return Store(worker_engine(self.database_url))
 
     def task_store(self) -> Store:
         """A replicator run's store: two connections, and never a migration

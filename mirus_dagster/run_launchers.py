@@ -22,6 +22,14 @@ REPLICATOR_K8S_CONFIG = {
     }
 }
 
+# A worker run's pod (MIRUS_REPLICATOR_WORKERS): one Python interpreter serves all its tasks, so one core is what it
+# can use beside librdkafka's threads; memory is a run's plus what its tasks hold (docs/DEPLOYMENT.md, section 4).
+WORKER_K8S_CONFIG = {
+    "container_config": {
+        "resources": {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}}
+    }
+}
+
 
 def run_launcher_class(instance: dg.DagsterInstance) -> str:
     """The class name of the instance's run launcher, as configured."""
@@ -31,8 +39,9 @@ def run_launcher_class(instance: dg.DagsterInstance) -> str:
     return data.class_name if data else "DefaultRunLauncher"
 
 
-def replicator_launcher_tags(instance: dg.DagsterInstance) -> dict[str, str]:
-    """The tags a replicator run needs from the instance's run launcher: its pod's resources on Kubernetes."""
+def replicator_launcher_tags(instance: dg.DagsterInstance, worker: bool = False) -> dict[str, str]:
+    """The tags a replicator (or `worker`) run needs from the instance's run launcher: its pod's resources on
+    Kubernetes."""
     if run_launcher_class(instance) == K8S_RUN_LAUNCHER:
-        return {K8S_CONFIG_TAG: json.dumps(REPLICATOR_K8S_CONFIG)}
+        return {K8S_CONFIG_TAG: json.dumps(WORKER_K8S_CONFIG if worker else REPLICATOR_K8S_CONFIG)}
     return {}

@@ -18,6 +18,7 @@ from mirus_dagster.constants import (
     ENV_DESTINATION_BOOTSTRAP,
     ENV_DESTINATION_PORT,
     ENV_POSTGRES_PORT,
+    ENV_REPLICATOR_WORKERS,
     ENV_SOURCE_BOOTSTRAP,
     ENV_SOURCE_PORT,
     ENV_STATE_DIR,
@@ -71,6 +72,12 @@ class PlatformSettings(BaseModel):
     source_port: int = Field(default=19092, ge=1, le=65535)
     destination_port: int = Field(default=19093, ge=1, le=65535)
     postgres_port: int = Field(default=15432, ge=1, le=65535)
+    replicator_workers: int = Field(
+        default=0,
+        ge=0,
+        description="0: a Dagster run per task and per standby. N > 0: N worker runs host every connector's tasks "
+        "and standbys between them (docs/DEPLOYMENT.md, section 4).",
+    )
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> PlatformSettings:
@@ -83,6 +90,7 @@ class PlatformSettings(BaseModel):
             ("source_port", ENV_SOURCE_PORT),
             ("destination_port", ENV_DESTINATION_PORT),
             ("postgres_port", ENV_POSTGRES_PORT),
+            ("replicator_workers", ENV_REPLICATOR_WORKERS),
         ):
             if env.get(var):
                 values[field] = env[var]

@@ -43,8 +43,13 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from mirus.api.auth import ENV_BEARER_TOKEN, OPEN_PATHS, ApiSettings, Credentials
-from mirus_dagster.jobs import replicator
-from mirus_dagster.run_launchers import K8S_CONFIG_TAG, REPLICATOR_K8S_CONFIG, replicator_launcher_tags
+from mirus_dagster.jobs import replicator, replicator_worker
+from mirus_dagster.run_launchers import (
+    K8S_CONFIG_TAG,
+    REPLICATOR_K8S_CONFIG,
+    WORKER_K8S_CONFIG,
+    replicator_launcher_tags,
+)
 from mirus_dagster.sensors.task_runs import run_request
 from replicator.configuration.secrets import ENV_ALLOWED_PATHS
 
@@ -219,8 +224,8 @@ def test_kubernetes_typed_values_match_kubernetes_schemas(values: dict[str, Any]
                 checked.append((where, key))
         policy = block["image"]["pullPolicy"] if "image" in block else block["imagePullPolicy"]
         assert policy in {"Always", "IfNotPresent", "Never"}, f"{where}: image pull policy {policy!r}"
-    resources = REPLICATOR_K8S_CONFIG["container_config"]["resources"]
-    assert not k8s_schema_errors(resources, "ResourceRequirements")
+    for pod in (REPLICATOR_K8S_CONFIG, WORKER_K8S_CONFIG):
+        assert not k8s_schema_errors(pod["container_config"]["resources"], "ResourceRequirements")
     # Every Kubernetes-typed block is present in both places, and was validated.
     assert set(checked) == {(where, key) for where in ("user deployment", "run launcher") for key in KUBERNETES_TYPED}
 
@@ -236,6 +241,7 @@ def test_the_run_coordinator_loads_and_limits_replicator_runs(values: dict[str, 
     assert isinstance(data.rehydrate(as_type=QueuedRunCoordinator), QueuedRunCoordinator)
     limits = [lim for lim in config["tag_concurrency_limits"] if replicator.tags.get(lim["key"]) == lim["value"]]
     assert limits, "no tag concurrency limit matches the replicator job's tags"
+    assert all(replicator_worker.tags.get(lim["key"]) == lim["value"] for lim in limits), "workers escape the limit"
     assert all(lim["limit"] < config["max_concurrent_runs"] for lim in limits), "admin and report runs would wait"
 
 

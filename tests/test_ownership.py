@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, text
 
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
-from replicator.engine.ownership import TaskOwnership, epoch_lock_key
+from replicator.engine.ownership import LockWatch, TaskOwnership, epoch_lock_key
 from replicator.state.records import FencedError, Lease
 from replicator.state.store import Store
 
@@ -96,16 +96,23 @@ def replica_of(stack: StackEndpoints, topic: str, written: int) -> ReplicaReport
     )
 
 
+@pytest.mark.parametrize("poll_s", [None, 0.2], ids=["blocking", "watched"])
 def test_a_standby_waits_while_the_owner_lives_and_takes_over_when_its_lock_transaction_ends(
-    store: Store, stack: StackEndpoints, unique: str
+    store: Store, stack: StackEndpoints, unique: str, poll_s: float | None
 ) -> None:
     create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
     owner = TaskOwnership(store.engine, unique, 0, "owner", LEASE_TIMEOUT)
     lease = owner.acquire()
     assert lease is not None and lease.epoch == 1
-    standby = TaskOwnership(store.engine, unique, 0, "standby", LEASE_TIMEOUT)
+    held = store.engine.pool.checkedout()  # the owner's lock connection
+    watch = LockWatch(store.engine, poll_s) if poll_s else None
+    standby = TaskOwnership(store.engine, unique, 0, "standby", LEASE_TIMEOUT, lock_watch=watch)
     assert standby.acquire(three_waits_of_a_heartbeating_owner(store, lease)) is None
     assert epoch_of(store, unique) == 1
+    # A watched standby (a worker's) holds no connection while it waits; a blocking one keeps its own.
+    # (The watch itself holds one for a moment five times a second while anyone waits: awaited, not sampled.)
+    expected = held + (0 if poll_s else 1)
+    wait_until(lambda: store.engine.pool.checkedout() == expected, timeout=5, what=f"{expected} connections in use")
     store.commit(lease, {(unique, 0): 5})  # the owner still writes: nobody fenced it
 
     last_heartbeat = store.lease_of(unique, 0).heartbeat_at
@@ -120,6 +127,8 @@ def test_a_standby_waits_while_the_owner_lives_and_takes_over_when_its_lock_tran
         store.commit(lease, {(unique, 0): 6})
     assert store.load_offsets(unique) == {(unique, 0): 5}
     standby.close()
+    if watch:
+        watch.close()
 
 
 def test_the_owners_lock_outlives_the_servers_idle_and_transaction_timeouts(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 import click
 from sqlalchemy import Engine
@@ -107,24 +109,15 @@ def task_run(connector: str, task_id: int) -> None:
     """Run one task of CONNECTOR in this process until it is removed, paused, deleted or fenced (Ctrl-C stops it).
 
     While another process owns the task, this one stands by and takes over the moment that one dies."""
-    import logging
     import socket
 
     from replicator.engine.ownership import run_owned
     from replicator.engine.task import ReplicationTask
-    from replicator.state.database import DatabaseUnavailableError, SchemaBehindError, task_engine
+    from replicator.state.database import task_engine
     from replicator.state.records import UnknownConnectorError
     from replicator.state.store import Store
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        store = Store(task_engine(_stack().endpoints.database_url))
-    except SchemaBehindError as exc:
-        raise click.ClickException(str(exc)) from None
-    except DatabaseUnavailableError as exc:
-        raise click.ClickException(
-            f"{exc}. Start the embedded one with `mirus stack up`, or point MIRUS_DATABASE_URL at yours."
-        ) from None
+    store = Store(_checked(task_engine))
     owner = f"{socket.gethostname()}:{os.getpid()}"
     try:
         outcome = run_owned(ReplicationTask(store, connector, task_id, owner))
@@ -134,6 +127,47 @@ def task_run(connector: str, task_id: int) -> None:
     except UnknownConnectorError as exc:
         raise click.ClickException(f"{exc}; add it with the put_connector job first") from None
     click.echo(f"task ended: {outcome.value if outcome else 'connector deleted while standing by'}")
+
+
+@main.group()
+def worker() -> None:
+    """Workers: processes hosting the tasks of many connectors (MIRUS_REPLICATOR_WORKERS), outside Dagster."""
+
+
+@worker.command("run")
+@click.argument("index", type=int)
+@click.option("--workers", type=click.IntRange(min=1), required=True, help="How many workers the estate has.")
+def worker_run(index: int, workers: int) -> None:
+    """Run worker INDEX (0 .. workers - 1) in this process: it hosts its share of every running connector's tasks,
+    as owner or standby, until Ctrl-C."""
+    import socket
+
+    from replicator.engine.worker import TaskWorker
+    from replicator.state.database import worker_engine
+    from replicator.state.store import Store
+
+    if not 0 <= index < workers:
+        raise click.BadParameter(f"must be 0 .. {workers - 1} for --workers {workers}", param_hint="INDEX")
+    owner = f"{socket.gethostname()}:{os.getpid()}:worker-{index}"
+    try:
+        TaskWorker(Store(_checked(worker_engine)), index, workers, owner).run()
+    except KeyboardInterrupt:
+        click.echo("stopped")
+
+
+def _checked(engine_for: Callable[[str], Engine]) -> Engine:
+    """A replicator process's engine (`task_engine` or `worker_engine`), or a clear error; logs to stderr."""
+    from replicator.state.database import DatabaseUnavailableError, SchemaBehindError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return engine_for(_stack().endpoints.database_url)
+    except SchemaBehindError as exc:
+        raise click.ClickException(str(exc)) from None
+    except DatabaseUnavailableError as exc:
+        raise click.ClickException(
+            f"{exc}. Start the embedded one with `mirus stack up`, or point MIRUS_DATABASE_URL at yours."
+        ) from None
 
 
 # -- development -------------------------------------------------------------------------------------------

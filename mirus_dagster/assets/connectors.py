@@ -33,7 +33,14 @@ from mirus_dagster.constants import (
 )
 from replicator.configuration.masking import mask_properties
 from replicator.discovery.heartbeats import liveness_s
-from replicator.state.records import OPERATOR_PAUSE, ConnectorState, ConnectorStatus, PartitionHealth
+from replicator.state.records import (
+    LEASE_HELD,
+    OPERATOR_PAUSE,
+    ConnectorState,
+    ConnectorStatus,
+    PartitionHealth,
+    TaskStatus,
+)
 from replicator.state.store import Store
 
 REFRESH_S = 60.0
@@ -99,10 +106,17 @@ def recent_failures(instance: dg.DagsterInstance, now: datetime) -> dict[str, li
     return failures
 
 
+def _owner_run(task: TaskStatus) -> str | None:
+    """The run holding the task's lease, from its owner (host:pid:run id): a worker run hosting many tasks has no
+    tags naming them."""
+    run_id = task.owner.rsplit(":", 1)[-1] if task.owner and task.state == LEASE_HELD else ""
+    return run_id if len(run_id) == 36 and run_id.count("-") == 4 else None
+
+
 def _tasks(status: ConnectorStatus, runs: Mapping[tuple[str, int], str]) -> list[str]:
     lines = []
     for task in status.tasks:
-        run_id = runs.get((status.name, task.task_id))
+        run_id = runs.get((status.name, task.task_id)) or _owner_run(task)
         run = f"run [{run_id[:8]}](/runs/{run_id})" if run_id else "no run"
         lines.append(
             f"{task.task_id}: {task.state} ({task.partitions} partitions, {run}, "

@@ -1,4 +1,5 @@
-"""The monitor sensor: keeps the metadata watcher running and every assigned task at its runs (owner + standbys).
+"""The monitor sensor: keeps the metadata watcher running and every assigned task at its runs (owner + standbys),
+or, with MIRUS_REPLICATOR_WORKERS, that many worker runs hosting the tasks between them.
 
 Built by `build_kafka_monitor` from what it launches (the replicator and watcher jobs) and the asset event it
 records, so that it imports neither `mirus_dagster/assets/` nor the jobs. Metadata is read by the watcher run
@@ -16,7 +17,14 @@ from mirus_dagster.constants import CONNECTOR_PARTITIONS, MONITOR_SENSOR, WATCHE
 from mirus_dagster.resources import PlatformDatabase
 from mirus_dagster.run_launchers import replicator_launcher_tags
 from mirus_dagster.sensors.decisions import start_decision
-from mirus_dagster.sensors.task_runs import LIVE, NEVER_RAN, task_histories, task_run_requests
+from mirus_dagster.sensors.task_runs import (
+    LIVE,
+    NEVER_RAN,
+    task_histories,
+    task_run_requests,
+    worker_histories,
+    worker_run_request,
+)
 from replicator.configuration.connector import ConnectorConfigError, load
 from replicator.state.records import ConnectorRecord, ConnectorState, ConnectorStatus, PartitionHealth
 from replicator.state.store import Store
@@ -56,12 +64,17 @@ def build_kafka_monitor(
     *,
     connectors_event: ConnectorsEvent,
     refresh_s: float,
+    worker_job: dg.JobDefinition | None = None,
+    workers: int = 0,
 ) -> dg.SensorDefinition:
-    """The sensor launching `job` (the replicator) and `watcher_job`, recording `connectors_event` changes."""
+    """The sensor launching `job` (the replicator) and `watcher_job`, recording `connectors_event` changes; with
+    `workers` > 0, `workers` runs of `worker_job` instead of a run per task."""
+    if workers and worker_job is None:
+        raise ValueError("workers need the worker job")
 
     @dg.sensor(
         name=MONITOR_SENSOR,
-        jobs=[job, watcher_job],
+        jobs=[job, watcher_job, *([worker_job] if worker_job else [])],
         minimum_interval_seconds=EVALUATION_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
@@ -70,7 +83,7 @@ def build_kafka_monitor(
         ),
     )
     def kafka_monitor(context: dg.SensorEvaluationContext, platform: PlatformDatabase) -> dg.SensorResult:
-        return _evaluate(context, platform.store(), connectors_event, refresh_s)
+        return _evaluate(context, platform.store(), connectors_event, refresh_s, workers)
 
     return kafka_monitor
 
@@ -80,6 +93,7 @@ def _evaluate(
     store: Store,
     connectors_event: ConnectorsEvent,
     refresh_s: float,
+    workers: int,
 ) -> dg.SensorResult:
     cursor = MonitorCursor.model_validate_json(context.cursor) if context.cursor else MonitorCursor()
     run_requests: list[dg.RunRequest] = []
@@ -90,9 +104,12 @@ def _evaluate(
     # this tick runs is then never seen as registered but absent, which would delete its partition for a tick.
     known = set(context.instance.get_dynamic_partitions(CONNECTOR_PARTITIONS))
     records = store.list_connectors()
-    for record in records:
-        if record.state == ConnectorState.RUNNING:
-            run_requests += _task_starts(context.instance, store, record)
+    if workers:
+        run_requests += _worker_starts(context.instance, workers)
+    else:
+        for record in records:
+            if record.state == ConnectorState.RUNNING:
+                run_requests += _task_starts(context.instance, store, record)
     names = {r.name for r in records}
     # Everything the connectors table shows but heartbeat times and lag: a change is recorded at once, and those
     # are kept fresh by recording at least every `refresh_s` while anything runs.
@@ -137,6 +154,19 @@ def _task_starts(instance: dg.DagsterInstance, store: Store, record: ConnectorRe
                 decision.runs,
                 history.live_runs,
                 replicator_launcher_tags(instance),
+            )
+    return run_requests
+
+
+def _worker_starts(instance: dg.DagsterInstance, workers: int) -> list[dg.RunRequest]:
+    """Runs to start for the estate's workers that have none live (a failed one is left to the supervisor)."""
+    histories = worker_histories(instance, workers)
+    run_requests = []
+    for worker in range(workers):
+        decision = start_decision(histories.get(worker, NEVER_RAN))
+        if decision.launch:
+            run_requests.append(
+                worker_run_request(worker, workers, decision.reason, replicator_launcher_tags(instance, worker=True))
             )
     return run_requests
 

@@ -12,17 +12,28 @@ from mirus_dagster.constants import ENV_TASK_AUTO_RESTART, SUPERVISOR_SENSOR
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.run_launchers import replicator_launcher_tags
 from mirus_dagster.sensors.decisions import Decision, requested_restart, restart_decision
-from mirus_dagster.sensors.task_runs import live_runs, task_histories, task_run_requests
+from mirus_dagster.sensors.task_runs import (
+    live_runs,
+    task_histories,
+    task_run_requests,
+    worker_histories,
+    worker_run_request,
+)
 from replicator.configuration.connector import ConnectorConfigError, load
 from replicator.state.records import ConnectorState
 
 
-def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:
-    """The sensor restarting `job` (the replicator) runs of failed, crashed or silent tasks."""
+def build_task_supervisor(
+    job: dg.JobDefinition, worker_job: dg.JobDefinition | None = None, workers: int = 0
+) -> dg.SensorDefinition:
+    """The sensor restarting `job` (the replicator) runs of failed, crashed or silent tasks; with `workers` > 0, the
+    failed runs of `worker_job` (a worker restarts the tasks it hosts itself)."""
+    if workers and worker_job is None:
+        raise ValueError("workers need the worker job")
 
     @dg.sensor(
         name=SUPERVISOR_SENSOR,
-        job=job,
+        jobs=[job, *([worker_job] if worker_job else [])],
         minimum_interval_seconds=1,  # the daemon's 5 s loop is the real interval (see mirus_dagster/sensors/monitor.py)
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
@@ -35,8 +46,8 @@ def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:
     ) -> dg.SensorResult | dg.SkipReason:
         store = platform.store()
         now = datetime.now(UTC)
-        run_requests = []
-        for record in store.list_connectors():
+        run_requests = _worker_restarts(context, supervisor, workers, now) if workers else []
+        for record in store.list_connectors() if not workers else ():
             if record.state != ConnectorState.RUNNING:
                 continue
             try:
@@ -86,3 +97,31 @@ def build_task_supervisor(job: dg.JobDefinition) -> dg.SensorDefinition:
         return dg.SensorResult(run_requests=run_requests)
 
     return task_supervisor
+
+
+def _worker_restarts(
+    context: dg.SensorEvaluationContext, supervisor: SupervisorPolicy, workers: int, now: datetime
+) -> list[dg.RunRequest]:
+    """New runs for the workers whose last run failed and none is live, after the same backoff as a task's.
+
+    A worker has no lease of its own (its tasks do, and a standby on another worker takes each over at once), so a
+    live worker run is never replaced here; one whose process died is marked failed by Dagster's run monitoring."""
+    if not supervisor.auto_restart:
+        return []
+    run_requests = []
+    for worker, history in sorted(worker_histories(context.instance, workers).items()):
+        if worker >= workers or history.live:
+            continue
+        decision = restart_decision(
+            history,
+            None,
+            now,
+            lease_timeout_s=0.0,
+            initial_backoff_s=supervisor.initial_backoff_s,
+            max_backoff_s=supervisor.max_backoff_s,
+        )
+        if decision.launch:
+            context.log.info(f"restarting worker {worker} of {workers}: {decision.reason}")
+            tags = replicator_launcher_tags(context.instance, worker=True)
+            run_requests.append(worker_run_request(worker, workers, f"restart: {decision.reason}", tags))
+    return run_requests

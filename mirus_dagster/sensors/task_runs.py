@@ -1,14 +1,16 @@
-"""Replicator runs as seen in the Dagster instance: one run per task, found by tags (not run keys)."""
+"""Replicator runs as seen in the Dagster instance, found by tags (not run keys): one run per task, or (with
+MIRUS_REPLICATOR_WORKERS) worker runs hosting many tasks each."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 import dagster as dg
 
 from mirus_dagster.constants import (
+    HOST_TASKS_OP,
     KIND_REPLICATOR,
     REPLICATE_OP,
     REPLICATOR_JOB,
@@ -16,6 +18,9 @@ from mirus_dagster.constants import (
     TAG_KIND,
     TAG_REASON,
     TAG_TASK,
+    TAG_WORKER,
+    TAG_WORKERS,
+    WORKER_JOB,
 )
 from mirus_dagster.sensors.decisions import TaskRunHistory, failure_streak
 
@@ -66,6 +71,24 @@ def task_run_requests(
     return [run_request(connector, task_id, reason, live + i > 0, launcher_tags) for i in range(runs)]
 
 
+def worker_run_request(
+    worker: int, workers: int, reason: str, launcher_tags: Mapping[str, str] | None = None
+) -> dg.RunRequest:
+    """A run of worker `worker` of `workers`."""
+    tags = {
+        **(launcher_tags or {}),
+        TAG_KIND: KIND_REPLICATOR,
+        TAG_WORKER: str(worker),
+        TAG_WORKERS: str(workers),
+        TAG_REASON: reason,
+    }
+    return dg.RunRequest(
+        job_name=WORKER_JOB,
+        run_config={"ops": {HOST_TASKS_OP: {"config": {"worker": worker, "workers": workers}}}},
+        tags=tags,
+    )
+
+
 def _ts(value: float | None) -> datetime | None:
     return datetime.fromtimestamp(value, UTC) if value is not None else None
 
@@ -81,9 +104,22 @@ def task_histories(instance: dg.DagsterInstance, connector: str) -> dict[int, Ta
     records = instance.get_run_records(
         dg.RunsFilter(job_name=REPLICATOR_JOB, tags={TAG_CONNECTOR: connector}), limit=HISTORY_LIMIT
     )
+    return _histories(records, TAG_TASK)
+
+
+def worker_histories(instance: dg.DagsterInstance, workers: int) -> dict[int, TaskRunHistory]:
+    """Per worker index, the recent runs started for an estate of `workers` workers. One query."""
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=WORKER_JOB, tags={TAG_WORKERS: str(workers)}), limit=HISTORY_LIMIT
+    )
+    return _histories(records, TAG_WORKER)
+
+
+def _histories(records: Sequence[dg.RunRecord], tag: str) -> dict[int, TaskRunHistory]:
+    """`records` (newest first) grouped by the number in their `tag`, each group folded into a `TaskRunHistory`."""
     by_task: dict[int, list[dg.RunRecord]] = defaultdict(list)
-    for record in records:  # newest first
-        task = record.dagster_run.tags.get(TAG_TASK)
+    for record in records:
+        task = record.dagster_run.tags.get(tag)
         if task is not None and task.isdigit():
             by_task[int(task)].append(record)
     histories = {}

@@ -27,18 +27,21 @@ commit and stops.
 
 A task process therefore holds one connection for its work (the claim transactions and, once it owns the task, its
 commits) and one for its lock transactions: while it owns the task that one keeps a server connection for good, and
-while it stands by it is inside a wait of up to WAIT_S nearly all the time.
+while it stands by it is inside a wait of up to WAIT_S nearly all the time. A worker's standbys
+(`replicator.engine.worker`) wait together instead (`LockWatch`): one statement asks which of their owners' locks are
+free, five times a second, and none of them holds a connection meanwhile; a takeover is up to that much later.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 
 from sqlalchemy import Connection, Engine, RootTransaction, text
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from replicator.configuration.connector import load
 from replicator.engine.task import ReplicationTask, TaskExit
@@ -65,11 +68,16 @@ class TaskOwnership:
         owner: str,
         stale_after: timedelta,
         on_event: Callable[[str], None] = lambda message: None,
+        lock_watch: LockWatch | None = None,
     ) -> None:
         self.connector, self.task_id, self.owner, self.stale_after = connector, task_id, owner, stale_after
         self.on_event = on_event
         self.engine = engine
-        self.conn: Connection = engine.connect()  # for lock transactions only
+        # None: a standby blocks on the owner's lock, on a connection of its own (a takeover within milliseconds).
+        # A watch: it waits for the watch to see the lock free, holding no connection (nor, through PgBouncer, a
+        # server connection) meanwhile: a worker's many standbys.
+        self.lock_watch = lock_watch
+        self._conn: Connection | None = None  # for lock transactions only; opened at the first one
         self.held: RootTransaction | None = None  # the lock transaction holding our epoch's lock
         self.lease: Lease | None = None
         self.waited_s = 0.0  # how long `acquire` stood by (0: the task was free)
@@ -114,11 +122,13 @@ class TaskOwnership:
 
     def close(self) -> None:
         """End the lock transaction, so a standby takes over at once, and give the connection back."""
+        if self._conn is None:
+            return
         try:
             self._release()
         except DBAPIError:
-            self.conn.invalidate()  # broken (Postgres or the pooler gone): the lock ends with its server session
-        self.conn.close()
+            self._conn.invalidate()  # broken (Postgres or the pooler gone): the lock ends with its server session
+        self._conn.close()
 
     def __enter__(self) -> TaskOwnership:
         return self
@@ -167,6 +177,12 @@ class TaskOwnership:
 
     # -- lock transactions, on `self.conn` ------------------------------------------------------------------
 
+    @property
+    def conn(self) -> Connection:
+        if self._conn is None:
+            self._conn = self.engine.connect()
+        return self._conn
+
     def _key(self, epoch: int) -> int:
         return epoch_lock_key(self.connector, self.task_id, epoch)
 
@@ -199,7 +215,11 @@ class TaskOwnership:
             held.rollback()
 
     def _wait_for(self, epoch: int) -> None:
-        """Block on `epoch`'s lock for up to WAIT_S: it is granted the moment the owner's lock transaction ends."""
+        """Block on `epoch`'s lock for up to WAIT_S: it is granted the moment the owner's lock transaction ends (or,
+        with a watch, until it sees the lock free)."""
+        if self.lock_watch is not None:
+            self.lock_watch.wait(self._key(epoch), WAIT_S)
+            return
         try:
             self._lock(epoch).rollback()  # granted: the owner is gone; the next check claims the task
         except OperationalError as exc:
@@ -208,18 +228,76 @@ class TaskOwnership:
             # the owner is still there
 
 
+class LockWatch:
+    """Standbys waiting together: which of their owners' epoch locks are free is asked for all of them in one
+    statement every `poll_s`, on a pooled connection held for that statement only.
+
+    A worker's standbys then hold no connection while they wait and cost one statement per poll between them,
+    however many they are; a takeover comes up to `poll_s` later than a blocking standby's."""
+
+    def __init__(self, engine: Engine, poll_s: float) -> None:
+        self.engine, self.poll_s = engine, poll_s
+        self._waiting: dict[int, list[threading.Event]] = {}
+        self._guard = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="mirus-lock-watch")
+        self._thread.start()
+
+    def wait(self, key: int, timeout_s: float) -> None:
+        """Return once `key`'s lock was seen free, or after `timeout_s`."""
+        seen = threading.Event()
+        with self._guard:
+            self._waiting.setdefault(key, []).append(seen)
+        try:
+            seen.wait(timeout_s)
+        finally:
+            with self._guard:
+                waiting = self._waiting.get(key, [])
+                waiting.remove(seen)
+                if not waiting:
+                    del self._waiting[key]
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._closed.wait(self.poll_s):
+            with self._guard:
+                keys = list(self._waiting)
+            if not keys:
+                continue
+            try:
+                with self.engine.connect() as conn:  # the locks it gets end with this transaction
+                    free = set(conn.scalars(text(FREE_LOCKS), {"keys": keys}))
+            except SQLAlchemyError:
+                continue  # the database is unreachable: each standby's own check says so
+            with self._guard:
+                for key in free:
+                    for seen in self._waiting.get(key, ()):
+                        seen.set()
+
+
+FREE_LOCKS = "SELECT k FROM unnest(CAST(:keys AS bigint[])) AS k WHERE pg_try_advisory_xact_lock(k)"
+
+
 def _lock_not_available(exc: OperationalError) -> bool:
     return getattr(exc.orig, "pgcode", None) == "55P03"  # lock_timeout expired
 
 
-def run_owned(task: ReplicationTask, should_stop: Callable[[], bool] = lambda: False) -> TaskExit | None:
+def run_owned(
+    task: ReplicationTask, should_stop: Callable[[], bool] = lambda: False, lock_watch: LockWatch | None = None
+) -> TaskExit | None:
     """Stand by until `task` is free, then run it, holding the epoch lock until it has ended.
 
     None if stopped (or the connector deleted) while standing by. Raises what `ReplicationTask.run` raises.
+    `lock_watch`: see `TaskOwnership`.
     """
     record = task.store.get_connector(task.connector)
     stale_after = timedelta(milliseconds=load(record.properties).lease_timeout_ms)
-    with TaskOwnership(task.store.engine, task.connector, task.task_id, task.owner, stale_after, task.on_event) as held:
+    with TaskOwnership(
+        task.store.engine, task.connector, task.task_id, task.owner, stale_after, task.on_event, lock_watch
+    ) as held:
         task.prepare()  # connected while standing by
         lease = None
         try:

@@ -22,6 +22,10 @@ class DatabaseUnavailableError(RuntimeError):
 # A replicator task's process: one connection for its work (the loop and its background thread take turns) and one
 # its owner keeps for the epoch lock (`replicator.engine.ownership`); no overflow, so 1,000 tasks hold 2,000 at most.
 TASK_POOL = {"pool_size": 2, "max_overflow": 0}
+# A worker's process (`replicator.engine.worker`): its tasks share the work connections (they commit in turns, a few
+# milliseconds a second each), and every hosted task keeps one more for its epoch lock while it lives, so the
+# overflow is not bounded; the pool itself keeps at most WORKER_POOL idle.
+WORKER_POOL = {"pool_size": 3, "max_overflow": -1}
 
 
 class SchemaBehindError(RuntimeError):
@@ -80,6 +84,11 @@ def migrated_engine(url: str) -> Engine:
 def task_engine(url: str) -> Engine:
     """An engine for a replicator task's process: a pool of `TASK_POOL`, on a schema already migrated."""
     return _checked_engine(make_engine(url, **TASK_POOL), require_current)
+
+
+def worker_engine(url: str) -> Engine:
+    """An engine for a worker's process: a pool of `WORKER_POOL`, on a schema already migrated."""
+    return _checked_engine(make_engine(url, **WORKER_POOL), require_current)
 
 
 def _checked_engine(engine: Engine, check: Callable[[Engine], None]) -> Engine:

@@ -84,6 +84,24 @@ class OwnershipStore(StoreBase):
                 raise UnknownConnectorError(f"connector {connector!r} does not exist")
             return generation, self._assignment(s, connector, generation)
 
+    def current_task_ids(self) -> dict[str, list[int]]:
+        """Every connector's task ids in its current generation, in one query (a worker's poll: no partitions)."""
+        with Session(self.engine) as s:
+            rows = s.execute(
+                select(Assignment.connector, Assignment.task_id)
+                .join(
+                    Connector,
+                    and_(
+                        Connector.name == Assignment.connector, Connector.assignment_generation == Assignment.generation
+                    ),
+                )
+                .order_by(Assignment.connector, Assignment.task_id)
+            ).all()
+        tasks: dict[str, list[int]] = {}
+        for connector, task_id in rows:
+            tasks.setdefault(connector, []).append(task_id)
+        return tasks
+
     @staticmethod
     def _assignment(s: Session, connector: str, generation: int) -> dict[int, list[SourcePartition]]:
         rows = s.execute(
