@@ -1,7 +1,8 @@
 """Through PgBouncer in transaction pooling mode (`tests/pgbouncer.py`), on the real clusters: concurrent upgrades
 migrate a new database, and a task replicates and commits while its standby waits, then the owner's process is
 killed and the standby takes over at once, fences the old epoch and resumes from the last commit — the same
-scenario as on a direct connection (`tests/test_ownership.py`, `kill_9_hands_over`)."""
+scenario as on a direct connection (`tests/test_ownership.py`, `kill_9_hands_over`); and the same for two workers
+(`tests/test_workers.py`, `workers_hand_over`)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from sqlalchemy import Engine, text
 from mirus_dagster.settings import StackEndpoints
 from replicator.state.database import head_revision
 from replicator.state.store import Store
+from tests.engine_helpers import private_database
 from tests.pgbouncer import PgBouncer, start_pgbouncer
 from tests.test_ownership import kill_9_hands_over
+from tests.test_workers import workers_hand_over
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +61,15 @@ def test_a_task_through_pgbouncer_replicates_resumes_and_is_taken_over_when_its_
     store: Store, stack: StackEndpoints, bouncer: PgBouncer, unique: str, tmp_path: Path
 ) -> None:
     kill_9_hands_over(store, stack, bouncer.url(stack.database_url), unique, tmp_path)
+
+
+def test_workers_through_pgbouncer_host_tasks_and_hand_them_over_when_one_dies(
+    stack: StackEndpoints, bouncer: PgBouncer, tmp_path: Path
+) -> None:
+    # A worker's standbys wait together (one statement asking which owners' locks are free) and hold no connection.
+    engine = private_database(stack, f"workers_pgbouncer_{uuid.uuid4().hex[:8]}")
+    try:
+        url = bouncer.url(stack.database_url, database=engine.url.database)
+        workers_hand_over(stack, Store(engine), url, f"pgbouncer-workers-{uuid.uuid4().hex[:8]}", tmp_path)
+    finally:
+        engine.dispose()

@@ -74,6 +74,13 @@ def test_two_worker_processes_host_several_connectors_and_a_kill_9_hands_every_t
     stack: StackEndpoints, estate_db: tuple[Store, str], unique: str, tmp_path: Path
 ) -> None:
     store, url = estate_db
+    workers_hand_over(stack, store, url, unique, tmp_path)
+
+
+def workers_hand_over(stack: StackEndpoints, store: Store, url: str, unique: str, tmp_path: Path) -> None:
+    """Two `mirus worker run` processes on `url` (the database of `store`, directly or through a pooler) host three
+    connectors' tasks, each owned by its first-ranked worker; one is killed with SIGKILL and the other takes its
+    tasks over, nothing lost."""
     names = [f"{unique}-{i}" for i in range(3)]
     for name in names:
         create_topics(stack.source_bootstrap_servers, {name: 2})
