@@ -210,11 +210,12 @@ class TaskWorker:
         one stands by at once, to take over the moment the owner dies)."""
         rank = hosts(connector, task_id, self.workers, self.workers).index(self.index)
         deadline = time.monotonic() + rank * DEFER_PER_RANK_S
-        while time.monotonic() < deadline and not stop.is_set():
+        while time.monotonic() < deadline:
             lease = self.store.lease_of(connector, task_id)
             if lease is not None and lease.state == LEASE_HELD:
                 return
-            time.sleep(0.2)
+            if stop.wait(0.2):  # the worker stops hosting it: no need to wait the turn out
+                return
 
     def _ended(self, hosted: HostedTask, now: float) -> None:
         connector, task_id = hosted.key
