@@ -6,12 +6,16 @@ every problem listed and leaves the store as it was. They record the `connectors
 are built with (`build_admin_jobs`), so this module never imports `mirus_dagster/assets/`.
 """
 
+import contextlib
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import dagster as dg
+
+# Dagster's own handling of a run's termination signal, held as a flag instead of raised between two bytecodes.
+from dagster._utils.interrupts import capture_interrupts, check_captured_interrupt
 from pydantic import Field
 
 from mirus_dagster.constants import (
@@ -68,8 +72,6 @@ class ReplicatorTaskConfig(dg.Config):
 )
 def replicate(context: dg.OpExecutionContext, config: ReplicatorTaskConfig, platform: PlatformDatabase) -> None:
     owner = f"{socket.gethostname()}:{os.getpid()}:{context.run_id}"
-    # Termination arrives as DagsterExecutionInterruptedError between bytecodes; the task's `finally` flushes,
-    # commits and releases before it propagates, and the run ends CANCELED.
     name = f"{config.connector}-{config.task_id}"  # every event names the task, so a run page says whose it is
     task = ReplicationTask(
         platform.task_store(),
@@ -80,7 +82,8 @@ def replicate(context: dg.OpExecutionContext, config: ReplicatorTaskConfig, plat
     )
     # A task has an owner run and warm standby runs (`task.standby.runs`); whichever gets the lease replicates.
     try:
-        outcome = run_owned(task)
+        with termination_as_a_stop() as terminated:
+            outcome = run_owned(task, terminated)
     except UnknownConnectorError:
         # Deleted before the run started, or between two of the task's writes: an operator's intended action, so
         # the run ends like one that saw the deletion itself (SUCCESS), not red. Any other cause is raised.
@@ -93,6 +96,21 @@ def replicate(context: dg.OpExecutionContext, config: ReplicatorTaskConfig, plat
     deleted = outcome in (None, TaskExit.DELETED) or not _connector_exists(task.store, config.connector)
     ended = "connector deleted" if deleted or outcome is None else outcome.value
     context.log.info(f"task {name} ended: {ended}")
+
+
+@contextlib.contextmanager
+def termination_as_a_stop() -> Iterator[Callable[[], bool]]:
+    """A run's termination (SIGINT, or SIGTERM from Kubernetes or Docker) as the `should_stop` of the loops inside,
+    then raised as Dagster's interruption once they have stopped, so that the run ends CANCELED.
+
+    Dagster otherwise raises DagsterExecutionInterruptedError wherever the main thread is; one that lands while a
+    pooled database connection is handed back loses that connection, and the task's final commit then waits for one
+    that never comes (seen: a process that did not end for 30 s)."""
+    with capture_interrupts():
+        yield check_captured_interrupt
+        terminated = check_captured_interrupt()
+    if terminated:
+        raise dg.DagsterExecutionInterruptedError()
 
 
 def _connector_exists(store: Store, name: str) -> bool:
@@ -131,9 +149,10 @@ def host_tasks(context: dg.OpExecutionContext, config: ReplicatorWorkerConfig, p
     if config.worker >= config.workers:
         raise dg.Failure(f"worker {config.worker} does not exist among {config.workers} (0 .. {config.workers - 1})")
     owner = f"{socket.gethostname()}:{os.getpid()}:{context.run_id}"
-    # Termination arrives as DagsterExecutionInterruptedError in this thread; the worker's `finally` stops every
-    # task it hosts (each flushes, commits and gives its lease back) before it propagates.
-    TaskWorker(platform.worker_store(), config.worker, config.workers, owner, on_event=context.log.info).run()
+    with termination_as_a_stop() as terminated:  # every hosted task flushes, commits and gives its lease back
+        TaskWorker(platform.worker_store(), config.worker, config.workers, owner, on_event=context.log.info).run(
+            terminated
+        )
 
 
 @dg.job(

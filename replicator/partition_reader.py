@@ -7,7 +7,7 @@ Offset translation and exactly-once resume both read destination partitions forw
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from confluent_kafka import Consumer, KafkaError, Message
 
@@ -16,11 +16,19 @@ class PartitionReadError(RuntimeError):
     """A partition reported an error, or neither delivered records nor reached its end in time."""
 
 
-def read_to_end(consumer: Consumer, partitions: set[tuple[str, int]], idle_s: float) -> Iterator[Message]:
-    """The records of `partitions` (assigned to `consumer`, which has `enable.partition.eof`) until each ended."""
+def read_to_end(
+    consumer: Consumer,
+    partitions: set[tuple[str, int]],
+    idle_s: float,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> Iterator[Message]:
+    """The records of `partitions` (assigned to `consumer`, which has `enable.partition.eof`) until each ended;
+    PartitionReadError if `should_stop` says so first."""
     open_partitions = set(partitions)
     idle_since = time.monotonic()
     while open_partitions:
+        if should_stop():
+            raise PartitionReadError(f"stopped before {len(open_partitions)} partition(s) were read to their end")
         # consume() returns once it has 1,000 messages or its timeout passed: a short one, or every read of a few
         # records (a task's start looking for its copies) would take a whole second.
         messages = consumer.consume(1000, 0.05)

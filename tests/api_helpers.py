@@ -12,8 +12,7 @@ from mirus.api.app import create_app
 from mirus.api.auth import ApiSettings
 from mirus.waiting import wait_until
 from replicator.state.store import Store
-
-from .conftest import free_port
+from tests.conftest import free_port
 
 
 @contextmanager

@@ -10,8 +10,8 @@
   reported by DescribeConfigs (config copying and sync), CreatePartitions (partition growth), replication-factor
   checks (creation failures), max.message.bytes (destination refusals), and broker restarts that keep their data.
   A missing kit is a test error that says where it was looked for, never a skip.
-- `secured_kafka`: two more clusters from the same kit, secured as production ones are (SASL_SSL, SCRAM, mutual TLS,
-  ACLs enforced), started only by `tests/test_secured_clusters.py`.
+- `secured_kafka` (tests/discovery/conftest.py): two more clusters from the same kit, secured as production ones are
+  (SASL_SSL, SCRAM, mutual TLS, ACLs enforced).
 - Tests of a gap itself (a destination that cannot add partitions) start an embedded broker of their own, so that
   they prove the same thing whichever clusters `stack` points at.
 """
@@ -26,12 +26,10 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from pyspark.sql import SparkSession
 from sqlalchemy import Engine
 
 from mirus.faults.brokers import KafkaKit
 from mirus.local.stack import LocalStack, free_port
-from mirus_dagster.reporting import spark_config
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.settings import PlatformSettings, StackEndpoints
 from replicator.configuration.secrets import ENV_ALLOWED_ENV
@@ -82,19 +80,6 @@ def kafka_kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKit]:
 
 
 @pytest.fixture(scope="session")
-def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaKit]:
-    """Two secured Apache Kafka 1.0 clusters (source, destination: `brokers`), as production ones are: SASL_SSL
-    only, SCRAM-SHA-256/512, a CA made at the start, ACLs enforced, super user `admin`, user `replicator` without
-    ACLs; passwords and CA in `security` (`mirus.faults.kit_security`). Started (~15 s) only by tests that use it."""
-    kit = KafkaKit(tmp_path_factory.mktemp("secured-kafka"), free_port())
-    try:
-        kit.start_secured(("source", "destination"))
-        yield kit
-    finally:
-        kit.stop()
-
-
-@pytest.fixture(scope="session")
 def apache_kafka(stack: StackEndpoints, kafka_kit: KafkaKit) -> StackEndpoints:
     """Two Apache Kafka 1.0 clusters (source and destination) and the session's Postgres."""
     source, destination = kafka_kit.brokers
@@ -114,14 +99,6 @@ def store(db_engine: Engine) -> Store:
     return Store(db_engine)
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    """One local Spark session for the whole run (it takes ~20 s to start); report assets reuse it."""
-    session = SparkSession.builder.config(map=spark_config("local[2]")).getOrCreate()
-    yield session
-    session.stop()
-
-
 @pytest.fixture
 def unique(request: pytest.FixtureRequest) -> Iterator[str]:
     """A name no other test uses: for topics, connectors and groups.
@@ -136,15 +113,6 @@ def unique(request: pytest.FixtureRequest) -> Iterator[str]:
         for record in store.list_connectors():
             if record.name.startswith(name):
                 store.delete_connector(record.name)
-
-
-@pytest.fixture(scope="session")
-def chromium() -> None:
-    """Debian's headless Chromium and its driver, installed with apt-get on a machine that lacks them. Raises (a
-    test error, never a skip) when that is impossible."""
-    from tests.browser import ensure_chromium
-
-    ensure_chromium()
 
 
 @pytest.fixture

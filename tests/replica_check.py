@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from replicator.topics import provenance
-
-from .kafka_helpers import Cluster, Rec, client_settings
+from tests.kafka_helpers import Cluster, Rec, client_settings
 
 SourceRecord = tuple[int, int]  # (partition, offset)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 import click
 from sqlalchemy import Engine
@@ -112,20 +114,24 @@ def task_run(connector: str, task_id: int) -> None:
     import socket
 
     from replicator.engine.ownership import run_owned
-    from replicator.engine.task import ReplicationTask
+    from replicator.engine.task import ReplicationTask, TaskExit
     from replicator.state.database import task_engine
     from replicator.state.records import UnknownConnectorError
     from replicator.state.store import Store
 
     store = Store(_checked(task_engine))
     owner = f"{socket.gethostname()}:{os.getpid()}"
-    try:
-        outcome = run_owned(ReplicationTask(store, connector, task_id, owner))
-    except KeyboardInterrupt:
+    with _stop_on_signals() as stop:
+        try:
+            outcome = run_owned(ReplicationTask(store, connector, task_id, owner), stop.is_set)
+        except KeyboardInterrupt:
+            click.echo("stopped")
+            return
+        except UnknownConnectorError as exc:
+            raise click.ClickException(f"{exc}; add it with the put_connector job first") from None
+    if stop.is_set() and outcome in (None, TaskExit.STOPPED):
         click.echo("stopped")
         return
-    except UnknownConnectorError as exc:
-        raise click.ClickException(f"{exc}; add it with the put_connector job first") from None
     click.echo(f"task ended: {outcome.value if outcome else 'connector deleted while standing by'}")
 
 
@@ -149,10 +155,32 @@ def worker_run(index: int, workers: int) -> None:
     if not 0 <= index < workers:
         raise click.BadParameter(f"must be 0 .. {workers - 1} for --workers {workers}", param_hint="INDEX")
     owner = f"{socket.gethostname()}:{os.getpid()}:worker-{index}"
+    # A second signal raises KeyboardInterrupt: the operator does not wait.
+    with _stop_on_signals() as stop, contextlib.suppress(KeyboardInterrupt):
+        TaskWorker(Store(_checked(worker_engine)), index, workers, owner).run(stop.is_set)
+    click.echo("stopped")
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """SIGINT and SIGTERM (a service manager's or Kubernetes' stop) set the event the task loops read, so a replicator
+    process stops between two steps of its loop, flushing and committing. Never an exception raised wherever the main
+    thread happens to be: one that lands while a pooled database connection is being handed back loses that
+    connection for good, and the final commit then waits for one that never comes. A second signal raises
+    KeyboardInterrupt, for an operator who will not wait."""
+    stop = threading.Event()
+
+    def asked(_signum: int, _frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = {sig: signal.signal(sig, asked) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        TaskWorker(Store(_checked(worker_engine)), index, workers, owner).run()
-    except KeyboardInterrupt:
-        click.echo("stopped")
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _checked(engine_for: Callable[[str], Engine]) -> Engine:

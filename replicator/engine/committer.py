@@ -106,7 +106,10 @@ class Committer:
             points = {tp: p for tp, p in points.items() if ends.get((p.topic, p.partition), 0) > (p.start or 0)}
             if not points:
                 return
-            found = copies_end(task.config.admin_settings("destination"), task.source_cluster, points, RESEND_SCAN_S)
+            task.on_event(f"looking up the last copies of {len(points)} partition(s) at the destination")
+            found = copies_end(
+                task.config.admin_settings("destination"), task.source_cluster, points, RESEND_SCAN_S, task.should_stop
+            )
         except (KafkaException, DestinationReadError) as exc:
             # The destination is down or refuses (its partitions wait for it anyway): resume as without the read.
             task.on_event(f"copies since the last commit not looked up ({exc}): resuming at the committed offsets")

@@ -80,6 +80,7 @@ class TaskContext(Protocol):
     scheduler: Scheduler
     background: ThreadPoolExecutor
     on_event: Callable[[str], None]
+    should_stop: Callable[[], bool]  # the process or run is stopping: long waits of a start give up
     source_cluster: str
     destination_cluster: str
     origin_header: tuple[str, bytes]

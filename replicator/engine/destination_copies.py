@@ -17,7 +17,7 @@ source partition it resumes: what a crash left at the destination after the last
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,10 +50,11 @@ def copies_end(
     source_cluster: str,
     points: Mapping[SourcePartition, ResumePoint],
     idle_s: float = SCAN_IDLE_S,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> dict[SourcePartition, int]:
     """Per source partition, the next source offset after its last copy at the destination (absent when the
     destination holds none past the point). Reads each destination partition once (`read_committed`: an aborted
-    transaction's copies do not count), from its point to its end."""
+    transaction's copies do not count), from its point to its end. DestinationReadError if `should_stop` first."""
     found: dict[SourcePartition, int] = {}
     if not points:
         return found
@@ -83,7 +84,7 @@ def copies_end(
             elif (earlier := starts[key]) is not None:
                 starts[key] = None if point.start is None else min(earlier, point.start)
         consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING if s is None else s) for (t, p), s in starts.items()])
-        for msg in read_to_end(consumer, set(starts), idle_s):
+        for msg in read_to_end(consumer, set(starts), idle_s, should_stop):
             for name, value in msg.headers() or ():
                 if name == provenance.SOURCE and value is not None:
                     prefix, _, offset = value.rpartition(b"/")

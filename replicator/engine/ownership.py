@@ -293,6 +293,7 @@ def run_owned(
     None if stopped (or the connector deleted) while standing by. Raises what `ReplicationTask.run` raises.
     `lock_watch`: see `TaskOwnership`.
     """
+    task.should_stop = should_stop
     record = task.store.get_connector(task.connector)
     stale_after = timedelta(milliseconds=load(record.properties).lease_timeout_ms)
     with TaskOwnership(

@@ -50,6 +50,10 @@ REST_INTERVAL_S = 1.0  # "resting": flowing partitions that went quiet move to t
 # Lags are read from every partition's watermarks only when a batch was read or a run acknowledged since the last
 # reading (`PartitionBook.touched`: an unpaused partition's new record is fetched at once), and at least this often.
 UNTOUCHED_LAGS_S = 60.0
+# How long a stop waits for the destination to acknowledge what is in flight: what it has not acknowledged by then is
+# read again by the next owner. A stop must end well within the 10 s that Kubernetes and Docker give a process
+# before they kill it, the final commit and the clients' closing included.
+STOP_DRAIN_S = 5.0
 
 
 class ReplicationTask:
@@ -71,6 +75,7 @@ class ReplicationTask:
         self.metrics = TaskMetrics(task_id, metrics_interval_s)
         self.reader_limits = reader_limits
         self.on_event = on_event or (lambda message: log.info("%s-%d: %s", connector, task_id, message))
+        self.should_stop: Callable[[], bool] = lambda: False  # given by `run` (and `run_owned`, before `prepare`)
         self.book = PartitionBook()
         self.scheduler = Scheduler()
         self.scheduler.ran(RECORDING_METRICS, metrics_interval_s)  # the first interval ends one interval from now
@@ -108,6 +113,7 @@ class ReplicationTask:
         # default threshold (700) its objects are promoted and full collections (45-117 ms each, the whole heap)
         # came every few seconds at 100,000 records/s. The task owns its process (one run, one task).
         gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
+        self.should_stop = should_stop
         self.lease = lease or self.store.claim_task(self.connector, self.task_id, self.owner)
         self.owning = True
         outcome: TaskExit | None = None
@@ -196,7 +202,7 @@ class ReplicationTask:
         fenced = outcome is TaskExit.FENCED
         try:
             if self.clients_open and not fenced:
-                self.forwarder.drain(10)
+                self.forwarder.drain(STOP_DRAIN_S)
             if not fenced:
                 self.committer.commit_now(final=True)
                 if self.clients_open:

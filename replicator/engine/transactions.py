@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -34,6 +34,8 @@ from replicator.engine.partitions import AWAITING_NEW_PRODUCER, PartitionState
 from replicator.state.records import FencedError
 
 # A newer producer with the same transactional.id exists: this instance must stop (as a fenced Postgres write).
+# A stop commits the open transaction within this long, after the task's drain, or leaves it to the next owner.
+STOP_COMMIT_S = 2.0
 FENCED_CODES = {KafkaError.PRODUCER_FENCED, KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
 
@@ -69,19 +71,28 @@ class Transactions:
         self.what = what  # names the task in messages
         self.open = False
 
-    def start(self, timeout_s: float) -> None:
-        """Fence earlier instances of this transactional.id and open the first transaction."""
-        try:
-            self.producer.init_transactions(timeout_s)
-        except KafkaException as exc:
-            err = _error(exc)
-            if err.code() in FENCED_CODES:
-                _raise_fatal(err, self.what)
-            raise TransactionError(
-                f"{self.what}: the destination cannot run transactions, which exactly.once.support needs "
-                f"({err.name()}: {err.str()})"
-            ) from None
+    def start(self, timeout_s: float, should_stop: Callable[[], bool] = lambda: False) -> bool:
+        """Fence earlier instances of this transactional.id and open the first transaction; False if `should_stop`
+        said so first (asked every second: a destination that does not answer must not hold a stop)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.producer.init_transactions(min(1.0, max(deadline - time.monotonic(), 0.1)))
+                break
+            except KafkaException as exc:
+                err = _error(exc)
+                if err.code() in FENCED_CODES:
+                    _raise_fatal(err, self.what)
+                if err.retriable() and time.monotonic() < deadline:
+                    if should_stop():
+                        return False
+                    continue  # librdkafka: "retry call to resume"
+                raise TransactionError(
+                    f"{self.what}: the destination cannot run transactions, which exactly.once.support needs "
+                    f"({err.name()}: {err.str()})"
+                ) from None
         self.begin()
+        return True
 
     def begin(self) -> None:
         try:
@@ -145,7 +156,7 @@ class TransactionalCommitter(Committer):
         task = self.task
         self.due, self.abort_reason = False, None
         self.transactions = Transactions(task.forwarder.producer, f"task {task.connector}-{task.task_id}")
-        self.transactions.start(COMMIT_WAIT_S)
+        self.transactions.start(COMMIT_WAIT_S, task.should_stop)  # stopped first: the loop ends before any write
 
     def accepting(self) -> bool:
         return not self.due
@@ -169,9 +180,14 @@ class TransactionalCommitter(Committer):
         task stopped between a transaction's commit and the offsets' commit)."""
         task = self.task
         points = self.resume_points(partitions, task.store.load_destination_offsets(task.connector, partitions))
+        task.on_event(f"looking up the last copies of {len(points)} partition(s) at the destination")
         try:
-            found = copies_end(task.config.admin_settings("destination"), task.source_cluster, points)
+            found = copies_end(
+                task.config.admin_settings("destination"), task.source_cluster, points, should_stop=task.should_stop
+            )
         except DestinationReadError as exc:
+            if task.should_stop():
+                return  # the loop stops before it reads or writes anything
             raise TransactionError(str(exc)) from None
         for tp, offset in found.items():
             if offset > stored.get(tp, 0):
@@ -207,8 +223,33 @@ class TransactionalCommitter(Committer):
                 self.commit_in_background()  # what the transaction made durable, at once
 
     def before_commit_now(self, final: bool) -> None:
-        if self.transactions is not None and self.transactions.open:
-            self._end_transaction(COMMIT_WAIT_S, reopen=not final)
+        if self.transactions is None or not self.transactions.open:
+            return
+        if final:
+            self._commit_before_stopping()
+        else:
+            self._end_transaction(COMMIT_WAIT_S)
+
+    def _commit_before_stopping(self) -> None:
+        """A stop commits the open transaction if the destination acknowledges and commits it within STOP_COMMIT_S.
+        Otherwise the transaction is left open: the next owner's `init_transactions` aborts it, and Postgres keeps
+        the offsets of the last committed one (`offset_of` is the durable offset) — a stop must not wait longer."""
+        assert self.transactions is not None
+        forwarder = self.task.forwarder
+        deadline = time.monotonic() + STOP_COMMIT_S
+        while len(forwarder.producer) and time.monotonic() < deadline:
+            forwarder.serve(0.1)
+        if len(forwarder.producer) or self.abort_reason is not None or forwarder.fatal_error is not None:
+            return
+        if forwarder.unsettled:
+            forwarder.settle(delivered=True)
+        try:
+            while time.monotonic() < deadline:
+                if self.transactions.commit(min(1.0, max(deadline - time.monotonic(), 0.1))) is CommitResult.COMMITTED:
+                    self._made_durable()
+                    return
+        except (TransactionAborted, TransactionError) as exc:
+            self.task.on_event(f"the last transaction was not committed ({exc}); the next owner aborts it")
 
     # -- end the transaction, or abort it and rewind ----------------------------------------------------------
 
@@ -234,10 +275,7 @@ class TransactionalCommitter(Committer):
         try:
             while self.abort_reason is None:
                 if self.transactions.commit(MAX_BLOCK_S) is CommitResult.COMMITTED:
-                    self.due = False
-                    for state in self.task.book.states.values():
-                        state.durable = state.committable()
-                        state.destination_durable = state.destination_next
+                    self._made_durable()
                     if reopen:
                         self.transactions.begin()
                     return
@@ -251,6 +289,13 @@ class TransactionalCommitter(Committer):
             self._replace_producer(str(exc))
             return
         self._abort_and_rewind(reopen)
+
+    def _made_durable(self) -> None:
+        """The transaction committed: what it held is at the destination for good, and its offsets may be stored."""
+        self.due = False
+        for state in self.task.book.states.values():
+            state.durable = state.committable()
+            state.destination_durable = state.destination_next
 
     def _abort_and_rewind(self, reopen: bool = True) -> None:
         assert self.transactions is not None

@@ -1,0 +1,152 @@
+"""The task's parts on their own: the partition book's positions, acknowledgements and pauses, the scheduler of
+named duties, and what each committer writes to Postgres (a real store; no records flow, so no broker is used)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mirus_dagster.settings import StackEndpoints
+from replicator.configuration.connector import load
+from replicator.engine.committer import UNTOUCHED_RESCAN_S, Committer
+from replicator.engine.partitions import RETRY_BACKOFF_S, InFlight, PartitionBook, PartitionState
+from replicator.engine.scheduler import Scheduler
+from replicator.engine.task import ReplicationTask
+from replicator.engine.transactions import TransactionalCommitter
+from replicator.state.store import Store
+from tests.engine_helpers import connector_properties, create_connector
+
+
+def _state(partition: int = 0, start: int | None = 10) -> PartitionState:
+    return PartitionState(("t", partition), start, "t.copy", "cluster-a")
+
+
+def _produced(state: PartitionState, first: int, count: int) -> InFlight:
+    run = InFlight(first)
+    run.count = count
+    state.pending.append(run)
+    state.position = first + count
+    state.in_flight += count
+    return run
+
+
+def test_a_partition_commits_up_to_its_first_unacknowledged_record() -> None:
+    state = _state(start=10)
+    assert state.committable() == 10
+    first, second = _produced(state, 10, 5), _produced(state, 15, 5)
+    assert state.committable() == 10, "nothing acknowledged yet"
+    second.done = True  # acknowledged out of order: still held by the first run
+    assert state.committable() == 10
+    state.pending.popleft()
+    first.done = True
+    assert state.committable() == 15
+    state.failed_at = 12  # a refusal below the head: everything from it is sent again
+    assert state.committable() == 12
+
+
+def test_reading_again_starts_at_the_first_unacknowledged_record_and_forgets_what_was_in_flight() -> None:
+    book, state = PartitionBook(), _state(start=0)
+    book.add(state)
+    _produced(state, 0, 3)
+    _produced(state, 3, 3)
+    assert book.read_again(state) == 0
+    assert not state.pending and state.position == 0 and state.failed_at is None
+
+
+def test_a_paused_partition_backs_off_longer_each_time_until_progress_is_committed() -> None:
+    book, state = PartitionBook(), _state()
+    book.add(state)
+    waits = []
+    for _ in range(len(RETRY_BACKOFF_S) + 2):
+        before = time.monotonic()
+        book.pause(state, "refused")
+        waits.append(round(state.retry_at - before))
+        assert book.paused == {state.tp: state}
+        assert book.unpause(state) == "refused" and book.paused == {} and state.paused_reason is None
+    assert waits == [1, 2, 4, 8, 16, 30, 60, 60, 60]
+    book.pause(state, "refused")
+    assert book.due_for_retry(state.retry_at - 0.001) == []
+    assert book.due_for_retry(state.retry_at) == [state]
+    state.in_flight = 1  # a record still unanswered: not retried before its answer
+    assert book.due_for_retry(state.retry_at) == []
+    state.in_flight = 0
+    book.unpause(state)
+    book.committed({state.tp: 11})
+    assert state.committed == 11 and state.failures == 0, "progress starts the backoff over"
+
+
+def test_only_partitions_that_moved_are_committed() -> None:
+    book = PartitionBook()
+    moved, idle = _state(0, start=10), _state(1, start=20)
+    book.add(moved)
+    book.add(idle)
+    moved.position = 15
+    assert book.changed(PartitionState.committable) == {("t", 0): 15}
+    book.committed({("t", 0): 15})
+    assert book.changed(PartitionState.committable) == {}
+
+
+def test_the_scheduler_runs_a_named_duty_once_per_interval() -> None:
+    scheduler = Scheduler()
+    assert scheduler.due("committing", 1.0, now=100.0), "a duty not yet run is due at once"
+    assert not scheduler.due("committing", 1.0, now=100.5)
+    assert scheduler.due("committing", 1.0, now=101.0)
+    assert scheduler.due("refreshing", 0.5, now=101.0), "duties are timed apart"
+    scheduler.ran("heartbeating", 2.0, now=101.0)
+    assert not scheduler.due("heartbeating", 2.0, now=102.9)
+    assert scheduler.due("heartbeating", 2.0, now=103.0)
+
+
+@pytest.mark.parametrize("committer", [Committer, TransactionalCommitter], ids=["at-least-once", "exactly-once"])
+def test_each_committer_writes_what_its_mode_makes_durable(
+    stack: StackEndpoints, store: Store, unique: str, committer: type[Committer]
+) -> None:
+    create_connector(
+        store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0), (unique, 1)]}
+    )
+    task = ReplicationTask(store, unique, 0, "test")
+    task.lease = store.claim_task(unique, 0, "test")
+    acknowledged, untouched = PartitionState((unique, 0), 0, unique, "a"), PartitionState((unique, 1), 5, unique, "a")
+    task.book.add(acknowledged)
+    task.book.add(untouched)
+    acknowledged.position = 40  # acknowledged up to 40 ...
+    acknowledged.durable, acknowledged.destination_durable = 25, 7  # ... of which a transaction committed 25
+    part = committer(task)
+    part.commit_now()
+    expected = 40 if committer is Committer else 25
+    assert store.load_offsets(unique) == {(unique, 0): expected}, "only the partition that moved"
+    assert acknowledged.committed == expected
+    destination = store.load_destination_offsets(unique, [(unique, 0)])
+    assert destination == ({} if committer is Committer else {(unique, 0): 7})
+    task.background.shutdown()
+
+
+def test_an_idle_tasks_commit_visits_its_partitions_only_after_a_read_or_an_acknowledgement(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
+    task = ReplicationTask(store, unique, 0, "test")
+    task.lease = store.claim_task(unique, 0, "test")
+    task.config = load(store.get_connector(unique).properties)
+    state = PartitionState((unique, 0), 0, unique, "a")
+    task.book.add(state)
+    part = Committer(task)
+
+    def commit() -> dict[tuple[str, int], int]:
+        part.commit_in_background()
+        part.collect(wait=True)
+        return store.load_offsets(unique)
+
+    state.position = 10
+    task.book.touched += 1  # a batch read (the forwarder counts each, and each acknowledged run)
+    assert commit() == {(unique, 0): 10}
+    state.position = 20  # moved with nothing counted: the commit is a heartbeat, no partition is visited ...
+    assert commit() == {(unique, 0): 10}
+    task.book.touched += 1  # ... until the next read or acknowledgement
+    assert commit() == {(unique, 0): 20}
+    state.position = 30
+    assert part.scanned is not None
+    part.scanned = (part.scanned[0], part.scanned[1] - UNTOUCHED_RESCAN_S)  # or until the rescan period passed
+    assert commit() == {(unique, 0): 30}
+    task.background.shutdown()

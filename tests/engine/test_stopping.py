@@ -1,0 +1,215 @@
+"""A stop is a stop: SIGINT or SIGTERM ends a `mirus task run` or `mirus worker run` process within 10 s in every
+state it can be in — owner, standby, right after a takeover, during the start's look-up at the destination, with the
+destination hung or gone — having committed what the destination acknowledged. (Kubernetes and Docker SIGKILL a
+process that takes longer; its records are then sent twice.)"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mirus.faults.brokers import BrokerProcess, tansu_broker
+from mirus.local.stack import free_port
+from mirus.waiting import wait_until
+from mirus_dagster.settings import StackEndpoints
+from replicator.state.store import Store
+from replicator.topics import provenance
+from tests.engine_helpers import connector_properties, create_connector
+from tests.kafka_helpers import Traffic, consume_all, create_topics, produce
+from tests.processes import STOP_WITHIN_S, ReplicatorProcess
+
+PARTITIONS = 2
+
+
+def replicating(store: Store, stack: StackEndpoints, name: str, **extra: str) -> Traffic:
+    """A connector copying topic `name` (PARTITIONS partitions, task 0), fed 500 records a second."""
+    create_topics(stack.source_bootstrap_servers, {name: PARTITIONS})
+    create_topics(stack.destination_bootstrap_servers, {name: PARTITIONS})
+    create_connector(
+        store,
+        connector_properties(stack, name, **{"topics.whitelist": name, **extra}),
+        {0: [(name, p) for p in range(PARTITIONS)]},
+    )
+    return Traffic(stack.source_bootstrap_servers, {name: PARTITIONS}, rate=500)
+
+
+def epoch_of(store: Store, connector: str) -> int:
+    lease = store.lease_of(connector, 0)
+    return lease.epoch if lease else 0
+
+
+def assert_stopped_in_time(process: ReplicatorProcess, sig: signal.Signals = signal.SIGINT) -> None:
+    took = process.stop(sig)
+    assert took < STOP_WITHIN_S, f"{sig.name} took {took:.1f}s to stop the process:\n{process.output()[-3000:]}"
+    assert process.process.returncode == 0, process.output()[-3000:]
+    assert process.output().rstrip().endswith("stopped"), process.output()[-3000:]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_owner_stops_at_once_having_committed_what_the_destination_acknowledged(
+    store: Store, stack: StackEndpoints, unique: str, tmp_path: Path, sig: signal.Signals
+) -> None:
+    traffic = replicating(store, stack, unique)
+    owner = ReplicatorProcess.task(stack, unique, tmp_path / "owner.log")
+    try:
+        wait_until(lambda: sum(store.load_offsets(unique).values()) > 500, timeout=60, what="the owner committing")
+        assert_stopped_in_time(owner, sig)
+    finally:
+        written = traffic.stop()
+        owner.stop()
+    lease = store.lease_of(unique, 0)
+    assert lease is not None and lease.state == "STOPPED"
+    committed = {p: o for (_, p), o in store.load_offsets(unique).items()}
+    # Every record the destination holds is committed: a restart resumes after the last copy, re-sending nothing.
+    copied = consume_all(stack.destination_bootstrap_servers, unique, PARTITIONS, expected=sum(committed.values()))
+    ends: dict[int, int] = {}
+    for record in copied:
+        origin = provenance.parse(record.headers)
+        assert origin is not None
+        ends[origin.source_partition] = max(ends.get(origin.source_partition, 0), origin.source_offset + 1)
+    assert ends == committed and len(copied) == sum(committed.values()) <= written
+
+
+def test_a_standby_stops_at_once_and_the_owner_replicates_on(
+    store: Store, stack: StackEndpoints, unique: str, tmp_path: Path
+) -> None:
+    traffic = replicating(store, stack, unique)
+    owner = ReplicatorProcess.task(stack, unique, tmp_path / "owner.log")
+    wait_until(lambda: store.load_offsets(unique), timeout=60, what="the owner committing")
+    standby = ReplicatorProcess.task(stack, unique, tmp_path / "standby.log")
+    try:
+        wait_until(lambda: "standing by" in standby.output(), timeout=60, what="the standby standing by")
+        assert_stopped_in_time(standby)
+        committed = sum(store.load_offsets(unique).values())
+        wait_until(lambda: sum(store.load_offsets(unique).values()) > committed, what="the owner committing on")
+        assert epoch_of(store, unique) == 1
+    finally:
+        traffic.stop()
+        owner.stop()
+        standby.stop()
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.01, 0.05, 0.2])
+def test_a_standby_that_just_took_over_stops_at_once(
+    store: Store, stack: StackEndpoints, unique: str, tmp_path: Path, delay_s: float
+) -> None:
+    """The stop lands within `delay_s` of the takeover: while the new owner reads its assignment, claims its
+    partitions, looks up its copies and starts its clients (once, a process in this state did not end in 30 s)."""
+    traffic = replicating(store, stack, unique)
+    owner = ReplicatorProcess.task(stack, unique, tmp_path / "owner.log")
+    wait_until(lambda: store.load_offsets(unique), timeout=60, what="the owner committing")
+    standby = ReplicatorProcess.task(stack, unique, tmp_path / "standby.log")
+    try:
+        wait_until(lambda: "standing by" in standby.output(), timeout=60, what="the standby standing by")
+        owner.send(signal.SIGKILL)
+        owner.process.wait(10)
+        wait_until(lambda: epoch_of(store, unique) == 2, timeout=30, interval=0.005, what="the takeover")
+        time.sleep(delay_s)  # the state under test is a moment after an event: no condition marks it
+        assert_stopped_in_time(standby)
+    finally:
+        traffic.stop()
+        owner.stop()
+        standby.stop()
+
+
+@pytest.fixture
+def destination_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A destination cluster of this test's own, to hang (SIGSTOP) or take down without touching the suite's."""
+    broker = tansu_broker("destination-stopping", port := free_port(), port, tmp_path / "tansu.log")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        if broker.proc is not None:
+            broker.proc.send_signal(signal.SIGCONT)
+        broker.stop(signal.SIGKILL)
+
+
+@pytest.mark.parametrize("fault", ["hung", "down"])
+def test_an_owner_stops_at_once_when_its_destination_hangs_or_is_gone(
+    store: Store,
+    stack: StackEndpoints,
+    destination_broker: BrokerProcess,
+    unique: str,
+    tmp_path: Path,
+    fault: str,
+) -> None:
+    endpoints = StackEndpoints(stack.source_bootstrap_servers, destination_broker.bootstrap, stack.database_url)
+    traffic = replicating(store, endpoints, unique)
+    owner = ReplicatorProcess.task(stack, unique, tmp_path / "owner.log")
+    try:
+        wait_until(lambda: store.load_offsets(unique), timeout=60, what="the owner committing")
+        assert destination_broker.proc is not None
+        if fault == "hung":
+            destination_broker.proc.send_signal(signal.SIGSTOP)  # connections stay open; nothing is answered
+        else:
+            destination_broker.stop(signal.SIGKILL)
+        time.sleep(1)  # records are in flight to the destination that will not answer: the state under test
+        assert_stopped_in_time(owner)
+    finally:
+        traffic.stop()
+        owner.stop()
+    lease = store.lease_of(unique, 0)
+    assert lease is not None and lease.state == "STOPPED"
+
+
+def test_a_start_stops_at_once_while_it_looks_up_its_copies_at_the_destination(
+    store: Store, stack: StackEndpoints, destination_broker: BrokerProcess, unique: str, tmp_path: Path
+) -> None:
+    """An exactly-once start reads its destination partitions to their end to find its last copies; the destination
+    hangs while it reads (the look-up then waits up to 90 s before it gives up)."""
+    endpoints = StackEndpoints(stack.source_bootstrap_servers, destination_broker.bootstrap, stack.database_url)
+    create_topics(endpoints.source_bootstrap_servers, {unique: PARTITIONS})
+    create_topics(endpoints.destination_bootstrap_servers, {unique: PARTITIONS})
+    # Enough at the destination that the look-up is still reading when the broker is stopped.
+    value = b"x" * 1000
+    produce(
+        endpoints.destination_bootstrap_servers,
+        ({"topic": unique, "partition": i % PARTITIONS, "value": value} for i in range(100_000)),
+    )
+    create_connector(
+        store,
+        connector_properties(endpoints, unique, **{"topics.whitelist": unique, "exactly.once.support": "required"}),
+        {0: [(unique, p) for p in range(PARTITIONS)]},
+    )
+    task = ReplicatorProcess.task(stack, unique, tmp_path / "task.log")
+    try:
+        looking_up = "looking up the last copies"
+        wait_until(lambda: looking_up in task.output(), timeout=60, interval=0.005, what="the look-up")
+        assert destination_broker.proc is not None
+        destination_broker.proc.send_signal(signal.SIGSTOP)
+        time.sleep(1)  # the look-up waits for the hung destination: the state under test
+        assert "replicating" not in task.output(), "the look-up ended before the destination hung"
+        assert_stopped_in_time(task)
+    finally:
+        task.stop()
+    assert "TransactionError" not in task.output()
+
+
+def test_workers_hosting_owners_and_standbys_stop_at_once(
+    store: Store, stack: StackEndpoints, unique: str, tmp_path: Path
+) -> None:
+    names = [f"{unique}-{i}" for i in range(3)]
+    traffics = [replicating(store, stack, name, **{"task.standby.runs": "1"}) for name in names]
+    workers = [ReplicatorProcess.worker(stack, i, 2, tmp_path / f"worker-{i}.log") for i in range(2)]
+    try:
+        wait_until(
+            lambda: all(store.load_offsets(name) for name in names), timeout=90, what="every connector committing"
+        )
+        wait_until(
+            lambda: sum(w.output().count("standing by") for w in workers) == len(names),
+            timeout=60,
+            what="a standby for every task",
+        )
+        for worker in workers:
+            assert_stopped_in_time(worker, signal.SIGTERM)
+    finally:
+        for traffic in traffics:
+            traffic.stop()
+        for worker in workers:
+            worker.stop()
+    assert {store.lease_of(name, 0).state for name in names} == {"STOPPED"}

@@ -1,0 +1,169 @@
+"""The fault-injection harness: replication under kill -9, Postgres restarts and network cuts loses nothing.
+
+The long run (10 minutes, Apache Kafka, broker restarts and refusals too) is `mirus faults run`, documented in
+benchmarks/README.md; these are its short forms, on Apache Kafka from the kit (the harness starts ZooKeeper and
+two brokers of its own on free ports). The proxy tests run on the embedded broker.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from confluent_kafka import Producer
+from sqlalchemy import Engine
+
+from mirus.faults.brokers import tansu_broker
+from mirus.faults.harness import EMBEDDED_FAULTS, FaultPlan, FaultReport, FaultRun
+from mirus.faults.proxy import TcpProxy
+from mirus.local.stack import free_port
+from mirus.waiting import wait_until
+from mirus_dagster.settings import StackEndpoints
+from replicator.state.store import Store
+from tests.engine_helpers import TaskThread, connector_properties, create_connector
+from tests.kafka_helpers import consume_all, create_topics, produce
+
+
+def test_a_cut_proxy_stops_every_client_because_the_broker_advertises_it(tmp_path: Path, unique: str) -> None:
+    # Clients reconnect to the address in metadata: if the broker advertised its own port, a cut proxy would only
+    # block the bootstrap connection and records would still flow.
+    with TcpProxy(("127.0.0.1", free_port())) as proxy:
+        broker = tansu_broker("proxied", proxy.target[1], proxy.port, tmp_path / "broker.log")
+        broker.start()
+        try:
+            create_topics(proxy.address, {unique: 1})
+            outcomes: list[str] = []
+            producer = Producer({"bootstrap.servers": proxy.address, "message.timeout.ms": 2000})
+            producer.produce(unique, b"before", on_delivery=lambda err, _m: outcomes.append(f"before:{err}"))
+            assert producer.flush(30) == 0
+            proxy.cut()
+            producer.produce(unique, b"during", on_delivery=lambda err, _m: outcomes.append(f"during:{err}"))
+            producer.flush(30)  # returns when the record times out (message.timeout.ms)
+            proxy.restore()
+            producer.produce(unique, b"after", on_delivery=lambda err, _m: outcomes.append(f"after:{err}"))
+            assert producer.flush(30) == 0
+            assert outcomes[0] == "before:None"
+            assert outcomes[1].startswith("during:") and "timed out" in outcomes[1]
+            assert outcomes[2] == "after:None"
+            wait_until(lambda: proxy.connections > 0, what="connections through the proxy")
+            assert [r.value for r in consume_all(proxy.address, unique, 1, expected=2)] == [b"before", b"after"]
+        finally:
+            broker.stop()
+
+
+def test_a_task_started_while_the_destination_is_unreachable_waits_to_know_its_partitions(
+    tmp_path: Path, stack: StackEndpoints, db_engine: Engine, unique: str
+) -> None:
+    # Found by a fault run: a task restarted during a broker outage had no destination metadata, produced through
+    # the partitioner, and scattered its partitions over the destination's (one record out of order per 600,000).
+    with TcpProxy(("127.0.0.1", free_port())) as proxy:
+        broker = tansu_broker("unreachable", proxy.target[1], proxy.port, tmp_path / "broker.log")
+        broker.start()
+        try:
+            idle = f"{unique}-idle"  # the task's first partition, so that it runs before the destination goes away
+            create_topics(proxy.address, {f"{unique}.copy": 2, f"{idle}.copy": 1})
+            create_topics(stack.source_bootstrap_servers, {unique: 2, idle: 1})
+            produce(
+                stack.source_bootstrap_servers,
+                [{"topic": unique, "partition": i % 2, "key": b"k%d" % i, "value": b"%d" % i} for i in range(60)],
+            )
+            store = Store(db_engine)
+            create_connector(
+                store,
+                connector_properties(
+                    stack,
+                    unique,
+                    **{
+                        "topics.whitelist": f"{unique},{idle}",
+                        "destination.topic.name.suffix": ".copy",
+                        "destination.consumer.bootstrap.servers": proxy.address,
+                    },
+                ),
+                {0: [(idle, 0)]},
+            )
+            task = TaskThread.start(store, unique)
+            wait_until(lambda: any(e.startswith("replicating") for e in task.events), what="the task running")
+            proxy.cut()  # the destination goes away, then the task is given its partitions
+            store.write_assignment(unique, {0: [(idle, 0), (unique, 0), (unique, 1)]})
+            # Without metadata (or with metadata that cannot name the topic) each partition waits, paused.
+            try:
+                wait_until(lambda: sum(e.startswith("paused") for e in task.events) >= 2, timeout=60)
+            except TimeoutError:
+                raise AssertionError(f"both partitions should wait for destination metadata: {task.events}") from None
+            proxy.restore()
+            copied = consume_all(proxy.address, f"{unique}.copy", 2, expected=60)
+            task.finish()
+            assert sorted(int(r.value) for r in copied) == list(range(60))
+            assert [r for r in copied if int(r.value) % 2 != r.partition] == []  # each kept its partition
+        finally:
+            broker.stop()
+
+
+def assert_every_record_checked(report: FaultReport, plan: FaultPlan) -> None:
+    """Records flowed into every partition and the independent reader checked every one produced. How many a
+    short run on a busy shared machine produces is no behaviour: throughput under faults is measured by `mirus
+    faults run` (benchmarks/README.md, "Fault injection")."""
+    assert report.verify.complete and report.verify.totals["source_records"] == report.produced, report.to_text()
+    written = {p.source_partition: p.source_records for p in report.verify.partitions}
+    assert sorted(written) == list(range(plan.partitions)) and all(written.values()), written
+
+
+def test_nothing_is_lost_or_reordered_under_kills_database_restarts_and_network_cuts(tmp_path: Path) -> None:
+    # On Apache Kafka (the harness starts its own from the kit). On the embedded broker this schedule stalls: after
+    # the third network cut to the destination, the source broker stops answering the tasks' fetches with records
+    # (a new consumer still reads them), which is that broker's own fault.
+    plan = FaultPlan(
+        duration_s=40,
+        rate=400,
+        partitions=4,
+        tasks=2,
+        faults=EMBEDDED_FAULTS,
+        gap_s=(2.0, 4.0),
+        outage_s=(4.0, 6.0),
+        seed=12,
+        work_dir=tmp_path,
+        apache_kafka=True,
+    )
+    report = FaultRun(plan).run()
+    print(report.to_text())
+
+    kinds = Counter(e.kind for e in report.events)
+    assert set(kinds) == set(EMBEDDED_FAULTS), kinds
+    assert report.kills and report.task_restarts >= len(report.kills)
+    totals = report.verify.totals
+    assert_every_record_checked(report, plan)
+    assert totals["missing"] == 0 and totals["out_of_order"] == 0 and totals["mismatched"] == 0, report.to_text()
+    assert totals["elsewhere"] == 0, report.to_text()  # every copy in the partition of its source's number
+    # At-least-once: each kill re-sends at most what its task had not committed when it died.
+    for kill in report.kills:
+        assert kill.resent <= kill.uncommitted, kill
+    assert report.drained and report.ok
+
+
+def test_exactly_once_loses_and_duplicates_nothing_under_every_kind_of_fault(tmp_path: Path) -> None:
+    # On Apache Kafka (the harness starts its own from the kit): the embedded broker returns aborted transactions'
+    # records to read_committed readers.
+    plan = FaultPlan(
+        duration_s=30,
+        rate=400,
+        partitions=4,
+        tasks=2,
+        faults=("kill", "postgres", "kill", "network", "refuse", "broker"),  # kills twice per round
+        gap_s=(1.0, 2.0),
+        outage_s=(3.0, 5.0),
+        seed=7,
+        work_dir=tmp_path,
+        apache_kafka=True,
+        exactly_once=True,
+    )
+    report = FaultRun(plan).run()
+    print(report.to_text())
+
+    kinds = Counter(e.kind for e in report.events)
+    assert set(kinds) == set(plan.faults) and kinds["kill"] >= 2, report.to_text()
+    totals = report.verify.totals
+    assert_every_record_checked(report, plan)
+    # Counted by an independent read_committed reader from the provenance of each copy, not by the engine.
+    assert totals["missing"] == 0 and totals["out_of_order"] == 0 and totals["mismatched"] == 0, report.to_text()
+    assert totals["duplicated"] == 0 and totals["elsewhere"] == 0, report.to_text()
+    assert report.drained and report.ok

@@ -1,0 +1,18 @@
+"""Fixtures of the report tests: one Spark session for all of them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pyspark.sql import SparkSession
+
+from mirus_dagster.reporting import spark_config
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local Spark session for the whole run (it takes ~20 s to start); report assets reuse it."""
+    session = SparkSession.builder.config(map=spark_config("local[2]")).getOrCreate()
+    yield session
+    session.stop()
