@@ -11,7 +11,7 @@ ASSET_GROUP = "mirus"  # the estate's map: connectors, source topics, flows, des
 SOURCE_TOPICS_ASSET = "source_topics"  # per connector, the selected source topics (assets/topology.py)
 DESTINATION_TOPICS_ASSET = "destination_topics"  # per connector, the topics its flow writes (assets/topology.py)
 
-# -- the lake and the reports (mirus_dagster/assets/lake.py, mirus_dagster/assets/reports.py) --
+# -- the lake and the reports (assets/lake.py, assets/reports.py) --
 LAKE_GROUP = "lake"
 REPORTS_GROUP = "reports"
 LAKE_METRIC_SAMPLES_ASSET = "lake/metric_samples"

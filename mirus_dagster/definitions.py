@@ -1,6 +1,6 @@
 """The code location: every asset, job, sensor and resource of the platform, assembled once.
 
-The only module that imports `mirus_dagster/assets/` and `mirus_dagster/sensors/` (tests/test_layers.py checks it): jobs
+The only module that imports `assets/` and `sensors/` (tests/test_layers.py checks it): jobs
 and sensors are built here from what they launch and the asset events they record, so imports run one way. Resources
 come from the environment; unset, they point at the embedded local stack (`mirus dev`).
 """
@@ -12,20 +12,20 @@ import os
 import dagster as dg
 from dagster_pyspark import PySparkResource
 
-from mirus_dagster.assets.connectors import REFRESH_S, connectors_materialization, connectors_spec
-from mirus_dagster.assets.flows import flow_materialization, flows_spec
-from mirus_dagster.assets.lake import platform_lake
-from mirus_dagster.assets.reports import report_assets
-from mirus_dagster.assets.topology import destination_topics, source_topics
+from assets.connectors import REFRESH_S, connectors_materialization, connectors_spec
+from assets.flows import flow_materialization, flows_spec
+from assets.lake import platform_lake
+from assets.reports import report_assets
+from assets.topology import destination_topics, source_topics
 from mirus_dagster.constants import ENV_ALERT_WEBHOOK_URL, ENV_DATABASE_URL, ENV_TASK_AUTO_RESTART
 from mirus_dagster.jobs import build_admin_jobs, build_watcher_job, replicator, replicator_worker
 from mirus_dagster.report_schedule import reports_job, reports_schedule
 from mirus_dagster.reporting import Reporting, spark_config, spark_master_from_env
 from mirus_dagster.resources import FailureWebhook, PlatformDatabase, SupervisorPolicy
-from mirus_dagster.sensors.failures import build_run_failure_alerts
-from mirus_dagster.sensors.monitor import build_kafka_monitor
-from mirus_dagster.sensors.supervisor import build_task_supervisor
 from mirus_dagster.settings import PlatformSettings
+from sensors.failures import build_run_failure_alerts
+from sensors.monitor import build_kafka_monitor
+from sensors.supervisor import build_task_supervisor
 
 
 def _database_url() -> str | dg.EnvVar:

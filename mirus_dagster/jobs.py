@@ -3,7 +3,7 @@ jobs.
 
 Administration jobs run the submission checks before anything is stored; a rejected config fails the run with
 every problem listed and leaves the store as it was. They record the `connectors` asset with the function they
-are built with (`build_admin_jobs`), so this module never imports `mirus_dagster/assets/`.
+are built with (`build_admin_jobs`), so this module never imports `assets/`.
 """
 
 import contextlib
@@ -54,9 +54,9 @@ from replicator.state.store import Store
 
 ConnectorsEvent = Callable[[Store, str, dg.DagsterInstance], dg.AssetMaterialization]
 """Builds the `connectors` asset's materialization from the store and the instance's runs, with a reason
-(mirus_dagster/assets/connectors.py)."""
+(assets/connectors.py)."""
 FlowEvent = Callable[[str, MonitorResult], dg.AssetMaterialization]
-"""Builds a connector's `replication_flows` materialization from a new assignment (mirus_dagster/assets/flows.py)."""
+"""Builds a connector's `replication_flows` materialization from a new assignment (assets/flows.py)."""
 
 # -- the replicator --------------------------------------------------------------------------------------
 

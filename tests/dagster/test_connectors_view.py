@@ -13,10 +13,10 @@ from sqlalchemy import Engine
 from mirus.waiting import wait_until
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET, TAG_CONNECTOR
 from mirus_dagster.definitions import kafka_monitor
-from mirus_dagster.sensors.monitor import MonitorCursor
 from mirus_dagster.settings import StackEndpoints
 from replicator.state.records import ConnectorRecord
 from replicator.state.store import Store
+from sensors.monitor import MonitorCursor
 from tests.dagster.test_sensors import InProcessRun, admin, evaluate, put, requests_for, watched
 from tests.engine_helpers import connector_properties
 from tests.kafka_helpers import create_topics

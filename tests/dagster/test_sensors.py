@@ -25,7 +25,10 @@ from mirus_dagster.constants import (
 from mirus_dagster.definitions import admin_jobs, kafka_monitor, task_supervisor
 from mirus_dagster.jobs import replicator
 from mirus_dagster.resources import FailureWebhook, SupervisorPolicy
-from mirus_dagster.sensors.decisions import (
+from mirus_dagster.settings import StackEndpoints
+from replicator.discovery.watcher import MetadataWatcher, WatchRound
+from replicator.state.store import Store
+from sensors.decisions import (
     HEALTHY_RUN_S,
     REPLICATING_RUN_S,
     TaskRunHistory,
@@ -35,11 +38,8 @@ from mirus_dagster.sensors.decisions import (
     restart_decision,
     start_decision,
 )
-from mirus_dagster.sensors.failures import post_webhook
-from mirus_dagster.sensors.task_runs import PRIORITY_TAG, STANDBY_PRIORITY, task_run_requests
-from mirus_dagster.settings import StackEndpoints
-from replicator.discovery.watcher import MetadataWatcher, WatchRound
-from replicator.state.store import Store
+from sensors.failures import post_webhook
+from sensors.task_runs import PRIORITY_TAG, STANDBY_PRIORITY, task_run_requests
 from tests.engine_helpers import connector_properties, step_failure_message
 from tests.kafka_helpers import consume_all, create_topics, produce
 

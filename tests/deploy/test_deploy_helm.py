@@ -50,8 +50,8 @@ from mirus_dagster.run_launchers import (
     WORKER_K8S_CONFIG,
     replicator_launcher_tags,
 )
-from mirus_dagster.sensors.task_runs import run_request
 from replicator.configuration.secrets import ENV_ALLOWED_PATHS
+from sensors.task_runs import run_request
 from tests.deploy_secrets import assert_documented_references_resolve
 
 ROOT = Path(__file__).resolve().parents[2]

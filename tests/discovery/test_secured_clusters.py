@@ -31,11 +31,11 @@ from confluent_kafka.admin import (
 )
 from sqlalchemy import Engine, text
 
+from assets.connectors import connectors_markdown
 from mirus.api.auth import ApiSettings
 from mirus.faults.brokers import KafkaKit
 from mirus.faults.kit_security import KitSecurity
 from mirus.waiting import wait_until
-from mirus_dagster.assets.connectors import connectors_markdown
 from mirus_dagster.definitions import kafka_monitor
 from replicator.clusters import ClusterIdentityError
 from replicator.configuration.secrets import ENV_ALLOWED_PATHS

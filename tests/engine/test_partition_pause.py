@@ -14,10 +14,10 @@ import requests
 from click.testing import CliRunner
 from sqlalchemy import Engine
 
+from assets.connectors import connectors_markdown
 from mirus.api.auth import ApiSettings
 from mirus.cli.main import main
 from mirus.waiting import wait_until
-from mirus_dagster.assets.connectors import connectors_markdown
 from mirus_dagster.constants import CONNECTORS_ASSET, PAUSE_PARTITION_JOB, RESUME_PARTITION_JOB
 from mirus_dagster.definitions import admin_jobs, kafka_monitor
 from mirus_dagster.settings import StackEndpoints

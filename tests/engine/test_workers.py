@@ -13,9 +13,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from assets.connectors import _tasks
 from mirus.local.devserver import dagster_dev
 from mirus.waiting import wait_until
-from mirus_dagster.assets.connectors import _tasks
 from mirus_dagster.constants import (
     CONNECTOR_PARTITIONS,
     ENV_DATABASE_URL,
@@ -31,12 +31,12 @@ from mirus_dagster.constants import (
     WORKER_JOB,
 )
 from mirus_dagster.jobs import build_watcher_job, replicator, replicator_worker
-from mirus_dagster.sensors.monitor import build_kafka_monitor
-from mirus_dagster.sensors.supervisor import build_task_supervisor
 from mirus_dagster.settings import StackEndpoints
 from replicator.engine.worker import hosts
 from replicator.state.records import LEASE_HELD, ConnectorState, ConnectorStatus, TaskStatus
 from replicator.state.store import Store
+from sensors.monitor import build_kafka_monitor
+from sensors.supervisor import build_task_supervisor
 from tests.engine_helpers import connector_properties, create_connector, private_database
 from tests.kafka_helpers import create_topics, produce
 from tests.replica_check import check_replica

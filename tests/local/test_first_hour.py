@@ -312,7 +312,7 @@ def test_a_run_canceled_in_the_queue_as_it_was_launched_is_asked_to_terminate_ag
 
     from mirus.local.dev import runs_to_terminate
     from mirus_dagster.jobs import replicator
-    from mirus_dagster.sensors.task_runs import run_request
+    from sensors.task_runs import run_request
 
     def as_seen(instance: dg.DagsterInstance, run_id: str) -> RunInfo:
         run = instance.get_run_by_id(run_id)

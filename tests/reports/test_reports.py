@@ -20,11 +20,11 @@ from dagster_pyspark import PySparkResource
 from pyspark.sql import SparkSession
 from sqlalchemy import Engine, text
 
+from assets.lake import METRIC_SAMPLES_LAKE as METRIC_SAMPLES
+from assets.lake import latest_complete_hour, platform_lake
+from assets.reports import report_assets, report_path
+from assets.topology import destination_topics, source_topics
 from mirus.waiting import wait_until
-from mirus_dagster.assets.lake import METRIC_SAMPLES_LAKE as METRIC_SAMPLES
-from mirus_dagster.assets.lake import latest_complete_hour, platform_lake
-from mirus_dagster.assets.reports import report_assets, report_path
-from mirus_dagster.assets.topology import destination_topics, source_topics
 from mirus_dagster.constants import LATENCY_REPORT_ASSET, MISSING_CHECK, MISSING_REPORT_ASSET, P99_CHECK
 from mirus_dagster.report_schedule import hour_key, report_run_requests
 from mirus_dagster.reporting import Reporting, spark_config, spark_master_from_env

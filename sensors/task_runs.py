@@ -22,7 +22,7 @@ from mirus_dagster.constants import (
     TAG_WORKERS,
     WORKER_JOB,
 )
-from mirus_dagster.sensors.decisions import TaskRunHistory, failure_streak
+from sensors.decisions import TaskRunHistory, failure_streak
 
 LIVE = {
     dg.DagsterRunStatus.QUEUED,

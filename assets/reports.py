@@ -10,8 +10,8 @@ import dagster as dg
 from dagster_pyspark import PySparkResource
 from pyspark.sql import DataFrame, SparkSession
 
-from mirus_dagster.assets.lake import METRIC_SAMPLES_LAKE, SNAPSHOTS_LAKE, STATE_LAKE
-from mirus_dagster.assets.topology import DESTINATION_TOPICS
+from assets.lake import METRIC_SAMPLES_LAKE, SNAPSHOTS_LAKE, STATE_LAKE
+from assets.topology import DESTINATION_TOPICS
 from mirus_dagster.constants import (
     LATENCY_REPORT_ASSET,
     MISSING_CHECK,

@@ -11,16 +11,16 @@ import dagster as dg
 from mirus_dagster.constants import ENV_TASK_AUTO_RESTART, SUPERVISOR_SENSOR
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.run_launchers import replicator_launcher_tags
-from mirus_dagster.sensors.decisions import Decision, requested_restart, restart_decision
-from mirus_dagster.sensors.task_runs import (
+from replicator.configuration.connector import ConnectorConfigError, load
+from replicator.state.records import ConnectorState
+from sensors.decisions import Decision, requested_restart, restart_decision
+from sensors.task_runs import (
     live_runs,
     task_histories,
     task_run_requests,
     worker_histories,
     worker_run_request,
 )
-from replicator.configuration.connector import ConnectorConfigError, load
-from replicator.state.records import ConnectorState
 
 
 def build_task_supervisor(
@@ -34,7 +34,7 @@ def build_task_supervisor(
     @dg.sensor(
         name=SUPERVISOR_SENSOR,
         jobs=[job, *([worker_job] if worker_job else [])],
-        minimum_interval_seconds=1,  # the daemon's 5 s loop is the real interval (see mirus_dagster/sensors/monitor.py)
+        minimum_interval_seconds=1,  # the daemon's 5 s loop is the real interval (see sensors/monitor.py)
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
             "Restart replicator tasks whose run failed or crashed (doubling backoff, capped), and replace runs "

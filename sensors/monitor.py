@@ -2,7 +2,7 @@
 or, with MIRUS_REPLICATOR_WORKERS, that many worker runs hosting the tasks between them.
 
 Built by `build_kafka_monitor` from what it launches (the replicator and watcher jobs) and the asset event it
-records, so that it imports neither `mirus_dagster/assets/` nor the jobs. Metadata is read by the watcher run
+records, so that it imports neither `assets/` nor the jobs. Metadata is read by the watcher run
 (`replicator/discovery/watcher.py`), not here: a tick waits for the sensor daemon's 5 s loop, the watcher looks every
 second. A tick touches no Kafka cluster.
 """
@@ -16,8 +16,11 @@ from pydantic import BaseModel
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, MONITOR_SENSOR, WATCHER_JOB
 from mirus_dagster.resources import PlatformDatabase
 from mirus_dagster.run_launchers import replicator_launcher_tags
-from mirus_dagster.sensors.decisions import start_decision
-from mirus_dagster.sensors.task_runs import (
+from replicator.configuration.connector import ConnectorConfigError, load
+from replicator.state.records import ConnectorRecord, ConnectorState, ConnectorStatus, PartitionHealth
+from replicator.state.store import Store
+from sensors.decisions import start_decision
+from sensors.task_runs import (
     LIVE,
     NEVER_RAN,
     task_histories,
@@ -25,9 +28,6 @@ from mirus_dagster.sensors.task_runs import (
     worker_histories,
     worker_run_request,
 )
-from replicator.configuration.connector import ConnectorConfigError, load
-from replicator.state.records import ConnectorRecord, ConnectorState, ConnectorStatus, PartitionHealth
-from replicator.state.store import Store
 
 # Below the sensor daemon's own 5 s loop on purpose: an interval equal to it makes the daemon skip a tick whenever
 # the previous evaluation was due a few milliseconds late.
