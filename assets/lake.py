@@ -15,7 +15,6 @@ from mirus_dagster.constants import (
 )
 from mirus_dagster.reporting import Reporting
 from mirus_dagster.resources import PlatformDatabase
-from reports.lake import export_hour, hour_dir, prune, state_path
 
 # The current hour is a partition too (end_offset=1): the schedule refreshes it every run.
 hourly_partitions = dg.HourlyPartitionsDefinition(start_date=LAKE_PARTITIONS_START, end_offset=1)
@@ -60,6 +59,9 @@ def latest_complete_hour(now: datetime) -> datetime:
 def platform_lake(
     context: dg.AssetExecutionContext, platform: PlatformDatabase, reporting: Reporting
 ) -> Iterator[dg.MaterializeResult]:
+    # Arrow (~40 MiB) only in the runs that export: every run process loads this code location.
+    from reports.lake import export_hour, hour_dir, prune, state_path
+
     engine = platform.store().engine
     if context.has_partition_key:
         hour = context.partition_time_window.start

@@ -89,3 +89,4 @@ ENV_REPORT_SCHEDULE = "MIRUS_REPORT_SCHEDULE"  # "stopped": the schedule starts 
 DEMO_CONNECTOR = "orders-mirror"
 DEMO_TOPIC = "orders"
 DEMO_PARTITIONS = 3
+EXAMPLE_TOPIC = "payments"  # the launchpad's example connector copies it (mirus_dagster.settings.example_connector)

@@ -37,7 +37,7 @@ def _database_url() -> str | dg.EnvVar:
 
 admin_jobs = build_admin_jobs(connectors_materialization)
 metadata_watcher = build_watcher_job(flow_materialization)
-workers = PlatformSettings.from_env().replicator_workers
+workers = PlatformSettings.from_env().workers()
 kafka_monitor = build_kafka_monitor(
     replicator,
     metadata_watcher,

@@ -22,12 +22,12 @@ from mirus_dagster.constants import (
     ENV_SOURCE_BOOTSTRAP,
     ENV_SOURCE_PORT,
     ENV_STATE_DIR,
+    EXAMPLE_TOPIC,
 )
 
 POSTGRES_DATABASE = "mirus"
 # The launchpad's and README's example connector: its topics exist on the demo clusters, no connector uses them.
 EXAMPLE_CONNECTOR = "payments-dr"
-EXAMPLE_TOPIC = "payments"
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,12 @@ class PlatformSettings(BaseModel):
     source_port: int = Field(default=19092, ge=1, le=65535)
     destination_port: int = Field(default=19093, ge=1, le=65535)
     postgres_port: int = Field(default=15432, ge=1, le=65535)
-    replicator_workers: int = Field(
-        default=0,
+    replicator_workers: int | None = Field(
+        default=None,
         ge=0,
-        description="0: a Dagster run per task and per standby. N > 0: N worker runs host every connector's tasks "
-        "and standbys between them (docs/DEPLOYMENT.md, section 4).",
+        description="N > 0: N worker runs host every connector's tasks and standbys between them; unset: one worker "
+        "per two cores of this machine (`default_workers`); 0: a Dagster run per task and per standby "
+        "(docs/DEPLOYMENT.md, section 4).",
     )
 
     @classmethod
@@ -96,6 +97,10 @@ class PlatformSettings(BaseModel):
                 values[field] = env[var]
         return cls.model_validate(values)
 
+    def workers(self) -> int:
+        """How many worker runs host the tasks (0: a run per task and per standby)."""
+        return default_workers() if self.replicator_workers is None else self.replicator_workers
+
     def endpoints(self) -> StackEndpoints:
         """The clusters and database: the external ones configured, the embedded local stack's for the rest."""
         return StackEndpoints(
@@ -104,6 +109,13 @@ class PlatformSettings(BaseModel):
             database_url=self.database_url
             or f"postgresql+psycopg2://postgres@127.0.0.1:{self.postgres_port}/{POSTGRES_DATABASE}",
         )
+
+
+def default_workers() -> int:
+    """One worker per two cores, at least one: a worker's owned tasks use up to ~0.6 core each at full speed, and on
+    the machine that runs the platform the other half goes to Dagster, the API, Postgres and often the brokers. A
+    worker hosts any number of tasks, so this sizes CPU, not capacity."""
+    return max(1, (os.cpu_count() or 2) // 2)
 
 
 def example_connector(endpoints: StackEndpoints) -> dict[str, object]:

@@ -30,6 +30,7 @@ from sqlalchemy import Engine
 
 from mirus.faults.brokers import KafkaKit
 from mirus.local.stack import LocalStack, free_port
+from mirus_dagster.constants import ENV_REPLICATOR_WORKERS
 from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.settings import PlatformSettings, StackEndpoints
 from replicator.configuration.secrets import ENV_ALLOWED_ENV
@@ -53,6 +54,10 @@ def private_stack_settings(state_dir: Path) -> PlatformSettings:
 # The suite's deployment allows these variables in `${env:...}` references (the default is MIRUS_SECRET_.*);
 # set in the process environment so that `mirus task run` and `dagster dev` started by tests inherit it.
 os.environ[ENV_ALLOWED_ENV] = r"MIRUS_SECRET_.*|MIRUS_TEST_.*|KAFKA_.*|TEST_.*|EMPTY_VAR|OUTER|INNER"
+# The Dagster layer's tests prove the rules of runs per task and per standby (a setting away from the default); the
+# default shape, worker runs, is what `mirus dev` runs as the README writes it (tests/local/test_first_hour.py, which
+# starts it without any MIRUS_ variable) and what tests/engine/test_workers.py and the container tests run.
+os.environ[ENV_REPLICATOR_WORKERS] = "0"
 
 
 @pytest.fixture(scope="session")

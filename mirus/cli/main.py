@@ -17,8 +17,8 @@ from mirus.cli.admin import OFFSET_COMMANDS, api_command, connectors_group
 from mirus.cli.offsets import offsets
 from mirus.cli.verify import verify
 from mirus.faults.command import faults
-from mirus.local.demo import traffic
 from mirus.local.stack import LocalStack, StackError
+from mirus.local.traffic import traffic
 from mirus_dagster.settings import PlatformSettings
 
 

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import random
-import time
-
-import click
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_PARTITIONS, DEMO_TOPIC
-from mirus_dagster.settings import EXAMPLE_TOPIC, StackEndpoints
+from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_PARTITIONS, DEMO_TOPIC, EXAMPLE_TOPIC
+from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import validate_submission
 from replicator.state.records import UnknownConnectorError
 from replicator.state.store import Store
@@ -50,26 +44,3 @@ def register_demo(endpoints: StackEndpoints, store: Store) -> None:
         }
     )
     store.put_connector(config.name, config.raw, config.tasks_max)
-
-
-@click.command("traffic")
-@click.option("--bootstrap-servers", required=True, help="Source cluster to write to.")
-@click.option("--topic", "topics", multiple=True, default=(DEMO_TOPIC, EXAMPLE_TOPIC), show_default=True)
-@click.option("--rate", default=10.0, show_default=True, help="Records per second.")
-def traffic(bootstrap_servers: str, topics: tuple[str, ...], rate: float) -> None:
-    """Write a steady stream of demo orders (keys, JSON values, headers) to the topics until interrupted."""
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "linger.ms": 20})
-    number = 0
-    try:
-        while True:
-            number += 1
-            customer = f"customer-{random.randint(1, 50)}"
-            order = {"order": number, "customer": customer, "amount": round(random.uniform(5, 500), 2)}
-            topic = topics[number % len(topics)]
-            producer.produce(topic, json.dumps(order).encode(), customer.encode(), headers=[("source", b"demo")])
-            producer.poll(0)
-            time.sleep(1 / rate)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        producer.flush(5)

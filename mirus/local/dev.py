@@ -30,11 +30,11 @@ from mirus_dagster.constants import (
     KIND_REPLICATOR,
     KIND_WATCHER,
     MONITOR_SENSOR,
-    REPLICATOR_JOB,
     SUPERVISOR_SENSOR,
     TAG_CONNECTOR,
     TAG_KIND,
     TAG_TASK,
+    TAG_WORKER,
     WATCHER_JOB,
 )
 from mirus_dagster.settings import StackEndpoints
@@ -76,10 +76,10 @@ class DevSession:
         self._prepare_database(endpoints)
         if self.demo:
             self.traffic = _child(
-                endpoints, "demo", "traffic", "--bootstrap-servers", endpoints.source_bootstrap_servers
+                endpoints, "mirus.local.traffic", "--bootstrap-servers", endpoints.source_bootstrap_servers
             )
         if self.api_port:
-            self.api = _child(endpoints, "api", "--port", str(self.api_port))
+            self.api = _child(endpoints, "mirus.cli.main", "api", "--port", str(self.api_port))
             self.echo(f"Kafka Connect REST API and /metrics: http://127.0.0.1:{self.api_port}")
         self.echo(f"starting Dagster (its log: {self.log}) ...")
         self.dagster = launch_dagster_dev(endpoints.as_env(), self.home, self.log, self.port)
@@ -147,7 +147,7 @@ class DevSession:
         self.echo("stopping replicator runs (each flushes and commits its offsets) ...")
         if sensors := dev.stop_sensors((MONITOR_SENSOR, SUPERVISOR_SENSOR)):
             self.stopped_sensors.write_text(json.dumps(sensors))
-        live = dev.runs({TAG_KIND: KIND_REPLICATOR}, job_name=REPLICATOR_JOB, statuses=LIVE_STATUSES)
+        live = dev.runs({TAG_KIND: KIND_REPLICATOR}, statuses=LIVE_STATUSES)  # task runs and worker runs
         # The metadata watcher run ends with them: nothing would be left reading the clusters of a stopped stack.
         if not live and not dev.runs({TAG_KIND: KIND_WATCHER}, job_name=WATCHER_JOB, statuses=LIVE_STATUSES):
             return []
@@ -182,7 +182,7 @@ class DevSession:
             # Said before `dagster dev` is stopped (and whatever survives it killed): which run did not end.
             self.echo(f"warning: {str(exc).splitlines()[0]}; still live: {_describe_live(dev, pending, asked)}")
         ended = [r for r in dev.runs({TAG_KIND: KIND_REPLICATOR}) if r.run_id in ids]
-        return sorted(f"{r.tags.get(TAG_CONNECTOR)}-{r.tags.get(TAG_TASK)} {r.status}" for r in ended)
+        return sorted(f"{_run_name(r)} {r.status}" for r in ended)
 
 
 def runs_to_terminate(pending: Sequence[RunInfo]) -> list[str]:
@@ -213,15 +213,17 @@ def _describe_live(dev: DagsterDev, pending: Sequence[RunInfo], asked: set[str])
 
 
 def _run_name(run: RunInfo) -> str:
+    if TAG_WORKER in run.tags:
+        return f"worker {run.tags[TAG_WORKER]}"
     if run.tags.get(TAG_KIND) == KIND_REPLICATOR:
         return f"{run.tags.get(TAG_CONNECTOR)}-{run.tags.get(TAG_TASK)}"
     return f"{run.tags.get(TAG_KIND)} run"
 
 
-def _child(endpoints: StackEndpoints, *command: str) -> subprocess.Popen[bytes]:
-    """A `mirus` subcommand on the stack, in its own session: stopped by us, in order, not by the Ctrl-C."""
+def _child(endpoints: StackEndpoints, module: str, *args: str) -> subprocess.Popen[bytes]:
+    """`python -m MODULE ARGS` on the stack, in its own session: stopped by us, in order, not by the Ctrl-C."""
     return subprocess.Popen(
-        [sys.executable, "-m", "mirus.cli.main", *command],
+        [sys.executable, "-m", module, *args],
         env={**os.environ, **endpoints.as_env()},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

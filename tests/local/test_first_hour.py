@@ -26,9 +26,16 @@ from kafka_connect import KafkaConnect
 from mirus.local.devserver import DagsterDev, RunInfo
 from mirus.local.stack import LocalStack, port_is_free
 from mirus.waiting import wait_until
-from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_TOPIC, TAG_CONNECTOR
-from mirus_dagster.settings import EXAMPLE_CONNECTOR, PlatformSettings, StackEndpoints, example_connector
+from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_TOPIC, TAG_CONNECTOR, TAG_WORKER, WORKER_JOB
+from mirus_dagster.settings import (
+    EXAMPLE_CONNECTOR,
+    PlatformSettings,
+    StackEndpoints,
+    default_workers,
+    example_connector,
+)
 from replicator.state.database import make_engine
+from replicator.state.records import LEASE_HELD
 from replicator.state.store import Store
 from tests.browser import Browser, start_chromium
 
@@ -105,11 +112,29 @@ def browser(chromium: None) -> Iterator[Browser]:
     started.quit()
 
 
-def replicator_runs(demo: Demo, connector: str, count: int, timeout: float = 120, what: str = "") -> list[RunInfo]:
-    """The connector's started replicator runs, once there are at least `count`."""
+def worker_runs(demo: Demo, timeout: float = 120) -> list[RunInfo]:
+    """The default shape: `default_workers()` started worker runs (one per two cores), hosting every task."""
     return demo.dev.wait_for_runs(
-        {CONNECTOR: connector}, statuses={"STARTED"}, count=count, job_name="replicator", timeout=timeout, what=what
+        statuses={"STARTED"},
+        count=default_workers(),
+        job_name=WORKER_JOB,
+        timeout=timeout,
+        what=f"{default_workers()} worker run(s)",
     )
+
+
+def tasks_held(demo: Demo, connector: str, tasks: int, timeout: float = 120) -> None:
+    """Every task of the connector claimed: its lease held by a worker run."""
+    store = demo.store
+    try:
+        wait_until(
+            lambda: all((lease := store.lease_of(connector, t)) and lease.state == LEASE_HELD for t in range(tasks)),
+            timeout,
+            0.5,
+            what=f"{connector}'s {tasks} task(s) held",
+        )
+    finally:
+        store.engine.dispose()
 
 
 def page_text(browser: Browser, url: str, *expected: str, timeout: float = 90) -> str:
@@ -147,7 +172,8 @@ def test_the_start_is_quiet_and_names_the_ui_once_it_answers(demo: Demo) -> None
 
 
 def test_the_connectors_page_lists_the_demo_connector_running_with_its_tasks(demo: Demo, browser: Browser) -> None:
-    replicator_runs(demo, DEMO_CONNECTOR, 2, what="both demo tasks running")
+    worker_runs(demo)
+    tasks_held(demo, DEMO_CONNECTOR, 2)
     text = page_text(
         browser,
         f"{demo.dev.url}/assets/connectors",
@@ -160,7 +186,7 @@ def test_the_connectors_page_lists_the_demo_connector_running_with_its_tasks(dem
     row = next(line for line in text.splitlines() if line.startswith(DEMO_CONNECTOR))
     shown = re.match(rf"{DEMO_CONNECTOR} RUNNING (\d+) ", row)  # its state, then its partitions
     per_task = [int(n) for n in re.findall(r"\d: RUNNING \((\d+) partitions, run [0-9a-f]{8}", row)]
-    assert shown and len(per_task) == 2, row  # both tasks, each with its run
+    assert shown and len(per_task) == 2, row  # both tasks, each with the worker run holding it
     assert int(shown.group(1)) == sum(per_task) >= 3, row  # the three partitions of `orders` at least
     assert "UNASSIGNED" not in text and "heartbeat never" not in text, text[:3000]
 
@@ -186,8 +212,8 @@ def test_the_launchpad_opens_with_an_example_that_is_accepted_as_is(demo: Demo, 
     assert run.tags[CONNECTOR] == EXAMPLE_CONNECTOR, run.tags
     record = demo.store.get_connector(EXAMPLE_CONNECTOR)
     assert record.state == "RUNNING"
-    # The example replicates on the demo clusters: its tasks are started by the monitor.
-    replicator_runs(demo, EXAMPLE_CONNECTOR, 2, what="the example connector's two tasks running")
+    # The example replicates on the demo clusters: the worker runs take its tasks up.
+    tasks_held(demo, EXAMPLE_CONNECTOR, 2)
 
 
 def test_the_readme_example_is_the_launchpad_example_for_the_default_clusters() -> None:
@@ -200,15 +226,17 @@ def test_the_readme_example_is_the_launchpad_example_for_the_default_clusters() 
     assert properties == example_connector(default_endpoints)
 
 
-def test_a_run_page_names_its_connector(demo: Demo, browser: Browser) -> None:
-    (run, *_) = replicator_runs(demo, DEMO_CONNECTOR, 1, timeout=60)
-    task = f"{DEMO_CONNECTOR}-{run.tags['mirus/task']}"
-    # The run's own events name the connector's task (an owner's "replicating …", a standby's "standing by …"), and
-    # so do its tags.
-    page_text(browser, f"{demo.dev.url}/runs/{run.run_id}", f"{task}: ")
+def test_a_worker_runs_page_names_the_tasks_it_hosts(demo: Demo, browser: Browser) -> None:
+    tasks_held(demo, DEMO_CONNECTOR, 2)
+    holder = demo.store.lease_of(DEMO_CONNECTOR, 0)
+    assert holder is not None
+    (run,) = [r for r in worker_runs(demo) if holder.owner.endswith(r.run_id)]
+    # The run's own events name each task it hosts (an owner's "replicating …", a standby's "standing by …"); its
+    # tags say which worker it is.
+    page_text(browser, f"{demo.dev.url}/runs/{run.run_id}", f"{DEMO_CONNECTOR}-0: ")
     tags = next(b for b in browser.driver.find_elements("tag name", "button") if "View tags and config" in b.text)
     tags.click()
-    shown = f"{CONNECTOR}: {DEMO_CONNECTOR}"  # the tag with its value, as the tags dialog lists it
+    shown = f"{TAG_WORKER}: {run.tags[TAG_WORKER]}"  # the tag with its value, as the tags dialog lists it
     body: list[str] = []
 
     def tag_shown() -> bool:
@@ -259,7 +287,7 @@ def test_a_kafka_connect_client_from_pypi_resets_the_demo_connectors_topics(demo
 
 def test_verify_on_the_running_demo_ends_with_a_verdict(demo: Demo) -> None:
     """The demo's traffic never stops: the check is bounded by the source's end offsets taken at its start."""
-    replicator_runs(demo, DEMO_CONNECTOR, 2)
+    tasks_held(demo, DEMO_CONNECTOR, 2)
     env = {**os.environ, **demo.endpoints.as_env()}
     result = subprocess.run(
         [sys.executable, "-m", "mirus.cli.main", "verify", "--topic", f"{DEMO_TOPIC}:{DEMO_TOPIC}.mirror"],
@@ -279,25 +307,19 @@ def test_verify_on_the_running_demo_ends_with_a_verdict(demo: Demo) -> None:
 
 def test_a_connector_restarted_then_deleted_leaves_no_red_run(demo: Demo) -> None:
     """The launchpad's example connector, restarted and then deleted by its admin jobs: every run of the session
-    (the Runs page's list) is free of FAILURE, the connector's replicator runs having ended SUCCESS."""
-    replicator_runs(demo, EXAMPLE_CONNECTOR, 2, what="the example connector's tasks running")
+    (the Runs page's list) is free of FAILURE, and the worker runs that hosted its tasks go on with the demo's."""
+    tasks_held(demo, EXAMPLE_CONNECTOR, 2)
+    workers = {r.run_id for r in worker_runs(demo)}
     for action in ("restart", "delete"):
         run_id = demo.dev.client.submit_job_execution(
             f"{action}_connector",
             run_config={"ops": {f"{action}_connector_op": {"config": {"name": EXAMPLE_CONNECTOR}}}},
         )
         demo.dev.wait_for_status(run_id, {"SUCCESS"}, timeout=120)
-    live = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
-    ended = demo.dev.until(
-        lambda: (
-            (runs := demo.dev.runs({CONNECTOR: EXAMPLE_CONNECTOR}, job_name="replicator"))
-            and not [r for r in runs if r.status in live]
-            and runs
-        ),
-        90,
-        "the deleted connector's replicator runs to end",
-    )
-    assert {r.status for r in ended} == {"SUCCESS"}, [(r.run_id, r.status) for r in ended]
+    store = demo.store
+    wait_until(lambda: store.lease_of(EXAMPLE_CONNECTOR, 0) is None, 90, 0.5, what="the deleted connector's leases")
+    store.engine.dispose()
+    assert {r.run_id for r in worker_runs(demo)} == workers
     assert demo.dev.runs(statuses=["FAILURE"]) == []
 
 
@@ -337,11 +359,10 @@ def test_ctrl_c_ends_replicator_runs_canceled_after_committing_and_says_what_it_
     """Last in the module: it stops the demo. Each run's last event is written after its final flush and offset
     commit (that termination commits everything delivered is proven in tests/dagster/test_dagster_dev.py; here the
     embedded stack holding the offsets stops too)."""
-    # Both demo tasks, each with its owner and its standby, and whatever else replicates (the launchpad's example).
-    replicator_runs(demo, DEMO_CONNECTOR, 4, what="the demo's owners and standbys")
-    running = demo.dev.runs({"mirus/kind": "replicator"}, job_name="replicator", statuses=["STARTED"])
-    tasks = {(r.tags[CONNECTOR], int(r.tags["mirus/task"])) for r in running}
-    assert {task for connector, task in tasks if connector == DEMO_CONNECTOR} == {0, 1}, tasks
+    # The worker runs hosting both demo tasks (and whatever else replicates).
+    tasks_held(demo, DEMO_CONNECTOR, 2)
+    running = worker_runs(demo)
+    assert demo.dev.runs({"mirus/kind": "replicator"}, job_name="replicator", statuses=["STARTED"]) == []
 
     shutdown = demo.dev.shutdown()
 
@@ -349,8 +370,8 @@ def test_ctrl_c_ends_replicator_runs_canceled_after_committing_and_says_what_it_
     assert shutdown.clean and shutdown.exit_code == 0, (shutdown, console, _unended_runs(demo))
     assert "Traceback" not in console and "KeyboardInterrupt" not in console, console
     stopped = next(line for line in console.splitlines() if line.startswith("stopped: "))
-    for connector, task in tasks:
-        assert f"{connector}-{task} CANCELED" in stopped, stopped
+    for run in running:
+        assert f"worker {run.tags[TAG_WORKER]} CANCELED" in stopped, stopped
     for part in (
         "Dagster (webserver, daemon, code server)",
         "demo traffic",
@@ -368,17 +389,15 @@ def test_ctrl_c_ends_replicator_runs_canceled_after_committing_and_says_what_it_
     from dagster._core.instance.ref import InstanceRef
 
     with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(demo.dev.home))) as instance:
-        for started in running:  # owners and standbys alike
+        for started in running:
             run = instance.get_run_by_id(started.run_id)
             assert run is not None and run.status == dg.DagsterRunStatus.CANCELED, (started, run and run.status)
             messages = [e.user_message for e in instance.all_logs(run.run_id)]
-            standby = any(": standing by" in m for m in messages) and not any("took over" in m for m in messages)
-            # An owner's last event is written after its final flush and commit. A standby interrupted while it
-            # waits on the owner's lock sometimes ends without its own last event (a known gap; it has nothing to
-            # flush or commit).
-            assert standby or any(": stopped: " in m for m in messages), (
-                f"no final event in run {run.run_id}: {messages}"
-            )
+            # Each task's last event is written after its final flush and commit.
+            for task in (0, 1):
+                assert any(m.startswith(f"{DEMO_CONNECTOR}-{task}: stopped: ") for m in messages), (
+                    f"no final event of task {task} in run {run.run_id}: {messages}"
+                )
 
 
 def _unended_runs(demo: Demo) -> dict[str, list[str]]:
