@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
 METADATA_TIMEOUT_S = 5.0
 # What librdkafka reports only to `error_cb` while it reconnects forever (~20 times a second, never giving up): a
@@ -141,6 +141,40 @@ def log_offsets(
             found[(tp.topic, tp.partition)] = future.result().offset
         except KafkaException:
             continue
+    return found
+
+
+@dataclass(frozen=True)
+class SizeLimit:
+    """The largest record batch a topic accepts: its `max.message.bytes`, or where it sets none the broker's
+    `message.max.bytes` (which Kafka reports as the topic's value)."""
+
+    bytes: int
+    set_on_topic: bool
+
+
+def max_message_bytes(admin: AdminClient, topics: Iterable[str]) -> dict[str, SizeLimit]:
+    """Each topic's `max.message.bytes`, in one DescribeConfigs request for all of them.
+
+    Topics whose answer failed (a missing ACL, the cluster away) or that report no value (the embedded test broker,
+    for a topic created without one) are left out: their limit stays unknown. Kafka 1.0 answers for a topic that
+    does not exist with the broker's defaults, so callers ask only for topics they know exist."""
+    names = sorted(set(topics))
+    if not names:
+        return {}
+    resources = [ConfigResource(ResourceType.TOPIC, name) for name in names]
+    try:
+        futures = admin.describe_configs(resources, request_timeout=METADATA_TIMEOUT_S)
+    except KafkaException:
+        return {}
+    found = {}
+    for resource, future in futures.items():
+        try:
+            entry = future.result().get("max.message.bytes")
+        except KafkaException:
+            continue
+        if entry is not None and entry.value is not None and str(entry.value).isdigit():
+            found[resource.name] = SizeLimit(int(entry.value), not entry.is_default)
     return found
 
 

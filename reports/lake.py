@@ -27,11 +27,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy import Engine, Row, text
+from sqlalchemy import Engine
 
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load
 from replicator.configuration.masking import mask_properties
 from replicator.engine.metrics import BUCKET_LABELS, LATENCY_BUCKETS_MS
+from replicator.state.records import ConnectorRecord
+from replicator.state.store import Store
 
 HOUR = timedelta(hours=1)
 SEAL_GRACE = timedelta(minutes=5)
@@ -164,15 +166,21 @@ def export_hour(engine: Engine, lake: Path, hour: datetime, now: datetime | None
     now = now or datetime.now(UTC)
     start = hour_floor(hour)
     end = start + HOUR
-    configs = _connector_configs(engine)
+    store = Store(engine)
+    connectors = store.list_connectors()
+    configs = _connector_configs(connectors)
     manifest = _manifest(lake, "metric_samples", start)
     after = manifest.get("max_id") if now < end and manifest else None  # the running hour: only what is new
-    samples = _metric_batches(engine, start, end, configs, after)
+    samples = _metric_batches(store, start, end, configs, after)
+    snapshots = (
+        pa.Table.from_pylist(rows, schema=SCHEMAS["metadata_snapshots"])
+        for rows in store.snapshot_topics(start, end, _FETCH_ROWS)
+    )
     rows = {
         "metric_samples": _write(lake, "metric_samples", start, now, samples, append_to=manifest if after else None),
-        "metadata_snapshots": _write(lake, "metadata_snapshots", start, now, _snapshot_batches(engine, start, end)),
+        "metadata_snapshots": _write(lake, "metadata_snapshots", start, now, snapshots),
     }
-    for table, data in _state_tables(engine, configs).items():
+    for table, data in _state_tables(store, connectors, configs).items():
         _replace(state_path(lake, table), pa.Table.from_pylist(data, schema=SCHEMAS[table]))
         rows[table] = len(data)
     return HourExport(start, rows, sealed=now >= end + SEAL_GRACE)
@@ -196,96 +204,34 @@ def prune(engine: Engine, lake: Path, retention: timedelta, now: datetime | None
     """
     now = now or datetime.now(UTC)
     cutoff = now - retention
-    with engine.begin() as conn:
-        old_hours = [
-            h
-            for (h,) in conn.execute(
-                text(
-                    "SELECT DISTINCT date_trunc('hour', interval_end AT TIME ZONE 'UTC') FROM metric_samples"
-                    " WHERE interval_end < :cutoff"
-                ),
-                {"cutoff": cutoff},
-            )
-        ]
-        sealed = [h.replace(tzinfo=UTC) for h in old_hours if is_sealed(lake, "metric_samples", h.replace(tzinfo=UTC))]
-        awaiting = sorted(f"{h:%Y-%m-%d-%H}:00" for h in old_hours if h.replace(tzinfo=UTC) not in sealed)
-        deleted = 0
-        if sealed:
-            deleted = conn.execute(
-                text(
-                    "DELETE FROM metric_samples WHERE interval_end < :cutoff"
-                    " AND date_trunc('hour', interval_end AT TIME ZONE 'UTC') = ANY(:hours)"
-                ),
-                {"cutoff": cutoff, "hours": [h.replace(tzinfo=None) for h in sealed]},
-            ).rowcount
-        snapshot_hours = [
-            h.replace(tzinfo=UTC)
-            for (h,) in conn.execute(
-                text(
-                    "SELECT DISTINCT date_trunc('hour', taken_at AT TIME ZONE 'UTC') FROM metadata_snapshots"
-                    " WHERE taken_at < :cutoff"
-                ),
-                {"cutoff": cutoff},
-            )
-        ]
-        sealed_snapshots = [h.replace(tzinfo=None) for h in snapshot_hours if is_sealed(lake, "metadata_snapshots", h)]
-        snapshots_deleted = 0
-        if sealed_snapshots:
-            snapshots_deleted = conn.execute(
-                text(
-                    "DELETE FROM metadata_snapshots WHERE taken_at < :cutoff"
-                    " AND date_trunc('hour', taken_at AT TIME ZONE 'UTC') = ANY(:hours)"
-                    " AND id NOT IN (SELECT max(id) FROM metadata_snapshots GROUP BY connector, cluster)"
-                ),
-                {"cutoff": cutoff, "hours": sealed_snapshots},
-            ).rowcount
-        remaining = conn.execute(text("SELECT count(*) FROM metric_samples")).scalar_one()
-    return PruneResult(deleted, snapshots_deleted, remaining, awaiting)
+    store = Store(engine)
+    old_hours = store.metric_sample_hours(cutoff)
+    sealed = [h for h in old_hours if is_sealed(lake, "metric_samples", h)]
+    awaiting = sorted(f"{h:%Y-%m-%d-%H}:00" for h in old_hours if h not in sealed)
+    deleted = store.delete_metric_samples(cutoff, sealed) if sealed else 0
+    sealed_snapshots = [h for h in store.snapshot_hours(cutoff) if is_sealed(lake, "metadata_snapshots", h)]
+    snapshots_deleted = store.delete_snapshots(cutoff, sealed_snapshots) if sealed_snapshots else 0
+    return PruneResult(deleted, snapshots_deleted, store.count_metric_samples(), awaiting)
 
 
-# -- reading Postgres -----------------------------------------------------------------------------------------
+# -- the store's records as rows ------------------------------------------------------------------------------
 
 
-def _connector_configs(engine: Engine) -> dict[str, ConnectorConfig | str]:
+def _connector_configs(connectors: list[ConnectorRecord]) -> dict[str, ConnectorConfig | str]:
     """Each connector's current configuration, or why it cannot be parsed here (e.g. an unresolvable secret)."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT c.name, cc.config FROM connectors c"
-                " JOIN connector_configs cc ON cc.connector = c.name AND cc.version = c.version"
-            )
-        )
-        out: dict[str, ConnectorConfig | str] = {}
-        for name, props in rows:
-            try:
-                out[name] = load(props)
-            except ConnectorConfigError as exc:
-                out[name] = str(exc)
-        return out
-
-
-def _histogram_columns() -> str:
-    """Cumulative bucket counts out of the JSONB histogram. A bound the row lacks (written with fewer buckets)
-    takes the count of the nearest lower bound it has: still a true "at or below" count."""
-    columns = []
-    for i, label in enumerate(BUCKET_LABELS):
-        fallbacks = ", ".join(f"(latency_histogram->>'{lower}')::bigint" for lower in reversed(BUCKET_LABELS[:i]))
-        own = f"(latency_histogram->>'{label}')::bigint"
-        column = "le_inf" if label == "+Inf" else f"le_{label}"
-        columns.append(f"COALESCE({own}, {fallbacks + ', ' if fallbacks else ''}0) AS {column}")
-    return ", ".join(columns)
+    out: dict[str, ConnectorConfig | str] = {}
+    for connector in connectors:
+        try:
+            out[connector.name] = load(connector.properties)
+        except ConnectorConfigError as exc:
+            out[connector.name] = str(exc)
+    return out
 
 
 def _metric_batches(
-    engine: Engine, start: datetime, end: datetime, configs: Mapping[str, ConnectorConfig | str], after: int | None
+    store: Store, start: datetime, end: datetime, configs: Mapping[str, ConnectorConfig | str], after: int | None
 ) -> Iterator[pa.Table]:
     """The hour's samples (those with an id above `after`, if given) as Arrow tables, built column by column."""
-    query = text(
-        "SELECT id, connector, task_id, topic, NULL::integer AS partition, interval_start, interval_end, records,"
-        " bytes, latency_min_ms, latency_max_ms, latency_sum_ms, latency_count, lag, "
-        + _histogram_columns()
-        + " FROM metric_samples WHERE interval_end >= :start AND interval_end < :end AND id > :after ORDER BY id"
-    )
     destination: dict[tuple[str, str], str | None] = {}
 
     def destination_of(connector: str, topic: str) -> str | None:
@@ -296,85 +242,54 @@ def _metric_batches(
         return destination[key]
 
     schema = SCHEMAS["metric_samples"]
-    with engine.connect().execution_options(stream_results=True) as conn:
-        result = conn.execute(query, {"start": start, "end": end, "after": after or 0})
-        names = list(result.keys())
-        while chunk := result.fetchmany(_FETCH_ROWS):
-            columns = dict(zip(names, zip(*chunk, strict=True), strict=True))
-            columns["destination_topic"] = tuple(map(destination_of, columns["connector"], columns["topic"]))
-            yield pa.table([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
+    for columns in store.metric_sample_columns(start, end, after or 0, BUCKET_LABELS, _FETCH_ROWS):
+        columns["partition"] = (None,) * len(columns["id"])  # samples are per topic
+        columns["destination_topic"] = tuple(map(destination_of, columns["connector"], columns["topic"]))
+        yield pa.table([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
 
 
-def _snapshot_batches(engine: Engine, start: datetime, end: datetime) -> Iterator[pa.Table]:
-    # A snapshot without topics (a metadata error) keeps one row with a null topic so its error is not lost.
-    query = text(
-        "SELECT s.id AS snapshot_id, s.connector, s.cluster, s.taken_at, s.error, t.key AS topic,"
-        " t.value::int AS partitions FROM metadata_snapshots s"
-        " LEFT JOIN LATERAL jsonb_each_text(s.topics) t ON true"
-        " WHERE s.taken_at >= :start AND s.taken_at < :end ORDER BY s.id"
-    )
-    with engine.connect().execution_options(stream_results=True) as conn:
-        result = conn.execute(query, {"start": start, "end": end})
-        while chunk := result.mappings().fetchmany(_FETCH_ROWS):
-            yield pa.Table.from_pylist([dict(r) for r in chunk], schema=SCHEMAS["metadata_snapshots"])
-
-
-def _state_tables(engine: Engine, configs: Mapping[str, ConnectorConfig | str]) -> dict[str, list[dict[str, Any]]]:
-    with engine.connect() as conn:
-        connectors = conn.execute(
-            text(
-                "SELECT c.name, c.state, c.version, c.tasks_max, cc.config FROM connectors c"
-                " JOIN connector_configs cc ON cc.connector = c.name AND cc.version = c.version ORDER BY c.name"
-            )
-        ).all()
-        seen_topics = conn.execute(
-            text(
-                "SELECT DISTINCT connector, jsonb_object_keys(topics) FROM metadata_snapshots"
-                " WHERE cluster = 'source' AND connector IS NOT NULL"
-            )
-        ).all()
-        assignments = (
-            conn.execute(
-                text(
-                    "SELECT a.connector, a.generation, a.task_id, p->>0 AS topic, (p->>1)::int AS partition"
-                    " FROM assignments a JOIN connectors c ON c.name = a.connector"
-                    " AND c.assignment_generation = a.generation"
-                    " CROSS JOIN LATERAL jsonb_array_elements(a.partitions) p"
-                )
-            )
-            .mappings()
-            .all()
-        )
-        statuses = (
-            conn.execute(
-                text("SELECT connector, topic, partition, task_id, state, reason, updated_at FROM partition_status")
-            )
-            .mappings()
-            .all()
-        )
+def _state_tables(
+    store: Store, connectors: list[ConnectorRecord], configs: Mapping[str, ConnectorConfig | str]
+) -> dict[str, list[dict[str, Any]]]:
     return {
-        "connectors": [_connector_row(stored, configs.get(stored.name)) for stored in connectors],
-        "connector_routes": _routes(sorted(seen_topics), configs),
-        "assignments": [dict(r) for r in assignments],
-        "partition_status": [dict(r) for r in statuses],
+        "connectors": [_connector_row(connector, configs.get(connector.name)) for connector in connectors],
+        "connector_routes": _routes(sorted(store.source_topics_seen()), configs),
+        "assignments": [
+            {"connector": connector, "generation": generation, "task_id": task_id, "topic": topic, "partition": p}
+            for connector, (generation, tasks) in store.current_assignments().items()
+            for task_id, partitions in tasks.items()
+            for topic, p in partitions
+        ],
+        "partition_status": [
+            {
+                "connector": connector,
+                "topic": topic,
+                "partition": p,
+                "task_id": status.task_id,
+                "state": status.state.value,
+                "reason": status.reason,
+                "updated_at": status.updated_at,
+            }
+            for connector, statuses in store.every_partition_status().items()
+            for (topic, p), status in statuses.items()
+        ],
     }
 
 
-def _connector_row(stored: Row[Any], config: ConnectorConfig | str | None) -> dict[str, Any]:
+def _connector_row(stored: ConnectorRecord, config: ConnectorConfig | str | None) -> dict[str, Any]:
     """The connector's row: its stored state and, if its configuration loads, the settings the reports read."""
-    name, state, version, tasks_max, props = stored
     parsed = config if isinstance(config, ConnectorConfig) else None
     return {
-        "connector": name,
-        "state": state,
-        "version": version,
-        "tasks_max": tasks_max,
+        "connector": stored.name,
+        "state": stored.state.value,
+        "version": stored.version,
+        "tasks_max": stored.tasks_max,
         "source_alias": parsed.source_alias if parsed else None,
         "target_alias": parsed.target_alias if parsed else None,
         "destination_topic_checking": parsed.destination_topic_checking if parsed else None,
         "partition_matching": parsed.partition_matching if parsed else None,
         "config_error": None if parsed else str(config),
-        "config": json.dumps(mask_properties(props)),
+        "config": json.dumps(mask_properties(stored.properties)),
     }
 
 

@@ -6,7 +6,10 @@ new import that breaks a rule fails here."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+import sqlalchemy.exc
 
 ROOT = Path(__file__).resolve().parent.parent
 # Top-level packages, lowest first: each imports only those before it (and itself). `assets` and `sensors` are the
@@ -121,3 +124,42 @@ def test_the_engines_rooms_import_only_rooms_below_them() -> None:
 
 def test_product_code_and_benchmarks_never_import_tests() -> None:
     assert not [m for m, imported in modules(*LAYERS, *PARTS, "benchmarks").items() if "tests" in imported]
+
+
+# SQL (text, SQLAlchemy statements, an engine's connections and transactions) lives in the store alone; everyone else
+# calls its methods. Benchmarks set up their data by hand.
+STORE = "replicator/state/"
+SQL = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|SET)\s")  # uppercase, as SQL is written here
+ENGINE_TYPE = {"sqlalchemy.Engine", "sqlalchemy.engine.Engine"}  # what callers hand the store
+OPENS = ("connect", "begin")  # on an engine: a connection, a transaction
+
+
+def sql_of(path: Path) -> list[str]:
+    """What of `path` belongs in the store: SQLAlchemy imports other than its exceptions and the Engine type, an
+    engine's connect() or begin(), string literals that start as SQL."""
+    found = [
+        f"imports {name}"
+        for name in imported_modules(path)
+        if name.split(".")[0] == "sqlalchemy" and name not in ENGINE_TYPE and not is_sqlalchemy_exception(name)
+    ]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in OPENS:
+            receiver = node.func.value
+            name = receiver.id if isinstance(receiver, ast.Name) else getattr(receiver, "attr", "")
+            if "engine" in name.lower():
+                found.append(f"line {node.lineno}: {ast.unparse(node.func)}()")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL.match(node.value):
+            found.append(f"line {node.lineno}: {node.value.strip()[:40]!r}")
+    return found
+
+
+def is_sqlalchemy_exception(name: str) -> bool:
+    module, _, attribute = name.rpartition(".")
+    raised = getattr(sqlalchemy.exc, attribute, None)
+    return module == "sqlalchemy.exc" and isinstance(raised, type) and issubclass(raised, Exception)
+
+
+def test_only_the_store_holds_sql() -> None:
+    outside = [p for p in files(*LAYERS, *PARTS) if not str(p.relative_to(ROOT)).startswith(STORE)]
+    found = {str(p.relative_to(ROOT)): sql_of(p) for p in outside}
+    assert {m: f for m, f in found.items() if f} == {}

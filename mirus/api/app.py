@@ -146,12 +146,15 @@ class ConnectApi:
         connector: dict[str, Any] = {"state": status.state, "worker_id": self.worker_id}
         if status.trace:
             connector["trace"] = status.trace
-        return {
+        body: dict[str, Any] = {
             "name": status.name,
             "connector": connector,
             "tasks": [_task_state(t) for t in status.tasks],
             "type": CONNECTOR_TYPE,
         }
+        if status.partitions:  # an extension (docs/API.md): partitions that do not replicate, and why
+            body["partitions"] = [_stopped(p) for p in status.partitions]
+        return body
 
     # -- routes --------------------------------------------------------------------------------------------
 
@@ -502,6 +505,17 @@ def _version() -> str:
 def _config_strings(props: Mapping[str, object]) -> dict[str, str]:
     """Kafka Connect configs are string maps: numbers and booleans submitted as JSON are shown as strings."""
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in props.items()}
+
+
+def _stopped(partition: connectors.StoppedPartition) -> dict[str, Any]:
+    return {
+        "topic": partition.topic,
+        "partition": partition.partition,
+        "state": partition.state,
+        "reason": partition.reason,
+        "since": partition.since.isoformat(),
+        "task": partition.task_id,
+    }
 
 
 def _task_state(task: connectors.ConnectTaskStatus) -> dict[str, Any]:

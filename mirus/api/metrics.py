@@ -20,9 +20,8 @@ from replicator.configuration.connector import ConnectorConfig, ConnectorConfigE
 from replicator.discovery.heartbeats import liveness_s
 from replicator.discovery.monitor import plan_partitions
 from replicator.engine.metrics import BUCKET_LABELS
-from replicator.state.records import LEASE_HELD
+from replicator.state.records import LEASE_HELD, PartitionHealth, TopicTotals
 from replicator.state.store import Store
-from reports.metric_totals import TopicTotals, partition_lags, recent_topics, topic_totals
 
 RATE_WINDOW_S = 60.0
 TASK_STATES = ("RUNNING", "PAUSED", "FAILED", "UNASSIGNED")
@@ -111,7 +110,7 @@ class StoreCollector(Collector):
             labels=labels,
         )
         totals: dict[tuple[str, str], _Totals] = defaultdict(_Totals)
-        for t in topic_totals(self.store):
+        for t in self.store.topic_totals():
             destination = self._destination(configs, t.connector, t.topic)
             if destination is not None:
                 totals[(t.connector, destination)].add(t)
@@ -146,7 +145,7 @@ class StoreCollector(Collector):
             labels=labels,
         )
         recent: dict[tuple[str, str], _Window] = defaultdict(_Window)
-        for r in recent_topics(self.store, RATE_WINDOW_S):
+        for r in self.store.recent_topics(RATE_WINDOW_S):
             destination = self._destination(configs, r.connector, r.topic)
             if destination is not None:
                 recent[(r.connector, destination)].add(r.records, r.bytes, r.latency_min_ms, r.latency_max_ms)
@@ -169,7 +168,7 @@ class StoreCollector(Collector):
             "broker reports no usable high watermark).",
             labels=["connector", "source_topic", "partition"],
         )
-        for row in partition_lags(self.store):
+        for row in self.store.known_partition_lags():
             lag.add_metric([row.connector, row.topic, str(row.partition)], row.lag)
         yield lag
 
@@ -194,6 +193,13 @@ class StoreCollector(Collector):
             "mirus_connector_task_restart_attempts",
             "Task restarts summed per connector (Mirus connector-metrics task-failed-restart-attempts-count).",
             labels=["connector"],
+        )
+        paused = GaugeMetricFamily(
+            "mirus_partitions_paused",
+            "Source partitions that do not replicate, paused by their task (a refusal, a record too large for its "
+            "destination topic: cause record_too_large), by the monitor or by an operator (cause operator); the "
+            "reasons are on the connector's status (REST) and the connectors asset.",
+            labels=["connector", "cause"],
         )
         task_heartbeat = GaugeMetricFamily(
             "mirus_task_heartbeat_age_seconds",
@@ -224,6 +230,9 @@ class StoreCollector(Collector):
             counts = Counter(t.state for t in status.tasks)
             for state in TASK_STATES:
                 tasks.add_metric([name, state], counts.get(state, 0))
+            causes = Counter(p.cause for p in status.partitions if p.state == PartitionHealth.PAUSED)
+            for cause in connectors.PAUSE_CAUSES:  # every cause, 0 included: an alert sees it clear
+                paused.add_metric([name, cause], causes.get(cause, 0))
             leases = self.store.leases(name)  # tasks no longer assigned too: their restarts still count
             assigned = {t.task_id for t in status.tasks}
             tasks.add_metric([name, "DESTROYED"], sum(1 for task_id in leases if task_id not in assigned))
@@ -237,5 +246,6 @@ class StoreCollector(Collector):
         yield tasks
         yield task_restarts
         yield connector_restarts
+        yield paused
         yield task_heartbeat
         yield flow_heartbeat

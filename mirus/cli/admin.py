@@ -102,6 +102,10 @@ def connectors_get(name: str) -> None:
                 "tasks": [
                     {"id": t.task_id, "state": t.state, "worker_id": t.worker, "trace": t.trace} for t in status.tasks
                 ],
+                "partitions": [  # those that do not replicate, and why
+                    {"topic": p.topic, "partition": p.partition, "state": p.state, "reason": p.reason}
+                    for p in status.partitions
+                ],
             },
             indent=2,
         )

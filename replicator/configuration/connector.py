@@ -186,8 +186,11 @@ class _ConnectorModel(BaseModel):
 
     # -- client settings: built here, once, for every client the platform creates --
 
-    def consumer_settings(self) -> dict[str, Any]:
-        """The task's source consumer: `assign()` only, offsets in Postgres, never in Kafka."""
+    def consumer_settings(self, sized: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The task's source consumer: `assign()` only, offsets in Postgres, never in Kafka.
+
+        `sized`: fetch sizes that follow the source topics' `max.message.bytes` (`replicator.engine.record_limits`);
+        the connector's own `consumer.*` values win over them."""
         return {
             "enable.partition.eof": False,
             # Keep the fetch queue full (librdkafka's default backoff, once the queue is full, is a whole second,
@@ -202,6 +205,7 @@ class _ConnectorModel(BaseModel):
             # idle task does not ask each source broker ~330 times a second.
             "fetch.wait.max.ms": 3,
             "fetch.min.bytes": 1_000_000,
+            **(sized or {}),
             **self.source_client,
             "group.id": f"mirus-{self.name}",  # names our client; confluent-kafka insists on one
             "enable.auto.commit": False,
@@ -210,8 +214,11 @@ class _ConnectorModel(BaseModel):
             **({"isolation.level": "read_committed"} if self.exactly_once else {}),
         }
 
-    def producer_settings(self, task_id: int) -> dict[str, Any]:
-        """The task's destination producer: defaults, destination connection settings, then `producer.*`."""
+    def producer_settings(self, task_id: int, sized: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The task's destination producer: defaults, destination connection settings, then `producer.*`.
+
+        `sized`: `message.max.bytes` and `batch.size` that follow the destination topics' `max.message.bytes`
+        (`replicator.engine.record_limits`); the connector's own `producer.*` values win over them."""
         settings = {
             # Idempotence keeps each partition's order across retries; acks=all means acknowledged = durable.
             "enable.idempotence": True,
@@ -234,6 +241,7 @@ class _ConnectorModel(BaseModel):
             "queue.buffering.max.messages": 100_000,
             "socket.nagle.disable": True,
             "client.id": f"mirus-{self.name}-{task_id}",
+            **(sized or {}),
             **connection_settings(self.destination_client),
             **self.producer_client,
         }

@@ -9,7 +9,7 @@ in Dagster exactly like one changed from the launchpad.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -18,7 +18,15 @@ from replicator.assignment import SourcePartition
 from replicator.clusters import METADATA_TIMEOUT_S, ClusterAdmin, MetadataUnavailableError, read_cluster
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load, validate_submission
 from replicator.configuration.properties import SPECS
-from replicator.state.records import LEASE_HELD, ConnectorState, PartitionPauseError, UnknownConnectorError
+from replicator.state.records import (
+    LEASE_HELD,
+    OPERATOR_PAUSE,
+    ConnectorState,
+    ConnectorStatus,
+    PartitionHealth,
+    PartitionPauseError,
+    UnknownConnectorError,
+)
 from replicator.state.store import Store
 
 
@@ -130,12 +138,52 @@ class ConnectTaskStatus:
     trace: str | None
 
 
+# Why a partition is paused, as `mirus_partitions_paused` labels it.
+CAUSE_RECORD_TOO_LARGE, CAUSE_OPERATOR, CAUSE_OTHER = "record_too_large", "operator", "other"
+PAUSE_CAUSES = (CAUSE_RECORD_TOO_LARGE, CAUSE_OPERATOR, CAUSE_OTHER)
+
+
+@dataclass(frozen=True)
+class StoppedPartition:
+    """A source partition that does not replicate: paused (by its task, the monitor or an operator) or dropped."""
+
+    topic: str
+    partition: int
+    state: str  # PAUSED or DROPPED
+    reason: str
+    since: datetime
+    task_id: int | None
+
+    @property
+    def cause(self) -> str:
+        """What it waits for, by its reason: every refusal for a record's size names a size limit."""
+        if self.reason.startswith(OPERATOR_PAUSE):
+            return CAUSE_OPERATOR
+        if "max.message.bytes" in self.reason or "MSG_SIZE_TOO_LARGE" in self.reason:
+            return CAUSE_RECORD_TOO_LARGE
+        return CAUSE_OTHER
+
+
 @dataclass(frozen=True)
 class ConnectStatus:
     name: str
     state: str  # RUNNING, PAUSED, or FAILED while the monitor cannot read a cluster's metadata
     trace: str | None
     tasks: list[ConnectTaskStatus]
+    partitions: list[StoppedPartition] = field(default_factory=list)  # the partitions that do not replicate
+
+
+def stopped_partitions(status: ConnectorStatus) -> list[StoppedPartition]:
+    """`status`'s partitions paused or dropped (`partition_status`) and those an operator paused, with why."""
+    stopped = {
+        tp: StoppedPartition(tp[0], tp[1], row.state.value, row.reason or "", row.updated_at, row.task_id)
+        for tp, row in status.unhealthy_partitions.items()
+    }
+    for tp, pause in status.operator_pauses.items():  # the operator's pause is what an operator must lift first
+        task_id = stopped[tp].task_id if tp in stopped else None
+        reason = f"{OPERATOR_PAUSE}: {pause.reason}"
+        stopped[tp] = StoppedPartition(tp[0], tp[1], PartitionHealth.PAUSED.value, reason, pause.paused_at, task_id)
+    return [stopped[tp] for tp in sorted(stopped)]
 
 
 def connect_statuses(store: Store, name: str | None = None, now: datetime | None = None) -> list[ConnectStatus]:
@@ -165,7 +213,7 @@ def connect_statuses(store: Store, name: str | None = None, now: datetime | None
                     state, trace = TASK_FAILED, f"no heartbeat since {beat.isoformat() if beat else 'the claim'}"
             tasks.append(ConnectTaskStatus(task.task_id, state, task.owner or "", trace))
         state = status.state.value if status.state == ConnectorState.PAUSED or not errors else "FAILED"
-        out.append(ConnectStatus(status.name, state, "\n".join(errors) or None, tasks))
+        out.append(ConnectStatus(status.name, state, "\n".join(errors) or None, tasks, stopped_partitions(status)))
     return out
 
 

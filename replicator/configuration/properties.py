@@ -385,9 +385,33 @@ def properties_markdown() -> str:
         "librdkafka settings (https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md) after a "
         "prefix; they are checked by librdkafka when the connector is submitted. Values of settings whose name "
         "contains `password`, `secret`, `jaas.config`, `.pem`, `token` or `credentials`, or ends in `.key`, are "
-        "secret: never shown, and refused in clear by the `put_connector` job (give a reference instead). "
-        "`consumer.auto.offset.reset` is read with Mirus's meaning: `latest` (or `largest`) starts new partitions "
-        "at their end, anything else at their beginning.",
+        "secret: never shown, and refused in clear by the `put_connector` job (give a reference instead).",
+        "",
+        "`consumer.auto.offset.reset` (also `source.consumer.` / `source.cluster.` spellings) says where a partition "
+        "without a stored offset starts, as in MirrorMaker 2: `earliest` (or `smallest`, `beginning`; the default) at "
+        "its beginning, `latest` (or `largest`, `end`) at its end as its task starts it — the partitions of a new "
+        "connector, and those of a topic matched later (a new topic, or a selection that grew): what they held "
+        "before is not copied. Where a partition started is stored at the task's next commit, so a restart before "
+        "its first record does not skip what was written meanwhile. A partition added to a topic the connector "
+        "already replicates starts at its beginning whatever the policy: everything in it was written while the "
+        "topic was being replicated, and at its end it would lose what was written between the partition's "
+        "creation and the moment its task started it (MirrorMaker 2 starts it at its end; its users report exactly "
+        "that loss). Such a partition is one that joined the connector's assignment after other partitions of its "
+        "topic had (by the assignment generations kept); the task's events name it.",
+        "",
+        "Record sizes follow the topics: a task reads the `max.message.bytes` of the topics it serves (the broker's "
+        "`message.max.bytes` where a topic sets none) with DescribeConfigs — one request per cluster, at its start, "
+        "when its topics change, before a partition paused for a record's size is retried, and every minute — and "
+        "makes its producer's `message.max.bytes` the largest destination limit and its `batch.size` at most the "
+        "smallest (1 MiB by default), and its consumers' `max.partition.fetch.bytes`, `fetch.max.bytes` and "
+        "`receive.message.max.bytes` large enough for a batch of the largest source limit (never below "
+        "librdkafka's own). Records of any size both topics take are copied. A record larger than its destination "
+        "topic takes pauses its partition alone, with a reason that names the limit, both sizes and what to change "
+        '(`mirus_partitions_paused{cause="record_too_large"}`); raising the limit lets it through at the '
+        "partition's next retry (within a minute), without a restart. The connector's own `producer.*` or "
+        "`consumer.*` value of any of these settings wins, and its own `producer.message.max.bytes` turns the "
+        "task's check of each record off: the destination broker then refuses what its topic does not take. "
+        "Without DescribeConfigs on a topic (docs/SECURITY.md) its limit is unknown and librdkafka's defaults apply.",
         "",
         "The source consumer's fetches are answered within 3 ms by default (`fetch.wait.max.ms=3` with "
         "`fetch.min.bytes=1000000`): a record waits at most that long at any rate, and steady traffic costs at most "

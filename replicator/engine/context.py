@@ -17,6 +17,7 @@ from replicator.clusters import TopicPartitions
 from replicator.configuration.connector import ConnectorConfig
 from replicator.engine.metrics import TaskMetrics
 from replicator.engine.partitions import PartitionBook, PartitionState
+from replicator.engine.record_limits import RecordLimits
 from replicator.engine.scheduler import Scheduler
 from replicator.engine.source_reader import SourceReader
 from replicator.state.records import Lease
@@ -76,6 +77,8 @@ class TaskContext(Protocol):
     config: ConnectorConfig
     reader: SourceReader
     book: PartitionBook
+    limits: RecordLimits  # the record size limits of the topics served
+    sized_for: tuple[object, ...]  # the size settings the clients were made with (`RecordLimits.sizes_of`)
     metrics: TaskMetrics
     scheduler: Scheduler
     background: ThreadPoolExecutor
@@ -95,4 +98,4 @@ class TaskContext(Protocol):
     @property
     def follower(self) -> Following: ...
 
-    def rebuild(self, version: int, restart_marker: object) -> None: ...
+    def rebuild(self, version: int, restart_marker: object, why: str | None = None) -> None: ...

@@ -20,7 +20,8 @@ from replicator.assignment import SourcePartition
 from replicator.clusters import ClusterAdmin, TopicPartitions, connection_identity, log_offsets, topic_partitions
 from replicator.engine.context import TaskContext
 from replicator.engine.partitions import UNASSIGNED_PARTITION, PartitionState, describe
-from replicator.engine.scheduler import CHECKING_DESTINATIONS, REFRESHING
+from replicator.engine.record_limits import LIMITS_REFRESH_S, Readings, read_limits
+from replicator.engine.scheduler import CHECKING_DESTINATIONS, READING_SIZE_LIMITS, REFRESHING
 from replicator.state.records import OPERATOR_PAUSE, ConnectorHead, ConnectorState, PartitionHealth
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class AssignmentFollower:
         self.held: dict[SourcePartition, str] = {}  # partitions an operator paused, owned or not -> the reason
         self.head_in_flight: Future[ConnectorHead | None] | None = None  # the connector's row, read in the background
         self.metadata_in_flight: Future[dict[str, TopicPartitions]] | None = None
+        self.limits_in_flight: Future[Readings] | None = None
 
     def tick(self, now: float) -> TaskExit | None:
         """The loop's duties here: act on the connector's row, check destinations, retry paused partitions."""
@@ -87,9 +89,17 @@ class AssignmentFollower:
         ):
             topics = {state.destination_topic for state in states.values()}
             self.metadata_in_flight = task.background.submit(self.destination_layouts, topics)
-        if task.book.paused:
-            for state in task.book.due_for_retry(now):
-                self.resume(state)
+        if self.limits_in_flight is not None and self.limits_in_flight.done():
+            future, self.limits_in_flight = self.limits_in_flight, None
+            if future.exception() is None:
+                self.limits_read(task.limits.apply(future.result()))
+            else:
+                log.warning("size limits of %s-%d not read: %s", task.connector, task.task_id, future.exception())
+        if self.limits_in_flight is None and states and task.scheduler.due(READING_SIZE_LIMITS, LIMITS_REFRESH_S, now):
+            source, destination = task.limits.served()
+            self.limits_in_flight = task.background.submit(read_limits, task.config, source, destination)
+        if task.book.paused and (due := task.book.due_for_retry(now)):
+            self.retry(due)
         return None
 
     # -- the connector and its assignment -------------------------------------------------------------------
@@ -149,13 +159,24 @@ class AssignmentFollower:
         if not partitions:
             return
         task = self.task
+        # New topics: their size limits are read first, and clients too small for them are made again (which
+        # restarts the partitions already owned) before these start.
+        task.limits.serve(task.config, {topic for topic, _ in partitions})
+        if any(task.limits.unread()):
+            self.limits_read(task.limits.learn(task.config))
         stored = task.store.load_offsets(task.connector, partitions)
         task.committer.resume(partitions, stored)
         resets = self.reset_offsets([tp for tp in partitions if tp not in stored])
         assign = []
         for tp in partitions:
             destination = task.config.namer.destination_topic(tp[0])
-            task.book.add(PartitionState(tp, stored.get(tp), destination, task.source_cluster))
+            state = PartitionState(tp, stored.get(tp), destination, task.source_cluster)
+            if tp not in stored and resets[tp] >= 0:
+                # Stored at the next commit: a restart before the partition's first record starts here too, instead
+                # of asking auto.offset.reset again (at latest, what was written meanwhile would be skipped).
+                state.position = state.durable = resets[tp]
+            task.limits.fit(state, task.config)
+            task.book.add(state)
             assign.append(TopicPartition(tp[0], tp[1], stored[tp] if tp in stored else resets[tp]))
         task.reader.assign(assign)  # each consumer reads its topics' metadata first (`SourceReader.assign`)
         self.check_destination(partitions)  # routes each partition through its destination topic's producer
@@ -173,14 +194,30 @@ class AssignmentFollower:
 
     def reset_offsets(self, partitions: list[SourcePartition]) -> dict[SourcePartition, int]:
         """Where partitions without a committed offset start, per `auto.offset.reset`: asked in one request per
-        source broker; a partition whose answer failed gets the logical offset, which its consumer resolves."""
-        config = self.task.config
-        latest = config.auto_offset_reset == "latest"
-        logical = dict.fromkeys(partitions, OFFSET_END if latest else OFFSET_BEGINNING)
+        source broker; a partition whose answer failed gets the logical offset, which its consumer resolves.
+
+        At `latest`, a partition added to a topic the connector already replicated starts at its beginning: it holds
+        only records written since the connector began, which `latest` must not skip (docs/CONNECTOR-PROPERTIES.md)."""
+        task = self.task
+        config = task.config
         if not partitions:
-            return logical
+            return {}
+        added = set()
+        if config.auto_offset_reset == "latest":
+            added = task.store.partitions_added_later(task.connector, partitions)
+        at_end = [tp for tp in partitions if config.auto_offset_reset == "latest" and tp not in added]
+        at_beginning = [tp for tp in partitions if tp not in at_end]
+        starts = dict.fromkeys(at_end, OFFSET_END) | dict.fromkeys(at_beginning, OFFSET_BEGINNING)
         admin = ClusterAdmin(config.admin_settings("source"))  # for one request, as `destination_admin`
-        return logical | log_offsets(admin, partitions, latest, config.exactly_once)
+        for wanted, latest in ((at_end, True), (at_beginning, False)):
+            if wanted:
+                starts |= log_offsets(admin, wanted, latest, config.exactly_once)
+        if added:
+            task.on_event(
+                f"{describe(sorted(added))}: added to a topic already replicated, started at the beginning "
+                "(auto.offset.reset=latest skips only what a topic held before it was replicated)"
+            )
+        return starts
 
     # -- destinations -------------------------------------------------------------------------------------
 
@@ -298,6 +335,42 @@ class AssignmentFollower:
         self.task.reader.pause([state.tp])
         self.task.on_event(f"paused {state.topic}[{state.partition}]: {reason}")
 
+    def retry(self, due: list[PartitionState]) -> None:
+        """Resume the paused partitions whose backoff is over. The size limits of those refused for their size, and
+        of destination topics not read yet (missing until now), are read first, in one request per cluster:
+        clients that no longer fit are made again, which restarts every partition instead."""
+        task = self.task
+        again = {state.destination_topic for state in due if state.recheck_limit}
+        if again or any(task.limits.unread()):
+            for state in due:
+                state.recheck_limit = False
+            if self.limits_read(task.limits.learn(task.config, again)):
+                return
+        for state in due:
+            if state.refused_against is not None and state.refused_against == state.size_limit:
+                # The record it waits with exceeds that same limit still: read again, it would be refused again (and
+                # the partition shown replicating meanwhile). It waits for its next backoff, and a new reading.
+                state.recheck_limit = True
+                task.book.pause(state, state.paused_reason or "")
+                continue
+            state.refused_against = None
+            self.resume(state)
+
+    def limits_read(self, changed: set[str]) -> bool:
+        """Size limits were read (`changed`: destination topics whose limit changed). Clients made for other limits
+        are made again, as for a new configuration version (records larger than their producer takes would be
+        refused, batches larger than a destination topic takes would be refused by its broker); otherwise the
+        partitions of `changed` are measured against their new limit. Whether the clients were made again."""
+        task = self.task
+        task.scheduler.ran(READING_SIZE_LIMITS, LIMITS_REFRESH_S)
+        if task.clients_open and task.limits.sizes_of(task.config, task.task_id) != task.sized_for:
+            task.rebuild(task.version, task.restart_marker, why="the topics' record size limits changed")
+            return True
+        for state in task.book.states.values():
+            if state.destination_topic in changed:
+                task.limits.fit(state, task.config)
+        return False
+
     def resume(self, state: PartitionState) -> None:
         """Retry a paused partition from its first unacknowledged offset."""
         reason = self.task.book.unpause(state)
@@ -308,6 +381,13 @@ class AssignmentFollower:
         self.task.reader.resume([state.tp])
         self._show(state, PartitionHealth.ACTIVE, None)
         self.task.on_event(f"resumed {state.topic}[{state.partition}] at offset {restart} (was: {reason})")
+
+    def restarted(self, was_paused: list[SourcePartition]) -> None:
+        """Partitions paused before the task's clients were made again, started since: shown replicating again
+        unless paused anew (an operator's hold, a destination still missing)."""
+        for tp in was_paused:
+            if (state := self.task.book.states.get(tp)) is not None and state.paused_reason is None:
+                self._show(state, PartitionHealth.ACTIVE, None)
 
     def read_again(self, state: PartitionState) -> int | None:
         """Read a partition again from its first unacknowledged offset (returned): nothing produced is awaited."""

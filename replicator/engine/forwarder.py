@@ -5,7 +5,8 @@
   map         `forward`: destination topic and partition, user headers plus provenance headers, cycle guard
   produce     `forward`: `produce()` of the producer writing the record's destination topic (one per group of
               topics, `replicator.engine.producers`) with key, value, headers and source timestamp (`_produce_again`
-              when the local queue is full or the record is refused before sending)
+              when the local queue is full or the record is refused before sending; a record too large for its
+              destination topic is refused before that, `replicator.engine.record_limits`)
   acknowledge `_acknowledged`: the destination acknowledged (or refused) a run of records (`InFlight`); with an
               idempotent, gapless producer one acknowledgement stands for every earlier record of the partition
 
@@ -25,6 +26,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from replicator.engine.context import TaskContext
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, UNASSIGNED_PARTITION, InFlight, PartitionState
 from replicator.engine.producers import DestinationProducers
+from replicator.engine.record_limits import broker_refusal_hint, oversized, producer_refusal_reason
 from replicator.engine.throttle import Throttle
 from replicator.topics import provenance
 
@@ -53,15 +55,16 @@ PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
 class Forwarder:
     """The task's destination producers and the records on their way to them."""
 
-    def __init__(self, task: TaskContext) -> None:
+    def __init__(self, task: TaskContext, producer_settings: dict[str, Any]) -> None:
         self.task = task
+        self.settings = producer_settings  # every producer's, sized for the task's destination topics
         self.producers = DestinationProducers(
             self.new_producer,
             grouped=not task.config.exactly_once,
             idle_close_s=task.reader.quiet_after_s + task.reader.dormant_after_s,
         )
         self.ordered_acks = task.config.ordered_acks
-        queue_limit = int(task.config.producer_settings(task.task_id)["queue.buffering.max.messages"])
+        queue_limit = int(producer_settings["queue.buffering.max.messages"])
         self.intake_limit = max(queue_limit - BATCH, queue_limit // 2)  # records waiting above which none are read
         self.fatal_error: KafkaError | None = None  # the producer is done for: the loop replaces it
         self.unsettled = False  # runs cut short await the producer's emptying (`settle`)
@@ -77,8 +80,7 @@ class Forwarder:
         )
 
     def new_producer(self) -> Producer:
-        task = self.task
-        return Producer({**task.config.producer_settings(task.task_id), "error_cb": self._producer_error})
+        return Producer({**self.settings, "error_cb": self._producer_error})
 
     @property
     def producer(self) -> Producer:
@@ -210,28 +212,35 @@ class Forwarder:
                     hstate.pending.append(run)
                 last = cycle or hstate is not state or not hstate.ordered
                 key, value = held.key(), held.value()
+                size = (len(value) if value else 0) + (len(key) if key else 0)
                 callback = partial(acknowledged, hstate, run) if last else None
-                try:
-                    # Positional: confluent-kafka parses keyword arguments at a cost per record (~0.3 µs). The order
-                    # is its keyword list's: topic, value, key, partition, callback, on_delivery, timestamp, headers.
-                    hstate.produce(
-                        hstate.destination_topic,
-                        value,
-                        key,
-                        hstate.destination_partition,
-                        callback,
-                        None,
-                        hts,
-                        hheaders,
-                    )
-                    produced = True
-                except (BufferError, KafkaException) as exc:
-                    produced = self._produce_again(exc, hstate, run, hoffset, value, key, callback, hts, hheaders)
+                # Only a record near its destination topic's limit is measured (headers and framing included).
+                if size > hstate.size_check and (why := oversized(hstate, hoffset, key, value, hheaders)):
+                    hstate.refused_against = hstate.size_limit
+                    produced = self._refuse_unsent(hstate, run, hoffset, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), why)
+                else:
+                    try:
+                        # Positional: confluent-kafka parses keyword arguments at a cost per record (~0.3 µs). The
+                        # order is its keyword list's: topic, value, key, partition, callback, on_delivery,
+                        # timestamp, headers.
+                        hstate.produce(
+                            hstate.destination_topic,
+                            value,
+                            key,
+                            hstate.destination_partition,
+                            callback,
+                            None,
+                            hts,
+                            hheaders,
+                        )
+                        produced = True
+                    except (BufferError, KafkaException) as exc:
+                        produced = self._produce_again(exc, hstate, run, hoffset, value, key, callback, hts, hheaders)
                 if produced:
                     hstate.position = hoffset + 1
                     hstate.in_flight += 1
                     run.count += 1
-                    run.size += (len(value) if value else 0) + (len(key) if key else 0)
+                    run.size += size
                     if hts:
                         run.timestamps.append(hts)
                     if last:
@@ -270,13 +279,32 @@ class Forwarder:
             except (BufferError, KafkaException) as again:
                 exc = again
         assert isinstance(exc, KafkaException)  # refused before sending: too large, or the producer stopped
-        state.open_run = None
-        if not run.count:
-            state.pending.pop()
-        self.refused(state, offset, exc.args[0])
+        err: KafkaError = exc.args[0]
+        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            why = producer_refusal_reason(state, offset, (key, value, headers), self.settings, self.task.config, err)
+            return self._refuse_unsent(state, run, offset, err, why)
+        self._cut_run(state, run)
+        self.refused(state, offset, err)
         if run.count:  # the run's records so far carry no callback: find out whether they arrived
             self.drain(REFUSAL_DRAIN_S)
         return False
+
+    def _refuse_unsent(self, state: PartitionState, run: InFlight, offset: int, err: KafkaError, why: str) -> bool:
+        """A record too large to be produced: its partition waits with `why` (and its limit is read again before the
+        retry); the run's records before it are acknowledged once the producer delivered them. Never produced, so
+        no transaction holds it: exactly-once mode goes on without an abort. Returns False (not produced)."""
+        self._cut_run(state, run)
+        self.refused(state, offset, err, why, sent=False)
+        if run.count:  # the run's records so far carry no callback: find out whether they arrived
+            self.drain(REFUSAL_DRAIN_S)
+        return False
+
+    @staticmethod
+    def _cut_run(state: PartitionState, run: InFlight) -> None:
+        """End the run before the record just refused (and forget it if it holds nothing yet)."""
+        state.open_run = None
+        if not run.count:
+            state.pending.pop()
 
     # -- acknowledge ------------------------------------------------------------------------------------
 
@@ -332,11 +360,17 @@ class Forwarder:
                 else:
                     state.in_flight -= run.count
 
-    def refused(self, state: PartitionState, offset: int, err: KafkaError) -> None:
-        if not self.task.committer.refusal_counts(state, offset, err):
+    def refused(
+        self, state: PartitionState, offset: int, err: KafkaError, why: str | None = None, sent: bool = True
+    ) -> None:
+        """The destination refused a record of `state` at `offset` (or, `sent` False, the task did before producing
+        it, saying `why`): the partition waits for its backoff, from that offset."""
+        if sent and not self.task.committer.refusal_counts(state, offset, err):
             return
         if state.failed_at is None or offset < state.failed_at:
             state.failed_at = offset
+        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            state.recheck_limit = True  # raised meanwhile, the limit lets the retry through
         if err.fatal() or err.code() in PRODUCER_BROKEN or err.code() in PURGED:
             # The producer failed, not this partition's record: every partition would see the same. Pausing it
             # with a backoff would stop partitions the destination accepts whenever another one's refusal stops
@@ -348,12 +382,14 @@ class Forwarder:
             return
         # (A record of this partition may have failed with the stopped producer before its refusal was served.)
         if state.paused_reason is None or state.paused_reason is AWAITING_NEW_PRODUCER:
-            if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:  # a missing ACL: say whose and which
-                topic = state.destination_topic
-                why = self.task.follower.refused_by("destination", f"writing to {topic!r}", err, ("Write", topic))
-            else:
-                why = f"destination refused offset {offset}: {err.str()} ({err.name()})"
-            self.task.follower.pause(state, why)
+            self.task.follower.pause(state, why or self._refusal_reason(state, offset, err))
+
+    def _refusal_reason(self, state: PartitionState, offset: int, err: KafkaError) -> str:
+        if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:  # a missing ACL: say whose and which
+            topic = state.destination_topic
+            return self.task.follower.refused_by("destination", f"writing to {topic!r}", err, ("Write", topic))
+        why = f"destination refused offset {offset}: {err.str()} ({err.name()})"
+        return why + broker_refusal_hint(state) if err.code() == KafkaError.MSG_SIZE_TOO_LARGE else why
 
     # -- the producer ---------------------------------------------------------------------------------------
 

@@ -4,11 +4,13 @@ partitions it still waits to claim from another task."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
 from replicator.assignment import SourcePartition
+from replicator.clusters import SizeLimit
 from replicator.topics import provenance
 
 UNASSIGNED_PARTITION = -1  # librdkafka: let the producer's partitioner choose
@@ -16,6 +18,7 @@ RETRY_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
 # `paused_reason` of a partition whose record failed because the producer failed, not because the destination
 # refused it: the rest of the batch skips the partition, and the new producer reads it again at once, no backoff.
 AWAITING_NEW_PRODUCER = "awaiting the replacement of a failed producer"
+NO_SIZE_CHECK = sys.maxsize  # `PartitionState.size_check` of a partition whose records are not measured
 
 
 class InFlight:
@@ -43,8 +46,8 @@ class PartitionState:
     __slots__ = (
         "committed", "destination_durable", "destination_next", "destination_partition",
         "destination_topic", "durable", "failed_at", "failures", "in_flight", "open_run",
-        "ordered", "partition", "paused_reason", "pending", "position", "produce", "retry_at", "routed",
-        "source_prefix", "topic", "tp",
+        "ordered", "partition", "paused_reason", "pending", "position", "produce", "recheck_limit",
+        "refused_against", "retry_at", "routed", "size_check", "size_limit", "source_prefix", "topic", "tp",
     )  # fmt: skip
 
     def __init__(self, tp: SourcePartition, start: int | None, destination_topic: str, source_cluster: str) -> None:
@@ -70,6 +73,12 @@ class PartitionState:
         self.failures = 0
         self.paused_reason: str | None = None
         self.retry_at = 0.0
+        # The destination topic's record size limit, and the key + value size above which a record is measured
+        # against it before it is produced (`replicator.engine.record_limits`; never, while the limit is unknown).
+        self.size_limit: SizeLimit | None = None
+        self.size_check = NO_SIZE_CHECK
+        self.recheck_limit = False  # refused for its size: the limit is read again before the partition is retried
+        self.refused_against: SizeLimit | None = None  # the limit its waiting record exceeds, measured by the task
 
     def committable(self) -> int | None:
         """The first source offset not yet replicated: everything before it is acknowledged."""

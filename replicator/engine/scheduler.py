@@ -10,6 +10,7 @@ COMMITTING = "committing offsets"  # every offset.flush.interval.ms
 HEARTBEATING = "heartbeating the lease"  # every task.heartbeat.interval.ms without a commit
 REFRESHING = "refreshing assignment and configuration"
 CHECKING_DESTINATIONS = "checking destination partitions"
+READING_SIZE_LIMITS = "reading the topics' record size limits"
 RESTING = "moving quiet partitions to cheap fetches"
 RECORDING_METRICS = "recording metrics"
 

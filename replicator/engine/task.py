@@ -33,7 +33,8 @@ from replicator.engine.follower import AssignmentFollower, TaskExit
 from replicator.engine.forwarder import Forwarder
 from replicator.engine.metrics import TaskMetrics
 from replicator.engine.partitions import PartitionBook
-from replicator.engine.scheduler import RECORDING_METRICS, RESTING, Scheduler
+from replicator.engine.record_limits import LIMITS_REFRESH_S, RecordLimits
+from replicator.engine.scheduler import READING_SIZE_LIMITS, RECORDING_METRICS, RESTING, Scheduler
 from replicator.engine.source_reader import DEFAULT_LIMITS, SourceReader, TierLimits
 from replicator.engine.throttle import only_throttle_changed
 from replicator.engine.transactions import TransactionalCommitter
@@ -77,6 +78,8 @@ class ReplicationTask:
         self.on_event = on_event or (lambda message: log.info("%s-%d: %s", connector, task_id, message))
         self.should_stop: Callable[[], bool] = lambda: False  # given by `run` (and `run_owned`, before `prepare`)
         self.book = PartitionBook()
+        self.limits = RecordLimits()  # the record size limits of the topics served (`replicator.engine.record_limits`)
+        self.sized_for: tuple[object, ...] = ()  # the size settings the clients were made with
         self.scheduler = Scheduler()
         self.scheduler.ran(RECORDING_METRICS, metrics_interval_s)  # the first interval ends one interval from now
         self.follower = AssignmentFollower(self)
@@ -167,25 +170,39 @@ class ReplicationTask:
             self.reader.close()
             self.clients_open = False
 
-    def rebuild(self, version: int, restart_marker: object) -> None:
-        """(Re)create clients for the current configuration, resuming every owned partition from its commit."""
+    def rebuild(self, version: int, restart_marker: object, why: str | None = None) -> None:
+        """(Re)create clients for the current configuration, resuming every owned partition from its commit (`why`:
+        for another reason than a new version, e.g. record size limits the clients no longer fit)."""
         record = self.store.get_connector(self.connector)
         config = load(record.properties)
-        if self.clients_open and restart_marker == self.restart_marker and only_throttle_changed(self.config, config):
+        if (
+            why is None
+            and self.clients_open
+            and restart_marker == self.restart_marker
+            and only_throttle_changed(self.config, config)
+        ):
             self.config, self.version = config, record.version
             self.forwarder.rethrottle()
             self.on_event(f"configuration version {record.version}: throttle changed, clients kept")
             return
         owned = sorted(self.book.states)
         if self.clients_open:
-            self.on_event(f"configuration version {record.version}: restarting clients in place")
+            self.on_event(f"{why or f'configuration version {record.version}'}: restarting clients in place")
             self.forwarder.drain(10)
             self.committer.commit_now()
             self.reader.close()
         self.config = config
         self.version, self.restart_marker = record.version, restart_marker
-        self.reader = SourceReader(config.consumer_settings(), self.reader_limits)
-        self.forwarder = Forwarder(self)
+        # Clients sized for the topics the task serves: those it owns and those assigned to it (a first start owns
+        # none yet), their limits read first (only those never read: one request per cluster).
+        assigned = self.store.read_assignment(self.connector).get(self.task_id, [])
+        self.limits.serve(config, {topic for topic, _ in [*owned, *assigned]}, only=True)
+        self.limits.learn(config)
+        self.scheduler.ran(READING_SIZE_LIMITS, LIMITS_REFRESH_S)
+        consumer, producer = self.limits.client_settings(config, self.task_id)
+        self.sized_for = self.limits.sizes_of(config, self.task_id)
+        self.reader = SourceReader(consumer, self.reader_limits)
+        self.forwarder = Forwarder(self, producer)
         last, self.committer = self.committer, (TransactionalCommitter if config.exactly_once else Committer)(self)
         self.committer.uncommitted, self.committer.last_ok = last.uncommitted, last.last_ok  # the watchdog goes on
         if self.owning:
@@ -195,8 +212,10 @@ class ReplicationTask:
         self.source_cluster = cluster_id(ClusterAdmin(config.admin_settings("source")), "source", config.source_alias)
         self.destination_cluster = cluster_id(self.follower.destination_admin(), "destination", config.target_alias)
         self.origin_header = (provenance.ORIGIN, self.source_cluster.encode())
+        was_paused = list(self.book.paused)
         self.book.clear()
         self.follower.start(owned)
+        self.follower.restarted(was_paused)
 
     def _shutdown(self, outcome: TaskExit | None, error: BaseException | None) -> None:
         fenced = outcome is TaskExit.FENCED

@@ -9,7 +9,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import OperationalError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -32,11 +32,27 @@ class SchemaBehindError(RuntimeError):
     """The platform database's schema is older than this code's: `mirus db upgrade` (or the platform's start)."""
 
 
+def create_database(admin_url: str, name: str) -> None:
+    """Create database `name` on the server of `admin_url` unless it exists (CREATE DATABASE runs outside a
+    transaction)."""
+    engine = create_engine(_psycopg2(admin_url), isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            if conn.scalar(text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}) is None:
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        engine.dispose()
+
+
+def _psycopg2(url: str) -> str:
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg2://" + url.split("://", 1)[1]
+    return url
+
+
 def make_engine(url: str, pool_size: int = 5, max_overflow: int = 5) -> Engine:
     """An engine for the platform database; `postgresql://` URLs use psycopg2."""
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
-        url = "postgresql+psycopg2://" + url.split("://", 1)[1]
-    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow)
+    return create_engine(_psycopg2(url), pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow)
 
 
 def alembic_config(engine: Engine) -> Config:

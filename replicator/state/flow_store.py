@@ -4,12 +4,14 @@ group checkpoints.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
     func,
     select,
+    text,
 )
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
@@ -50,6 +52,57 @@ class FlowStore(StoreBase):
                 .limit(1)
             ).one_or_none()
             return typed_row(SnapshotRow, row) if row else None
+
+    def source_topics_seen(self) -> list[tuple[str, str]]:
+        """Every (connector, topic) a snapshot of a connector's source cluster has shown."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT DISTINCT connector, jsonb_object_keys(topics) FROM metadata_snapshots"
+                    " WHERE cluster = 'source' AND connector IS NOT NULL"
+                )
+            )
+            return [(connector, topic) for connector, topic in rows]
+
+    def snapshot_topics(self, start: datetime, end: datetime, rows: int) -> Iterator[list[dict[str, Any]]]:
+        """The snapshots taken in [start, end), by id, a row per snapshot and topic (snapshot_id, connector, cluster,
+        taken_at, error, topic, partitions), streamed `rows` at a time."""
+        # A snapshot without topics (a metadata error) keeps one row with a null topic so its error is not lost.
+        query = text(
+            "SELECT s.id AS snapshot_id, s.connector, s.cluster, s.taken_at, s.error, t.key AS topic,"
+            " t.value::int AS partitions FROM metadata_snapshots s"
+            " LEFT JOIN LATERAL jsonb_each_text(s.topics) t ON true"
+            " WHERE s.taken_at >= :start AND s.taken_at < :end ORDER BY s.id"
+        )
+        with self.engine.connect().execution_options(stream_results=True) as conn:
+            result = conn.execute(query, {"start": start, "end": end})
+            while chunk := result.mappings().fetchmany(rows):
+                yield [dict(r) for r in chunk]
+
+    def snapshot_hours(self, before: datetime) -> list[datetime]:
+        """The hours (UTC) of the snapshots taken before `before`."""
+        with self.engine.connect() as conn:
+            hours = conn.scalars(
+                text(
+                    "SELECT DISTINCT date_trunc('hour', taken_at AT TIME ZONE 'UTC') FROM metadata_snapshots"
+                    " WHERE taken_at < :cutoff"
+                ),
+                {"cutoff": before},
+            )
+            return [h.replace(tzinfo=UTC) for h in hours]
+
+    def delete_snapshots(self, before: datetime, hours: Sequence[datetime]) -> int:
+        """Delete the snapshots taken before `before` in `hours` (UTC), but never the latest of a connector and
+        cluster: the monitor compares against it. Returns how many."""
+        with self.engine.begin() as conn:
+            return conn.execute(
+                text(
+                    "DELETE FROM metadata_snapshots WHERE taken_at < :cutoff"
+                    " AND date_trunc('hour', taken_at AT TIME ZONE 'UTC') = ANY(:hours)"
+                    " AND id NOT IN (SELECT max(id) FROM metadata_snapshots GROUP BY connector, cluster)"
+                ),
+                {"cutoff": before, "hours": [h.astimezone(UTC).replace(tzinfo=None) for h in hours]},
+            ).rowcount
 
     def flow(self, connector: str) -> FlowRow:
         """The connector's flow (an empty one before the monitor's first poll)."""

@@ -1,11 +1,21 @@
-"""Metrics: per-topic samples per interval, running totals, and each partition's latest lag."""
+"""Metrics: per-topic samples per interval, running totals, and each partition's latest lag.
+
+Tasks write one sample per source topic and interval from whichever process runs them, and in the same transaction
+add it to the connector's running totals (`metric_totals`) and overwrite the changed partitions' lags
+(`partition_lags`, a row per topic with an element per partition). What exporters read (`topic_totals`,
+`recent_topics`, `known_partition_lags`) costs a scrape one row per series for totals and one row per topic for lags,
+however many samples are kept, and pruning old samples (after the lake exported them) never lowers a total. Exporters
+are shown only connectors that still exist.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     func,
     literal_column,
     select,
@@ -15,8 +25,9 @@ from sqlalchemy.dialects.postgresql import insert
 
 from replicator.assignment import SourcePartition
 from replicator.state.base import StoreBase, array_literal, by_topic_order
-from replicator.state.records import MetricInterval, MetricRow
+from replicator.state.records import MetricInterval, MetricRow, PartitionLagRow, RecentTopic, TopicTotals
 from replicator.state.schema import (
+    Connector,
     MetricSample,
     MetricTotal,
     PartitionLag,
@@ -92,6 +103,22 @@ def _add_to_totals(connector: str, samples: Sequence[MetricRow]) -> Any:
     )
 
 
+_EXISTING = "connector IN (SELECT name FROM connectors)"
+
+
+def _cumulative_buckets(bounds: Sequence[str]) -> str:
+    """Cumulative bucket counts out of the JSONB histogram, a column `le_<bound>` each (`le_inf` for +Inf). A bound
+    the row lacks (written with fewer buckets) takes the count of the nearest lower bound it has: still a true "at or
+    below" count."""
+    columns = []
+    for i, label in enumerate(bounds):
+        fallbacks = ", ".join(f"(latency_histogram->>'{lower}')::bigint" for lower in reversed(bounds[:i]))
+        own = f"(latency_histogram->>'{label}')::bigint"
+        column = "le_inf" if label == "+Inf" else f"le_{label}"
+        columns.append(f"COALESCE({own}, {fallbacks + ', ' if fallbacks else ''}0) AS {column}")
+    return ", ".join(columns)
+
+
 class MetricStore(StoreBase):
     def record_metrics(self, connector: str, interval: MetricInterval) -> None:
         """Store the samples, add them to the connector's running totals and overwrite the changed partitions' lags,
@@ -119,18 +146,54 @@ class MetricStore(StoreBase):
 
     def partition_lags(self, connector: str) -> dict[SourcePartition, int | None]:
         """Each measured source partition's latest lag (None where the broker gave no usable end)."""
+        return {(t, p): lag for _, t, p, lag in self._measured_lags(PartitionLag.connector == connector)}
+
+    def known_partition_lags(self) -> list[PartitionLagRow]:
+        """The latest known lag of every partition of every connector (brokers with unusable high watermarks report
+        none), by connector, topic and partition."""
+        measured = self._measured_lags(PartitionLag.connector.in_(select(Connector.name)))
+        return [PartitionLagRow(c, t, p, lag) for c, t, p, lag in measured if lag is not None]
+
+    def _measured_lags(self, where: ColumnElement[bool]) -> list[tuple[str, str, int, int | None]]:
         with self.engine.connect() as conn:
             rows = conn.execute(
-                select(PartitionLag.topic, PartitionLag.lags, PartitionLag.measured_at).where(
-                    PartitionLag.connector == connector
-                )
+                select(PartitionLag.connector, PartitionLag.topic, PartitionLag.lags, PartitionLag.measured_at)
+                .where(where)
+                .order_by(PartitionLag.connector, PartitionLag.topic)
             )
-            return {
-                (topic, partition): lag
-                for topic, lags, measured in rows
+            return [
+                (connector, topic, partition, lag)
+                for connector, topic, lags, measured in rows
                 for partition, (lag, at) in enumerate(zip(lags, measured, strict=True))
                 if at is not None
-            }
+            ]
+
+    def topic_totals(self) -> list[TopicTotals]:
+        """Every connector's running totals, per source topic."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT connector, topic, records, bytes, latency_sum_ms, latency_count, latency_histogram, resent"
+                    f" FROM metric_totals WHERE {_EXISTING} ORDER BY connector, topic"
+                )
+            ).all()
+        return [
+            TopicTotals(c, t, int(r), int(b), int(ls), int(lc), {k: int(v) for k, v in h.items()}, int(rs))
+            for c, t, r, b, ls, lc, h, rs in rows
+        ]
+
+    def recent_topics(self, window_s: float) -> list[RecentTopic]:
+        """Every connector's samples of the last `window_s` seconds, summed per source topic."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT connector, topic, sum(records), sum(bytes), min(latency_min_ms), max(latency_max_ms)"
+                    f" FROM metric_samples WHERE {_EXISTING} AND interval_end > now() - make_interval(secs => :window)"
+                    " GROUP BY connector, topic ORDER BY connector, topic"
+                ),
+                {"window": window_s},
+            ).all()
+        return [RecentTopic(c, t, int(r), int(b), lo, hi) for c, t, r, b, lo, hi in rows]
 
     def metric_samples(self, connector: str) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
@@ -138,3 +201,47 @@ class MetricStore(StoreBase):
                 select(MetricSample).where(MetricSample.connector == connector).order_by(MetricSample.id)
             )
             return [dict(r._mapping) for r in rows]
+
+    def metric_sample_columns(
+        self, start: datetime, end: datetime, after: int, bounds: Sequence[str], rows: int
+    ) -> Iterator[dict[str, tuple[Any, ...]]]:
+        """The samples whose interval ended in [start, end) with an id above `after`, by id, streamed `rows` at a
+        time, each chunk as columns by name; the histogram as cumulative counts at `bounds` (`_cumulative_buckets`)."""
+        query = text(
+            "SELECT id, connector, task_id, topic, interval_start, interval_end, records, bytes, latency_min_ms,"
+            " latency_max_ms, latency_sum_ms, latency_count, lag, "
+            + _cumulative_buckets(bounds)
+            + " FROM metric_samples WHERE interval_end >= :start AND interval_end < :end AND id > :after ORDER BY id"
+        )
+        with self.engine.connect().execution_options(stream_results=True) as conn:
+            result = conn.execute(query, {"start": start, "end": end, "after": after})
+            names = list(result.keys())
+            while chunk := result.fetchmany(rows):
+                yield dict(zip(names, zip(*chunk, strict=True), strict=True))
+
+    def metric_sample_hours(self, before: datetime) -> list[datetime]:
+        """The hours (UTC) of the samples whose interval ended before `before`."""
+        with self.engine.connect() as conn:
+            hours = conn.scalars(
+                text(
+                    "SELECT DISTINCT date_trunc('hour', interval_end AT TIME ZONE 'UTC') FROM metric_samples"
+                    " WHERE interval_end < :cutoff"
+                ),
+                {"cutoff": before},
+            )
+            return [h.replace(tzinfo=UTC) for h in hours]
+
+    def delete_metric_samples(self, before: datetime, hours: Sequence[datetime]) -> int:
+        """Delete the samples whose interval ended before `before` in `hours` (UTC); returns how many."""
+        with self.engine.begin() as conn:
+            return conn.execute(
+                text(
+                    "DELETE FROM metric_samples WHERE interval_end < :cutoff"
+                    " AND date_trunc('hour', interval_end AT TIME ZONE 'UTC') = ANY(:hours)"
+                ),
+                {"cutoff": before, "hours": [h.astimezone(UTC).replace(tzinfo=None) for h in hours]},
+            ).rowcount
+
+    def count_metric_samples(self) -> int:
+        with self.engine.connect() as conn:
+            return conn.execute(text("SELECT count(*) FROM metric_samples")).scalar_one()

@@ -1,13 +1,21 @@
 """Who owns what: assignment generations, task leases (claims with an epoch, heartbeats, how an instance ended), and
 each partition's owner and state.
+
+A lease is claimed one way (`_claim`): its epoch raised, fencing every earlier instance. `claim_task` claims it
+outright; a standby's takeover (`replicator.engine.ownership`) claims it in a `LeaseClaim`, which reads the lease
+under its row's lock and raises the epoch only if it is still the one read, so that the new epoch's lock
+(`replicator.state.epoch_locks`) can be taken before the raise commits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 
 from sqlalchemy import (
+    ColumnElement,
+    Connection,
     and_,
     delete,
     func,
@@ -15,13 +23,15 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    true,
     update,
 )
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.orm import Session
 
 from replicator.assignment import SourcePartition, membership
 from replicator.state.base import StoreBase, partition_rows, status_rows_of, typed_row
+from replicator.state.epoch_locks import epoch_lock_key, limit_lock_waits
 from replicator.state.records import (
     KEPT_GENERATIONS,
     LEASE_HELD,
@@ -38,6 +48,81 @@ from replicator.state.schema import (
     PartitionStatus,
     TaskLease,
 )
+
+# The first kept generation that assigned each partition of these topics (to any task).
+_FIRST_ASSIGNED = text("""
+SELECT e.value->>0 AS topic, (e.value->>1)::int AS partition, min(a.generation) AS generation
+FROM assignments a CROSS JOIN LATERAL jsonb_array_elements(a.partitions) AS e
+WHERE a.connector = :connector AND e.value->>0 = ANY(CAST(:topics AS text[]))
+GROUP BY 1, 2
+""")
+
+
+def _claim(connector: str, task_id: int, owner: str, current: int | None = None) -> Insert:
+    """The lease claim: the task's next epoch for `owner` (the first if it has no lease row), returned; given
+    `current`, only if the epoch is still that (else it returns no row)."""
+    claim = insert(TaskLease).values(
+        connector=connector,
+        task_id=task_id,
+        epoch=1,
+        owner=owner,
+        state=LEASE_HELD,
+        claimed_at=func.now(),
+        heartbeat_at=func.now(),
+    )
+    return claim.on_conflict_do_update(
+        index_elements=[TaskLease.connector, TaskLease.task_id],
+        set_={
+            "epoch": TaskLease.epoch + 1,
+            "owner": owner,
+            "state": LEASE_HELD,
+            "error": None,
+            "claimed_at": func.now(),
+            "heartbeat_at": func.now(),
+        },
+        where=None if current is None else TaskLease.epoch == current,
+    ).returning(TaskLease.epoch)
+
+
+class LeaseClaim:
+    """A task's lease as a takeover reads and claims it, in one transaction (`OwnershipStore.claiming`): the rows it
+    reads stay locked, and the locks it takes held, until that transaction ends."""
+
+    def __init__(self, conn: Connection, connector: str, task_id: int) -> None:
+        self.conn, self.connector, self.task_id = conn, connector, task_id
+
+    def connector_exists(self) -> bool:
+        """Whether the connector exists; it cannot be deleted before the claim ends."""
+        found = self.conn.execute(
+            text("SELECT 1 FROM connectors WHERE name = :c FOR SHARE"), {"c": self.connector}
+        ).first()
+        return found is not None
+
+    def current(self, stale_after: timedelta) -> tuple[int, bool]:
+        """The lease's epoch (0: never claimed) and whether its owner heartbeats: holds the lease and beat within
+        `stale_after`. The lease row stays locked: no other claim and no commit of the owner comes between."""
+        row = self.conn.execute(
+            text(
+                "SELECT epoch, state, heartbeat_at < now() - :stale AS silent FROM task_leases"
+                " WHERE connector = :c AND task_id = :t FOR UPDATE"
+            ),
+            {"c": self.connector, "t": self.task_id, "stale": stale_after},
+        ).first()
+        if row is None:
+            return 0, False
+        return int(row.epoch), row.state == LEASE_HELD and not row.silent
+
+    def lock_free(self, epoch: int) -> bool:
+        """Whether `epoch`'s lock is free (no lock transaction holds it); if it is, the claim holds it until it
+        ends."""
+        key = epoch_lock_key(self.connector, self.task_id, epoch)
+        return bool(self.conn.scalar(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": key}))
+
+    def raise_epoch(self, owner: str, current: int) -> Lease | None:
+        """Claim the lease for `owner` with the epoch after `current`, committed with the claim; None if the epoch
+        is no longer `current` (another instance claimed the task first)."""
+        epoch = self.conn.execute(_claim(self.connector, self.task_id, owner, current)).scalar_one_or_none()
+        return None if epoch is None else Lease(self.connector, self.task_id, epoch)
 
 
 class OwnershipStore(StoreBase):
@@ -102,6 +187,38 @@ class OwnershipStore(StoreBase):
             tasks.setdefault(connector, []).append(task_id)
         return tasks
 
+    def current_assignments(self) -> dict[str, tuple[int, dict[int, list[SourcePartition]]]]:
+        """`current_assignment` of every connector that has one, in one query."""
+        with Session(self.engine) as s:
+            rows = s.execute(
+                select(Assignment.connector, Assignment.generation, Assignment.task_id, Assignment.partitions).join(
+                    Connector,
+                    and_(
+                        Connector.name == Assignment.connector, Connector.assignment_generation == Assignment.generation
+                    ),
+                )
+            ).all()
+        assignments: dict[str, tuple[int, dict[int, list[SourcePartition]]]] = {}
+        for connector, generation, task_id, parts in rows:
+            assignments.setdefault(connector, (generation, {}))[1][task_id] = [(t, int(p)) for t, p in parts]
+        return assignments
+
+    def partitions_added_later(self, connector: str, partitions: Iterable[SourcePartition]) -> set[SourcePartition]:
+        """Those of `partitions` that joined the connector's assignment after another partition of their topic did, by
+        the generations kept: partitions added to a topic the connector already replicated (one query)."""
+        wanted = set(partitions)
+        if not wanted:
+            return set()
+        with Session(self.engine) as s:
+            rows = s.execute(
+                _FIRST_ASSIGNED, {"connector": connector, "topics": sorted({topic for topic, _ in wanted})}
+            ).all()
+        first: dict[SourcePartition, int] = {(topic, int(p)): generation for topic, p, generation in rows}
+        topic_first: dict[str, int] = {}
+        for (topic, _), generation in first.items():
+            topic_first[topic] = min(generation, topic_first.get(topic, generation))
+        return {tp for tp in wanted if tp in first and first[tp] > topic_first[tp[0]]}
+
     @staticmethod
     def _assignment(s: Session, connector: str, generation: int) -> dict[int, list[SourcePartition]]:
         rows = s.execute(
@@ -116,27 +233,15 @@ class OwnershipStore(StoreBase):
         with Session(self.engine) as s, s.begin():
             if s.get(Connector, connector) is None:
                 raise UnknownConnectorError(f"connector {connector!r} does not exist")
-            stmt = insert(TaskLease).values(
-                connector=connector,
-                task_id=task_id,
-                epoch=1,
-                owner=owner,
-                state=LEASE_HELD,
-                claimed_at=func.now(),
-                heartbeat_at=func.now(),
-            )
-            stmt = stmt.on_conflict_do_update(
-                index_elements=[TaskLease.connector, TaskLease.task_id],
-                set_={
-                    "epoch": TaskLease.epoch + 1,
-                    "owner": owner,
-                    "state": LEASE_HELD,
-                    "error": None,
-                    "claimed_at": func.now(),
-                    "heartbeat_at": func.now(),
-                },
-            ).returning(TaskLease.epoch)
-            return Lease(connector, task_id, s.execute(stmt).scalar_one())
+            return Lease(connector, task_id, s.execute(_claim(connector, task_id, owner)).scalar_one())
+
+    @contextmanager
+    def claiming(self, connector: str, task_id: int, wait_s: float) -> Iterator[LeaseClaim]:
+        """A transaction claiming the task's lease, committed when the block ends; a wait of it on a lock longer
+        than `wait_s` fails (`replicator.state.epoch_locks.lock_timed_out`)."""
+        with self.engine.begin() as conn:
+            limit_lock_waits(conn, wait_s)
+            yield LeaseClaim(conn, connector, task_id)
 
     def finish_task(self, lease: Lease, state: str, error: str | None = None) -> None:
         """Record how the task instance ended and release its partitions, if it still holds the lease."""
@@ -340,9 +445,17 @@ class OwnershipStore(StoreBase):
             return found
 
     def partition_statuses(self, connector: str) -> dict[SourcePartition, PartitionStatusRow]:
+        return self._partition_statuses(PartitionStatus.connector == connector).get(connector, {})
+
+    def every_partition_status(self) -> dict[str, dict[SourcePartition, PartitionStatusRow]]:
+        """`partition_statuses` of every connector, in one query."""
+        return self._partition_statuses(true())
+
+    def _partition_statuses(self, where: ColumnElement[bool]) -> dict[str, dict[SourcePartition, PartitionStatusRow]]:
+        statuses: dict[str, dict[SourcePartition, PartitionStatusRow]] = {}
         with Session(self.engine) as s:
-            rows = s.scalars(select(PartitionStatus).where(PartitionStatus.connector == connector))
-            return {
-                (r.topic, r.partition): PartitionStatusRow(r.task_id, PartitionHealth(r.state), r.reason, r.updated_at)
-                for r in rows
-            }
+            for r in s.scalars(select(PartitionStatus).where(where)):
+                statuses.setdefault(r.connector, {})[(r.topic, r.partition)] = PartitionStatusRow(
+                    r.task_id, PartitionHealth(r.state), r.reason, r.updated_at
+                )
+        return statuses

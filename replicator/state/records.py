@@ -211,3 +211,39 @@ class MetricInterval:
     samples: Sequence[MetricRow]
     lags: Mapping[SourcePartition, int]  # only known lags: an unknown one leaves the stored value as it is
     measured_at: datetime  # when `lags` were measured: a later measurement already stored wins
+
+
+@dataclass(frozen=True)
+class TopicTotals:
+    """Per connector and source topic, since the connector was created."""
+
+    connector: str
+    topic: str
+    records: int
+    bytes: int
+    latency_sum_ms: int
+    latency_count: int
+    histogram: dict[str, int]  # upper bound in ms ('+Inf') -> records at or below it
+    resent: int  # written again after restarts
+
+
+@dataclass(frozen=True)
+class RecentTopic:
+    """Per connector and source topic, over a recent window."""
+
+    connector: str
+    topic: str
+    records: int
+    bytes: int
+    latency_min_ms: int | None
+    latency_max_ms: int | None
+
+
+@dataclass(frozen=True)
+class PartitionLagRow:
+    """A source partition's latest known lag."""
+
+    connector: str
+    topic: str
+    partition: int
+    lag: int

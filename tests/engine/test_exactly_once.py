@@ -221,9 +221,12 @@ def test_an_aborted_transaction_is_hidden_and_its_records_written_again(
 ) -> None:
     create_topics(apache_kafka.source_bootstrap_servers, {unique: 2})
     create_topics(apache_kafka.destination_bootstrap_servers, {unique: 2}, {"max.message.bytes": "512"})
+    # The connector's own sizes win over the destination's limit (which would make the task write one record per
+    # batch, each of which fits): batches of several records reach the broker, which refuses them.
+    own_sizes = {"producer.message.max.bytes": "1000000", "producer.batch.size": "1000000"}
     create_connector(
         store,
-        connector_properties(apache_kafka, unique, **{"topics.whitelist": unique, **EXACTLY_ONCE}),
+        connector_properties(apache_kafka, unique, **{"topics.whitelist": unique, **EXACTLY_ONCE, **own_sizes}),
         {0: [(unique, 0), (unique, 1)]},
     )
     task = TaskThread.start(store, unique)

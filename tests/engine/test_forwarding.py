@@ -28,7 +28,14 @@ def _paused_on(store: Store, connector: str, tp: tuple[str, int]) -> str | None:
 
 
 def _refusal_count(runner: TaskThread, topic: str) -> int:
-    return sum(f"paused {topic}[0]: destination refused" in e for e in runner.events)
+    """Pauses of partition 0: here, each one a refusal (by the producer or the broker)."""
+    return sum(f"paused {topic}[0]: " in e for e in runner.events)
+
+
+# The connector's own producer sizes win over the limits read from the destination topics: with these, the producer
+# sends a record the topic does not take, in batches as large as before the limits were read, and the broker refuses
+# them (otherwise the task refuses such a record before sending it, and sizes batches to fit the topic).
+BROKER_DECIDES = {"producer.message.max.bytes": "1000000", "producer.batch.size": "1000000"}
 
 
 def _destination_refusing_above(kafka: StackEndpoints, topic: str, partitions: int, max_bytes: int) -> None:
@@ -89,12 +96,14 @@ def test_an_offset_is_never_committed_past_a_record_the_broker_refuses(
     values = [b"small-%d" % i for i in range(5)] + [b"x" * 8000] + [b"after-%d" % i for i in range(4)]
     produce(apache_kafka.source_bootstrap_servers, [{"topic": unique, "value": v} for v in values])
     create_connector(
-        store, connector_properties(apache_kafka, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]}
+        store,
+        connector_properties(apache_kafka, unique, **{"topics.whitelist": unique, **BROKER_DECIDES}),
+        {0: [(unique, 0)]},
     )
 
     runner = TaskThread.start(store, unique)
     reason = wait_until(lambda: _paused_on(store, unique, (unique, 0)), what="the partition paused by the refusal")
-    assert "destination refused" in reason
+    assert "destination refused" in reason and "max.message.bytes (5,000 when last read)" in reason
     wait_until(lambda: _refusal_count(runner, unique) >= 2, timeout=30, what="the retry refused again")
     runner.finish()
     committed = store.load_offsets(unique).get((unique, 0), 0)
@@ -124,7 +133,7 @@ def test_a_refused_batch_that_stops_the_producer_pauses_only_its_partition(
     produce(apache_kafka.source_bootstrap_servers, [{"topic": flowing, "value": b"%d" % i} for i in range(records)])
     create_connector(
         store,
-        connector_properties(apache_kafka, unique, **{"topics.whitelist": f"{refusing},{flowing}"}),
+        connector_properties(apache_kafka, unique, **{"topics.whitelist": f"{refusing},{flowing}", **BROKER_DECIDES}),
         {0: [(refusing, 0), (flowing, 0)]},
     )
 

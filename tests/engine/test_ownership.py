@@ -16,7 +16,8 @@ from sqlalchemy import create_engine, text
 
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
-from replicator.engine.ownership import LockWatch, TaskOwnership, epoch_lock_key
+from replicator.engine.ownership import LockWatch, TaskOwnership
+from replicator.state.epoch_locks import epoch_lock_key
 from replicator.state.records import FencedError, Lease
 from replicator.state.store import Store
 from tests.engine_helpers import connector_properties, create_connector

@@ -20,7 +20,6 @@ from replicator.state.database import alembic_config, upgrade
 from replicator.state.records import MetricInterval, MetricRow
 from replicator.state.store import Store
 from reports.lake import PART_FILE, PART_GLOB, export_hour, hour_dir, hour_floor, prune, state_path
-from reports.metric_totals import topic_totals
 from tests.engine_helpers import connector_properties, insert_partition_sample, metric_row, private_database
 
 
@@ -209,7 +208,7 @@ def test_the_upgrade_that_adds_running_totals_starts_them_from_the_stored_sample
     store = Store(engine)
     store.put_connector(unique, connector_properties(stack, unique, **{"topics.whitelist": "orders"}), 1)
 
-    (totals,) = topic_totals(store)
+    (totals,) = store.topic_totals()
     assert (totals.topic, totals.records, totals.bytes, totals.latency_count) == ("orders", 7, 70, 7)
     assert totals.histogram == {
         bound: sum(r.latency_histogram[bound] for _, r in rows) for bound in rows[0][1].latency_histogram

@@ -16,7 +16,6 @@ from replicator.assignment import SourcePartition
 from replicator.state.database import alembic_config, upgrade
 from replicator.state.records import ConnectorState, FencedError, MetricInterval, PartitionHealth, UnknownConnectorError
 from replicator.state.store import Store
-from reports.metric_totals import partition_lags
 from tests.engine_helpers import insert_partition_sample, metric_row, private_database
 
 
@@ -211,7 +210,7 @@ def test_tasks_sharing_a_topic_record_their_own_lags_as_one_row_per_topic(store:
     assert len(lags) == 10_001
     assert [lags[("t00", p)] for p in (0, 1, 2, 3, 4, 600)] == [7, 8, 9, 10, 80, 6]
     assert lags[("t19", 499)] == 9_999 and ("t00", 500) not in lags  # never measured: no value, not a lag of 0
-    exported = {(r.topic, r.partition): r.lag for r in partition_lags(store) if r.connector == unique}
+    exported = {(r.topic, r.partition): r.lag for r in store.known_partition_lags() if r.connector == unique}
     assert exported == lags
     with store.engine.connect() as conn:
         stored = conn.execute(text("SELECT count(*) FROM partition_lags WHERE connector = :c"), {"c": unique})
@@ -292,7 +291,7 @@ def test_the_upgrade_to_lags_per_topic_keeps_every_stored_lag(stack: StackEndpoi
     store.record_metrics(unique, MetricInterval([], {("t", 0): 6, ("t", 4): 13, ("t", 1): 1}, between))
     assert store.partition_lags(unique) == {("t", 0): 6, ("t", 1): 1, ("t", 3): None, ("t", 4): 12, ("u", 1): 0}
     store.put_connector(unique, {"name": unique}, 1)
-    assert {(r.topic, r.partition): r.lag for r in partition_lags(store)} == {
+    assert {(r.topic, r.partition): r.lag for r in store.known_partition_lags()} == {
         ("t", 0): 6,
         ("t", 1): 1,
         ("t", 4): 12,
