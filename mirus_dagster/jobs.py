@@ -1,5 +1,5 @@
-"""Jobs: the long-running replicator (one run = one task), the metadata watcher and the connector administration
-jobs.
+"""Jobs: the long-running replicator (a run per task) and worker (a run hosting many tasks), the metadata watcher
+and the connector administration jobs.
 
 Administration jobs run the submission checks before anything is stored; a rejected config fails the run with
 every problem listed and leaves the store as it was. They record the `connectors` asset with the function they

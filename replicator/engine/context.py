@@ -1,16 +1,18 @@
 """How a task's parts see the task and each other: what each part asks of the others, and what they share.
 
 `ReplicationTask` is the one `TaskContext`; the forwarder, the committers and the assignment follower know it, and
-each other, only by these protocols, so none of them imports another or the task.
+each other, only by these protocols: none of them imports the task, and only exactly-once mode's committer
+(`transactions.py`) imports another part (it extends `Committer` and shares the forwarder's wait bounds).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Literal, Protocol
 
 from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka.admin import AdminClient
 
 from replicator.assignment import SourcePartition
 from replicator.clusters import TopicPartitions
@@ -40,6 +42,7 @@ class Forwarding(Protocol):
     def settle(self, delivered: bool) -> None: ...
     def purge(self) -> None: ...
     def recreate_producer(self, err: KafkaError) -> None: ...
+    def rethrottle(self) -> None: ...
 
 
 class Committing(Protocol):
@@ -63,6 +66,10 @@ class Following(Protocol):
     def pause(self, state: PartitionState, reason: str) -> None: ...
     def read_again(self, state: PartitionState) -> int | None: ...
     def destination_layouts(self, topics: set[str]) -> dict[str, TopicPartitions]: ...
+    def destination_admin(self) -> AdminClient: ...
+    def refused_by(
+        self, cluster: Literal["source", "destination"], doing: str, err: KafkaError, needed: tuple[str, str]
+    ) -> str: ...
     def reset_offsets(self, partitions: list[SourcePartition]) -> dict[SourcePartition, int]: ...
 
 

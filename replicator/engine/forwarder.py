@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -28,12 +28,13 @@ from replicator.engine.partitions import AWAITING_NEW_PRODUCER, UNASSIGNED_PARTI
 from replicator.engine.producers import DestinationProducers
 from replicator.engine.record_limits import broker_refusal_hint, oversized, producer_refusal_reason
 from replicator.engine.throttle import Throttle
+from replicator.partition_reader import Record
 from replicator.topics import provenance
 
 log = logging.getLogger(__name__)
 
 BATCH = 10000  # records taken from the consumer's queue at most per loop; never waited for
-MAX_BLOCK_S = 1.0  # never block longer: a Dagster termination is delivered between bytecodes
+MAX_BLOCK_S = 1.0  # never block longer: a stop is noticed between two turns of the loop (`should_stop`)
 # While records await acknowledgement, the loop waits for new records at most this long, so acknowledgements are
 # served (and their time taken for the latency metric) within a few milliseconds of their arrival.
 ACK_SERVE_S = 0.005
@@ -134,6 +135,7 @@ class Forwarder:
             return
         # Forward whatever has arrived, at once: `consume(n, t)` would hold records back until n arrived or t
         # passed. Only an empty queue is waited on, and only until its first record (or an acknowledgement) is due.
+        msgs: list[Record]
         if not task.committer.accepting():  # exactly-once: until the transaction's records are acknowledged
             msgs = []
         elif len(producer) > self.intake_limit:
@@ -164,7 +166,7 @@ class Forwarder:
         elif self.unsettled and not len(producer):
             self.settle(delivered=True)
 
-    def forward(self, msgs: list[Message]) -> None:
+    def forward(self, msgs: list[Record]) -> None:
         """Map and produce a batch of records, in order. This loop runs once per record: it stays flat, and the
         produce call is inline (a method call per record costs as much as the bookkeeping).
 
@@ -176,7 +178,7 @@ class Forwarder:
         partitions, with_provenance = task.book.states, task.config.provenance_headers
         destination, origin_header, source = task.destination_cluster, task.origin_header, provenance.SOURCE
         # The record seen and not yet produced: it, its partition, offset, outgoing headers and timestamp.
-        held: Message | None = None
+        held: Record | None = None
         # Read only while `held` is set: an Optional would cost a check per record.
         hstate: PartitionState = None  # type: ignore[assignment]
         hoffset = hts = 0
@@ -185,8 +187,8 @@ class Forwarder:
         for msg in (*msgs, None):
             cycle = False  # the record was first produced on the destination cluster: never written back
             if msg is not None:
-                if msg.error() is not None:
-                    task.follower.source_error(msg)
+                if msg.error() is not None:  # an error event, not a record (`Record`)
+                    task.follower.source_error(cast(Message, msg))
                     continue
                 state = partitions.get((msg.topic(), msg.partition()))
                 if state is None or state.paused_reason is not None:
@@ -326,8 +328,9 @@ class Forwarder:
         acknowledged = self.task.metrics.counters_for(state.topic)
         acknowledged.add(run.count, run.size)
         acknowledged.add_latencies(self.now_ms, run.timestamps)
-        if msg is not None and state.ordered:
-            state.destination_next = msg.offset() + 1
+        # (A delivered record's offset is None only without acknowledgements, acks=0, which an ordered state rules out.)
+        if msg is not None and state.ordered and (offset := msg.offset()) is not None:
+            state.destination_next = offset + 1
 
     def drain(self, timeout: float) -> None:
         """Wait until the producer has delivered everything, serving acknowledgements, and settle the runs cut short
