@@ -71,7 +71,7 @@ def platform_lake(
         context.log.info(f"no partition chosen: exporting the latest complete hour, {hour:%Y-%m-%d %H}:00 UTC")
     exported = export_hour(engine, reporting.lake, hour)
     pruned = prune(engine, reporting.lake, reporting.retention, datetime.now(UTC))
-    retention = {
+    retention: dict[str, float | dg.MetadataValue] = {
         "postgres metric_samples rows": pruned.metric_samples_remaining,
         "pruned metric_samples rows": pruned.metric_samples_deleted,
         "pruned snapshot rows": pruned.snapshots_deleted,

@@ -41,7 +41,8 @@ class ClusterAdmin(AdminClient):
         self.identity = connection_identity(settings)
         self.refused: str | None = None
         self._secrets = [str(settings[k]) for k in _SECRET_SETTINGS if settings.get(k)]
-        super().__init__({**settings, "error_cb": self._on_error})
+        conf: dict[str, Any] = {**settings, "error_cb": self._on_error}  # librdkafka takes its callbacks as settings
+        super().__init__(conf)
 
     def _on_error(self, err: KafkaError) -> None:
         if err.code() in REFUSALS:

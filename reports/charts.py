@@ -84,7 +84,7 @@ def latency_chart(rows: Sequence[Mapping[str, object]]) -> bytes:
         ax.plot(times, [max(float(r[column]), 1.0) for r in rows], style, marker=".", label=label)  # type: ignore[arg-type]
     ax.set_yscale("log")
     low, high = ax.get_ylim()
-    ticks = [t for t in _DURATION_TICKS if low <= t <= high] or [low, high]
+    ticks: list[float] = [t for t in _DURATION_TICKS if low <= t <= high] or [low, high]
     ax.yaxis.set_major_locator(FixedLocator(ticks))
     ax.yaxis.set_major_formatter(FuncFormatter(duration_label))
     ax.yaxis.set_minor_formatter(NullFormatter())
@@ -101,7 +101,8 @@ def series_chart(title: str, series: Mapping[str, Sequence[tuple[datetime, float
         _empty(ax, empty)
         return _png(fig)
     for name, points in series.items():
-        ax.plot([t for t, _ in points], [v for _, v in points], marker=".", label=name)
+        # matplotlib's stubs want floats for x; it plots datetimes.
+        ax.plot([t for t, _ in points], [v for _, v in points], marker=".", label=name)  # type: ignore[arg-type]
     ax.set_ylabel(unit)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="x-small")
     _time_axis(ax)

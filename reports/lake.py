@@ -46,8 +46,14 @@ _FETCH_ROWS = 50_000
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 BUCKET_COLUMNS: tuple[str, ...] = (*(f"le_{b}" for b in LATENCY_BUCKETS_MS), "le_inf")
 
+
+def _schema(columns: list[tuple[str, pa.DataType]]) -> pa.Schema:
+    """A table's schema from its (column, type) pairs (`pa.schema`'s overloads leave a literal's pairs untyped)."""
+    return pa.schema(columns)
+
+
 SCHEMAS: dict[str, pa.Schema] = {
-    "metric_samples": pa.schema(
+    "metric_samples": _schema(
         [
             ("id", pa.int64()),
             ("connector", pa.string()),
@@ -69,7 +75,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             *((c, pa.int64()) for c in BUCKET_COLUMNS),
         ]
     ),
-    "metadata_snapshots": pa.schema(
+    "metadata_snapshots": _schema(
         [
             ("snapshot_id", pa.int64()),
             ("connector", pa.string()),
@@ -80,7 +86,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("partitions", pa.int32()),
         ]
     ),
-    "connectors": pa.schema(
+    "connectors": _schema(
         [
             ("connector", pa.string()),
             ("state", pa.string()),
@@ -94,7 +100,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("config", pa.string()),
         ]
     ),
-    "connector_routes": pa.schema(
+    "connector_routes": _schema(
         [
             ("connector", pa.string()),
             ("source_topic", pa.string()),
@@ -102,7 +108,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("cycle", pa.bool_()),
         ]
     ),
-    "assignments": pa.schema(
+    "assignments": _schema(
         [
             ("connector", pa.string()),
             ("generation", pa.int64()),
@@ -111,7 +117,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("partition", pa.int32()),
         ]
     ),
-    "partition_status": pa.schema(
+    "partition_status": _schema(
         [
             ("connector", pa.string()),
             ("topic", pa.string()),
@@ -345,7 +351,8 @@ def _write(
     if append_to is not None:
         if writer is not None:
             os.replace(tmp, directory / f"part-{first_id}.parquet")
-        manifest = {**append_to, "rows": append_to["rows"] + rows, "max_id": max_id or append_to["max_id"]}
+        total: int = append_to["rows"] + rows
+        manifest = {**append_to, "rows": total, "max_id": max_id or append_to["max_id"]}
     else:
         stale = [p for p in directory.glob(PART_GLOB) if p.name != PART_FILE]
         if writer is None:
@@ -354,6 +361,7 @@ def _write(
             os.replace(tmp, directory / PART_FILE)
         for path in stale:  # increments are inside the full export now
             path.unlink()
+        total = rows
         manifest = {
             "table": table,
             "hour": f"{hour:%Y-%m-%dT%H}",
@@ -362,7 +370,7 @@ def _write(
             "full_export_at": now.isoformat(),
         }
     (directory / MANIFEST_FILE).write_text(json.dumps({**manifest, "exported_at": now.isoformat()}))
-    return manifest["rows"]
+    return total
 
 
 def _replace(path: Path, table: pa.Table) -> None:

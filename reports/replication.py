@@ -348,7 +348,9 @@ def throughput_summary(report: DataFrame, end: datetime, lagging: int = 8) -> Th
         .orderBy(F.col("max_lag").desc_nulls_last(), "connector", "topic")
         .collect()
     ]
-    last_hour = report.where(F.col("time") >= F.lit(end - timedelta(hours=1))).agg(F.sum("records")).first()[0]
+    total = report.where(F.col("time") >= F.lit(end - timedelta(hours=1))).agg(F.sum("records")).first()
+    assert total is not None  # an aggregate over the whole frame is one row, null if it has none
+    last_hour = total[0]
     rates: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
     for r in report.groupBy("connector", "time").agg(F.sum("records_per_s").alias("rate")).orderBy("time").collect():
         rates[r.connector].append((r.time, float(r.rate)))

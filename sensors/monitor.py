@@ -122,7 +122,7 @@ def _evaluate(
         cursor.fingerprint, cursor.reported_at = fingerprint, time.time()
         reason = "monitor saw a change" if changed else "refresh (heartbeats and lag)"
         asset_events.append(connectors_event(store, reason, context.instance, findings))
-    partitions = []
+    partitions: list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest] = []
     if names - known:
         partitions.append(dg.AddDynamicPartitionsRequest(CONNECTOR_PARTITIONS, sorted(names - known)))
     if known - names:

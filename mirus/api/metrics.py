@@ -218,8 +218,8 @@ class StoreCollector(Collector):
             age = liveness_s(status.heartbeats, status.heartbeats_committed)
             if status.name in configs and age is not None:
                 flow_heartbeat.add_metric([status.name], age)
-        for status in connectors.connect_statuses(self.store, now=now):
-            name, config = status.name, configs.get(status.name)
+        for connect in connectors.connect_statuses(self.store, now=now):
+            name, config = connect.name, configs.get(connect.name)
             if config is None:
                 continue
             source = self.store.latest_snapshot(name, "source")
@@ -227,14 +227,14 @@ class StoreCollector(Collector):
             if source is not None and source.error is None and destination is not None:
                 plan = plan_partitions(config, source.topics, destination.topics)
                 missing.add_metric([name], len(plan.missing_destination))
-            counts = Counter(t.state for t in status.tasks)
+            counts = Counter(t.state for t in connect.tasks)
             for state in TASK_STATES:
                 tasks.add_metric([name, state], counts.get(state, 0))
-            causes = Counter(p.cause for p in status.partitions if p.state == PartitionHealth.PAUSED)
+            causes = Counter(p.cause for p in connect.partitions if p.state == PartitionHealth.PAUSED)
             for cause in connectors.PAUSE_CAUSES:  # every cause, 0 included: an alert sees it clear
                 paused.add_metric([name, cause], causes.get(cause, 0))
             leases = self.store.leases(name)  # tasks no longer assigned too: their restarts still count
-            assigned = {t.task_id for t in status.tasks}
+            assigned = {t.task_id for t in connect.tasks}
             tasks.add_metric([name, "DESTROYED"], sum(1 for task_id in leases if task_id not in assigned))
             for task_id, lease in sorted(leases.items()):
                 task_restarts.add_metric([name, str(task_id)], lease.restart_attempts)

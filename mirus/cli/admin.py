@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TextIO
 
 import click
@@ -252,7 +253,7 @@ def offsets_reset(source: TextIO, fmt: Format) -> None:
     if refused:
         raise click.ClickException("no offsets were changed:\n" + "\n".join(refused))
     for name, offsets in sorted(by_connector.items()):
-        _run(lambda name=name, offsets=offsets: connectors.alter_offsets(store, name, offsets))
+        _run(partial(connectors.alter_offsets, store, name, offsets))
         click.echo(f"{name}: {len(offsets)} partition offset(s) written")
 
 

@@ -245,8 +245,9 @@ class Load:
         if err is not None:
             self.errors.append(str(err))
         else:
-            p = msg.partition()
-            self.ends[p] = max(self.ends[p], msg.offset() + 1)
+            p, offset = msg.partition(), msg.offset()
+            assert p is not None and offset is not None  # set on every delivered record
+            self.ends[p] = max(self.ends[p], offset + 1)
 
     def _run(self) -> None:
         tick = 0.01
@@ -275,7 +276,7 @@ class Load:
         partition: int,
         key: bytes | None,
         value: bytes | None,
-        headers: list[tuple[str, bytes | None]],
+        headers: list[tuple[str, str | bytes | None]],
         timestamp: int,
     ) -> None:
         while True:

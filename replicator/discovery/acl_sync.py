@@ -34,8 +34,16 @@ ADMIN_TIMEOUT_S = 10.0
 ACL_PROBLEM = "acl sync"  # the flow problem naming why the last sync failed
 # A cluster without an authorizer answers SECURITY_DISABLED; a broker without ACL requests, unsupported.
 NOTHING_TO_SYNC = frozenset({KafkaError.SECURITY_DISABLED, KafkaError._UNSUPPORTED_FEATURE})
+# Every literal topic binding. confluent-kafka types a filter's name, principal and host as `str` (AclBinding's
+# `__init__`), though None matches any value, as its documentation of AclBindingFilter says.
 TOPIC_LITERALS = AclBindingFilter(
-    ResourceType.TOPIC, None, ResourcePatternType.LITERAL, None, None, AclOperation.ANY, AclPermissionType.ANY
+    ResourceType.TOPIC,
+    None,  # type: ignore[arg-type]
+    ResourcePatternType.LITERAL,
+    None,  # type: ignore[arg-type]
+    None,  # type: ignore[arg-type]
+    AclOperation.ANY,
+    AclPermissionType.ANY,
 )
 
 
@@ -100,19 +108,21 @@ def sync_topic_acls(
     if not missing:
         return AclSync(wanted)
     futures = destination_admin.create_acls(missing, request_timeout=ADMIN_TIMEOUT_S)
-    refused = []
+    refused: list[tuple[AclBinding, KafkaException]] = []
     for binding, future in futures.items():
         try:
             future.result()
         except KafkaException as exc:
             refused.append((binding, exc))
     if refused:
-        binding, exc = refused[0]
+        first, error = refused[0]
+        # confluent-kafka types `operation` as what its `__init__` accepts; the `__init__` made it an AclOperation.
+        operation = first.operation.name  # type: ignore[union-attr]
         return AclSync(
             created,
             f"{_cluster(destination_admin, 'destination')} refused CreateAcls for {len(refused)} topic ACL(s), e.g. "
-            f"{binding.principal} {binding.operation.name} on {binding.name!r}: {broker_reason(exc)}"
-            f"{missing_acl(exc, 'Alter', 'the Cluster there')}",
+            f"{first.principal} {operation} on {first.name!r}: {broker_reason(error)}"
+            f"{missing_acl(error, 'Alter', 'the Cluster there')}",
         )
     log.info("synced %d topic ACL(s) to the destination", len(missing))
     return AclSync(wanted)

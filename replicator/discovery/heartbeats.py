@@ -46,7 +46,7 @@ class HeartbeatError(RuntimeError):
 class Delivery:
     """What became of one heartbeat: its offset and emission time, or the reason it was not written."""
 
-    offset: int
+    offset: int | None  # None if it was not written
     timestamp_ms: int
     error: str | None = None
 

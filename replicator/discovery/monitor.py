@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import cast
+from typing import Any, cast
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -181,7 +181,7 @@ def hidden_topics(source_admin: AdminClient, absent: Collection[str]) -> dict[st
     }
 
 
-def _replace_problems(updates: dict[str, object], flow: FlowRow, kind: str, found: Mapping[str, str]) -> None:
+def _replace_problems(updates: dict[str, Any], flow: FlowRow, kind: str, found: Mapping[str, str]) -> None:
     """The flow's problems of `kind` (keys `kind` or `kind <name>`) replaced by `found` (name -> why)."""
     current = dict(cast(Mapping[str, str], updates.get("problems", flow.problems)))
     shown = {k: v for k, v in current.items() if k != kind and not k.startswith(f"{kind} ")}
@@ -252,7 +252,7 @@ class KafkaMonitor:
         source = self._read(connector, admins.source, "source", written)
         destination = self._read(connector, admins.destination, "destination", written)
         flow = written.flow or self.store.flow(connector)
-        updates: dict[str, object] = {}
+        updates: dict[str, Any] = {}
         seen = (source.cluster_id, destination.cluster_id)
         if (flow.source_cluster_id, flow.destination_cluster_id) != seen:
             updates.update(source_cluster_id=source.cluster_id, destination_cluster_id=destination.cluster_id)
@@ -312,7 +312,7 @@ class KafkaMonitor:
         admins: Admins,
         pairs: Mapping[str, str],
         flow: FlowRow,
-        updates: dict[str, object],
+        updates: dict[str, Any],
         written: Written,
     ) -> None:
         """Topic ACL sync when its interval is due or a destination topic appeared; its failure is the flow's
@@ -335,7 +335,7 @@ class KafkaMonitor:
         destination: ClusterView,
         pairs: Mapping[str, str],
         flow: FlowRow,
-        updates: dict[str, object],
+        updates: dict[str, Any],
     ) -> None:
         """Topic config sync, group checkpoints (and offset sync) and heartbeats, each when its interval is due.
 
@@ -366,24 +366,24 @@ class KafkaMonitor:
             except (TranslationError, KafkaException) as exc:
                 failed = {"*": broker_reason(exc) if isinstance(exc, KafkaException) else str(exc)}
             updates.update(groups_synced_at=now, problems=problems("group", failed))
-        failed: str | None = None
+        emit_failed: str | None = None
         if config.emit_heartbeats and due("heartbeat_emitted_at", config.emit_heartbeats_interval_s):
             try:
                 if self.heartbeat_producers.emit(config, admins.source, source, destination.cluster_id):
                     updates.update(heartbeat_emitted_at=now)
             except (heartbeats.HeartbeatError, KafkaException) as exc:
-                failed = broker_reason(exc) if isinstance(exc, KafkaException) else str(exc)
+                emit_failed = broker_reason(exc) if isinstance(exc, KafkaException) else str(exc)
         # Only an acknowledged heartbeat is remembered, with the offset its acknowledgement gave: liveness counts
         # from it once the connector has committed past that offset.
         delivered = self.heartbeat_producers.collect(config.name)
         emitted = flow.heartbeats
         for heartbeat in delivered:
-            if heartbeat.error is None:
+            if heartbeat.error is None and heartbeat.offset is not None:  # (a written heartbeat has its offset)
                 emitted = heartbeats.remember(emitted, heartbeat.offset, heartbeat.timestamp_ms)
         if emitted != flow.heartbeats:
             updates.update(heartbeats=emitted)
-        if failed is None and delivered:
-            failed = delivered[-1].error
-        shown = problems("heartbeat", {"emit": failed} if failed else {})
-        if (failed is not None or delivered) and shown != (updates.get("problems") or flow.problems):
+        if emit_failed is None and delivered:
+            emit_failed = delivered[-1].error
+        shown = problems("heartbeat", {"emit": emit_failed} if emit_failed else {})
+        if (emit_failed is not None or delivered) and shown != (updates.get("problems") or flow.problems):
             updates.update(problems=shown)

@@ -39,7 +39,7 @@ from replicator.assignment import SourcePartition
 from replicator.clusters import ClusterAdmin
 from replicator.configuration.connector import ConnectorConfig, split_list
 from replicator.discovery.topic_sync import broker_reason
-from replicator.partition_reader import PartitionReadError, read_to_end
+from replicator.partition_reader import PartitionReadError, as_records, read_to_end
 from replicator.state.store import Store
 from replicator.topics import provenance
 from replicator.topics.selection import compile_java_regex
@@ -240,7 +240,7 @@ class OffsetTranslator:
         try:
             for (topic, partition, offset), readers in sorted(wanted.items()):
                 consumer.assign([TopicPartition(topic, partition, offset)])
-                msg = next(iter(consumer.consume(1, 5.0)), None)
+                msg = next(iter(as_records(consumer.consume(1, 5.0))), None)
                 if msg is None or msg.error() is not None or msg.offset() != offset:
                     continue  # gone (compaction, retention) or unreadable: the scan's answer stands
                 origin = _source_of(msg.headers(), prefix)

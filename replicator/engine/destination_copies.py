@@ -88,9 +88,9 @@ def copies_end(
             for name, value in msg.headers() or ():
                 if name == provenance.SOURCE and value is not None:
                     prefix, _, offset = value.rpartition(b"/")
-                    tp = wanted[(msg.topic(), msg.partition())].get(prefix + b"/")
-                    if tp is not None:
-                        found[tp] = max(found.get(tp, 0), int(offset) + 1)
+                    copied = wanted[(msg.topic(), msg.partition())].get(prefix + b"/")
+                    if copied is not None:
+                        found[copied] = max(found.get(copied, 0), int(offset) + 1)
     except PartitionReadError as exc:
         raise DestinationReadError(f"reading the destination to resume: {exc}") from None
     finally:

@@ -59,9 +59,9 @@ class AssignmentFollower:
         task = self.task
         # The connector's row is read off the loop (a query is milliseconds the records would wait) and acted on here.
         if self.head_in_flight is not None and self.head_in_flight.done():
-            future, self.head_in_flight = self.head_in_flight, None
+            head_done, self.head_in_flight = self.head_in_flight, None
             try:
-                outcome = self.refresh(future.result())
+                outcome = self.refresh(head_done.result())
             except SQLAlchemyError as exc:  # the database is away: keep replicating, commits retry, so does this
                 log.warning("reading the connector %s failed, will retry: %s", task.connector, exc)
                 outcome = None
@@ -70,12 +70,15 @@ class AssignmentFollower:
         if self.head_in_flight is None and task.scheduler.due(REFRESHING, REFRESH_INTERVAL_S, now):
             self.head_in_flight = task.background.submit(task.store.connector_head, task.connector)
         if self.metadata_in_flight is not None and self.metadata_in_flight.done():
-            future, self.metadata_in_flight = self.metadata_in_flight, None
-            if future.exception() is None:
-                self.map_destinations(list(task.book.states.values()), future.result())
+            layouts_done, self.metadata_in_flight = self.metadata_in_flight, None
+            if layouts_done.exception() is None:
+                self.map_destinations(list(task.book.states.values()), layouts_done.result())
             else:
                 log.warning(
-                    "destination metadata unavailable for %s-%d: %s", task.connector, task.task_id, future.exception()
+                    "destination metadata unavailable for %s-%d: %s",
+                    task.connector,
+                    task.task_id,
+                    layouts_done.exception(),
                 )
         states = task.book.states
         if (
@@ -90,11 +93,11 @@ class AssignmentFollower:
             topics = {state.destination_topic for state in states.values()}
             self.metadata_in_flight = task.background.submit(self.destination_layouts, topics)
         if self.limits_in_flight is not None and self.limits_in_flight.done():
-            future, self.limits_in_flight = self.limits_in_flight, None
-            if future.exception() is None:
-                self.limits_read(task.limits.apply(future.result()))
+            limits_done, self.limits_in_flight = self.limits_in_flight, None
+            if limits_done.exception() is None:
+                self.limits_read(task.limits.apply(limits_done.result()))
             else:
-                log.warning("size limits of %s-%d not read: %s", task.connector, task.task_id, future.exception())
+                log.warning("size limits of %s-%d not read: %s", task.connector, task.task_id, limits_done.exception())
         if self.limits_in_flight is None and states and task.scheduler.due(READING_SIZE_LIMITS, LIMITS_REFRESH_S, now):
             source, destination = task.limits.served()
             self.limits_in_flight = task.background.submit(read_limits, task.config, source, destination)
@@ -253,7 +256,8 @@ class AssignmentFollower:
             topic = layouts.get(state.destination_topic)
             if topic is None or topic.error is not None:
                 if state.paused_reason is None:
-                    why = f" ({topic.error})" if topic is not None and "nknown topic" not in topic.error else ""
+                    error = topic.error if topic is not None else None
+                    why = f" ({error})" if error is not None and "nknown topic" not in error else ""
                     self.pause(state, f"destination topic {state.destination_topic!r} does not exist{why}")
                 continue
             if config.partition_matching is not False and state.partition in topic.ids:
@@ -272,7 +276,8 @@ class AssignmentFollower:
 
     def source_error(self, msg: Message) -> None:
         task = self.task
-        err: KafkaError = msg.error()
+        err = msg.error()
+        assert err is not None  # only error events are handed here
         if err.code() == KafkaError._PARTITION_EOF:
             return
         topic, partition = msg.topic(), msg.partition()

@@ -40,9 +40,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from replicator.assignment import SourcePartition
+from replicator.partition_reader import Record, as_records
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,9 @@ class SourceReader:
 
     # -- fetch --------------------------------------------------------------------------------------------
 
-    def consume(self, count: int, timeout: float) -> list[Message]:
-        """Records from every consumer holding partitions (flowing first); waits up to `timeout` for the first."""
+    def consume(self, count: int, timeout: float) -> list[Record]:
+        """Records from every consumer holding partitions (flowing first); waits up to `timeout` for the first.
+        Error events come among them (see `Record`)."""
         active = [shard for tier in self.tiers for shard in tier.shards if shard.held]
         self.behind = False
         if len(active) <= 1:
@@ -157,8 +159,8 @@ class SourceReader:
             self.drained_at = time.monotonic()
         return msgs
 
-    def _read(self, shard: Shard, count: int, timeout: float) -> list[Message]:
-        msgs = shard.consumer.consume(count, timeout)
+    def _read(self, shard: Shard, count: int, timeout: float) -> list[Record]:
+        msgs = as_records(shard.consumer.consume(count, timeout))
         if shard.tier is self.flowing:
             self.behind = self.behind or len(msgs) == count
         elif msgs:

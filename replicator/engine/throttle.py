@@ -12,9 +12,8 @@ import math
 import time
 from collections.abc import Sequence
 
-from confluent_kafka import Message
-
 from replicator.configuration.connector import ConnectorConfig
+from replicator.partition_reader import Record
 
 THROTTLE_PROPERTIES = frozenset({"replication.throttle.bytes.per.second", "replication.throttle.records.per.second"})
 # A bucket holds at most this many seconds of its rate: what an idle task may send at once when records arrive.
@@ -80,7 +79,7 @@ class Throttle:
         """How long until every bucket allows reading again."""
         return max(b.wait_s() for b in (self.records, self.bytes) if b is not None)
 
-    def take(self, msgs: Sequence[Message]) -> None:
+    def take(self, msgs: Sequence[Record]) -> None:
         """Count a batch read."""
         if self.records is not None:
             self.records.tokens -= len(msgs)

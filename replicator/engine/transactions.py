@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -129,7 +129,7 @@ class Transactions:
                     _raise_fatal(err, self.what)
 
 
-def fence(settings: Mapping[str, Any], timeout_s: float) -> None:
+def fence(settings: dict[str, Any], timeout_s: float) -> None:
     """Fence the task whose producer `settings` are: its open transaction is aborted, its later writes refused."""
     try:
         Producer(settings).init_transactions(timeout_s)

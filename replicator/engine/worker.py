@@ -162,8 +162,9 @@ class TaskWorker:
             hosted = self.hosted.setdefault(key, HostedTask(key))
             if hosted.running:
                 continue
-            requested = hosted.failed_at is not None and restart_requested is not None
-            if now < hosted.retry_at and not (requested and restart_requested > hosted.failed_at):
+            failed_at = hosted.failed_at
+            requested = failed_at is not None and restart_requested is not None and restart_requested > failed_at
+            if now < hosted.retry_at and not requested:
                 continue
             self._start(hosted, now)
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
+    CursorResult,
     Engine,
     Integer,
     Text,
@@ -16,6 +17,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import Result
 from sqlalchemy.orm import Session
 
 from replicator.assignment import SourcePartition
@@ -24,6 +26,12 @@ from replicator.state.schema import (
     PartitionStatus,
     TaskLease,
 )
+
+
+def rowcount(result: Result[Any]) -> int:
+    """How many rows an UPDATE or DELETE run by `Session.execute` matched. SQLAlchemy types that method's result as
+    a `Result`; for these statements it is a `CursorResult`, which has the count."""
+    return cast("CursorResult[Any]", result).rowcount
 
 
 def partition_rows(partitions: Iterable[SourcePartition]) -> Any:
@@ -78,7 +86,7 @@ class StoreBase:
             )
             .values(heartbeat_at=func.now(), **values)
         )
-        if result.rowcount == 0:
+        if rowcount(result) == 0:
             raise FencedError(
                 f"task {lease.connector}-{lease.task_id} epoch {lease.epoch} was fenced by a newer instance "
                 "(or its connector was deleted)"

@@ -18,7 +18,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from replicator.assignment import SourcePartition
-from replicator.state.base import StoreBase
+from replicator.state.base import StoreBase, rowcount
 from replicator.state.records import (
     ConnectorHead,
     ConnectorRecord,
@@ -154,13 +154,13 @@ class ConnectorStore(StoreBase):
             result = s.execute(
                 update(Connector).where(Connector.name == name).values(state=state, updated_at=func.now())
             )
-            if result.rowcount == 0:
+            if rowcount(result) == 0:
                 raise UnknownConnectorError(f"connector {name!r} does not exist")
 
     def request_restart(self, name: str) -> None:
         with Session(self.engine) as s, s.begin():
             result = s.execute(update(Connector).where(Connector.name == name).values(restart_requested_at=func.now()))
-            if result.rowcount == 0:
+            if rowcount(result) == 0:
                 raise UnknownConnectorError(f"connector {name!r} does not exist")
 
     def pause_partition(self, name: str, tp: SourcePartition, reason: str) -> None:
@@ -185,11 +185,15 @@ class ConnectorStore(StoreBase):
             row = s.get(Connector, name, with_for_update=True)
             if row is None:
                 raise UnknownConnectorError(f"connector {name!r} does not exist")
-            lifted = s.execute(
-                delete(PartitionPause).where(
-                    PartitionPause.connector == name, PartitionPause.topic == tp[0], PartitionPause.partition == tp[1]
+            lifted = rowcount(
+                s.execute(
+                    delete(PartitionPause).where(
+                        PartitionPause.connector == name,
+                        PartitionPause.topic == tp[0],
+                        PartitionPause.partition == tp[1],
+                    )
                 )
-            ).rowcount
+            )
             if lifted:
                 row.pauses_version += 1
             return lifted > 0
@@ -210,7 +214,7 @@ class ConnectorStore(StoreBase):
         with Session(self.engine) as s, s.begin():
             s.execute(delete(MetricTotal).where(MetricTotal.connector == name))
             s.execute(delete(PartitionLag).where(PartitionLag.connector == name))
-            return s.execute(delete(Connector).where(Connector.name == name)).rowcount > 0
+            return rowcount(s.execute(delete(Connector).where(Connector.name == name))) > 0
 
     def connector_statuses(self, name: str | None = None) -> list[ConnectorStatus]:
         """Every connector (or only `name`) with its tasks, leases, metadata errors and unhealthy partitions: one
@@ -239,7 +243,7 @@ class ConnectorStore(StoreBase):
                 metadata_errors=dict(r.metadata_errors),
                 unhealthy_partitions={
                     (p["topic"], p["partition"]): PartitionStatusRow(
-                        p["task_id"], PartitionHealth(p["state"]), p["reason"], _timestamp(p["updated_at"])
+                        p["task_id"], PartitionHealth(p["state"]), p["reason"], datetime.fromisoformat(p["updated_at"])
                     )
                     for p in r.unhealthy
                 },

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
+    ColumnClause,
     ColumnElement,
     func,
     literal_column,
@@ -55,7 +56,7 @@ ON CONFLICT (connector, topic) DO UPDATE SET (lags, measured_at, updated_at) = (
 
 
 # A running histogram plus a new one, bound by bound (a bound only one side has counts from that side).
-HISTOGRAM_SUM = literal_column(
+HISTOGRAM_SUM: ColumnClause[Any] = literal_column(
     "(SELECT jsonb_object_agg(k, coalesce((metric_totals.latency_histogram->>k)::bigint, 0)"
     " + coalesce((excluded.latency_histogram->>k)::bigint, 0))"
     " FROM jsonb_object_keys(metric_totals.latency_histogram || excluded.latency_histogram) AS k)"
@@ -244,4 +245,5 @@ class MetricStore(StoreBase):
 
     def count_metric_samples(self) -> int:
         with self.engine.connect() as conn:
-            return conn.execute(text("SELECT count(*) FROM metric_samples")).scalar_one()
+            count: int = conn.execute(text("SELECT count(*) FROM metric_samples")).scalar_one()
+            return count

@@ -161,9 +161,9 @@ class OffsetStore(StoreBase):
             for (topic, partition), offset in offsets.items():
                 by_topic.setdefault(topic, {})[partition] = offset
             for topic, changes in sorted(by_topic.items()):
-                row = s.get(Offset, (connector, topic), with_for_update=True)
-                positions = list(row.positions) if row else []
-                destinations = list(row.destination_positions or []) if row else []
+                stored = s.get(Offset, (connector, topic), with_for_update=True)
+                positions = list(stored.positions) if stored else []
+                destinations = list(stored.destination_positions or []) if stored else []
                 for partition, offset in changes.items():
                     positions.extend([None] * (partition + 1 - len(positions)))
                     positions[partition] = offset
@@ -171,8 +171,8 @@ class OffsetStore(StoreBase):
                         destinations[partition] = None  # set by hand: no copy is known to end anywhere
                 while positions and positions[-1] is None:
                     positions.pop()
-                if row is not None:
-                    s.delete(row)
+                if stored is not None:
+                    s.delete(stored)
                     s.flush()
                 if any(p is not None for p in positions):
                     s.add(

@@ -26,8 +26,9 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import Insert, insert
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import ReturningInsert
 
 from replicator.assignment import SourcePartition, membership
 from replicator.state.base import StoreBase, partition_rows, status_rows_of, typed_row
@@ -58,7 +59,7 @@ GROUP BY 1, 2
 """)
 
 
-def _claim(connector: str, task_id: int, owner: str, current: int | None = None) -> Insert:
+def _claim(connector: str, task_id: int, owner: str, current: int | None = None) -> ReturningInsert[int]:
     """The lease claim: the task's next epoch for `owner` (the first if it has no lease row), returned; given
     `current`, only if the epoch is still that (else it returns no row)."""
     claim = insert(TaskLease).values(
@@ -259,8 +260,8 @@ class OwnershipStore(StoreBase):
     def record_restart(self, connector: str, task_id: int) -> int:
         """Count a restart of the task (Mirus's restart-attempt metrics); returns the task's total."""
         with Session(self.engine) as s, s.begin():
-            stmt = insert(TaskLease).values(connector=connector, task_id=task_id, restart_attempts=1)
-            stmt = stmt.on_conflict_do_update(
+            new = insert(TaskLease).values(connector=connector, task_id=task_id, restart_attempts=1)
+            stmt = new.on_conflict_do_update(
                 index_elements=[TaskLease.connector, TaskLease.task_id],
                 set_={"restart_attempts": TaskLease.restart_attempts + 1},
             ).returning(TaskLease.restart_attempts)
@@ -316,7 +317,7 @@ class OwnershipStore(StoreBase):
                 " AND l.heartbeat_at > now() - :stale)"
             ).bindparams(stale=stale_after, held=LEASE_HELD)
             pairs = partition_rows(partitions)
-            stmt = insert(PartitionStatus).from_select(
+            new = insert(PartitionStatus).from_select(
                 ["connector", "topic", "partition", "task_id", "state"],
                 select(
                     literal(lease.connector),
@@ -326,7 +327,7 @@ class OwnershipStore(StoreBase):
                     literal(PartitionHealth.ACTIVE.value),
                 ),
             )
-            stmt = stmt.on_conflict_do_update(
+            stmt = new.on_conflict_do_update(
                 index_elements=[PartitionStatus.connector, PartitionStatus.topic, PartitionStatus.partition],
                 set_={
                     "task_id": lease.task_id,

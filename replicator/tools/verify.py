@@ -38,13 +38,13 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
-    Message,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
 
 from replicator.clusters import log_offsets
 from replicator.configuration.masking import redact_settings
+from replicator.partition_reader import Record, as_records
 from replicator.tools.verify_report import DestinationResult, Mismatch, PartitionResult, Replay, VerifyReport
 from replicator.topics import provenance
 
@@ -297,14 +297,14 @@ class _Run:
         for src, dst in sorted(self.topics.items()):
             self._feeds.setdefault(dst, []).append(src)
 
-    def add_source(self, msg: Message) -> None:
+    def add_source(self, msg: Record) -> None:
         content = _content_hash(msg.key(), msg.value(), provenance.user_headers(msg.headers()))
         self.sources[(msg.topic(), msg.partition())].add(msg.offset(), content, msg.timestamp()[1])
 
     def all_delivered(self) -> bool:
         return all(log.undelivered == 0 for log in self.sources.values())
 
-    def add_destination(self, msg: Message) -> bool:
+    def add_destination(self, msg: Record) -> bool:
         """Attribute one destination record; True if it is a copy of a checked source record."""
         topic, partition = msg.topic(), msg.partition()
         dest = self.destinations[topic]
@@ -463,7 +463,7 @@ class _ClusterReader:
                 )
                 log.finish(_next_offset(log), f"offset {_next_offset(log)} (stalled)")
 
-    def _read_source_record(self, run: _Run, msg: Message, started_at_ms: int) -> bool:
+    def _read_source_record(self, run: _Run, msg: Record, started_at_ms: int) -> bool:
         """Take a record read from the source into its partition's log, up to the snapshot bound; True if it was
         progress (a record of a partition still being read, or the one that ends it)."""
         tp = (msg.topic(), msg.partition())
@@ -554,10 +554,10 @@ class _ClusterReader:
                     del unread[(position.topic, position.partition)]
         return bool(unread)
 
-    def _consume(self, wait: float) -> list[Message]:
+    def _consume(self, wait: float) -> list[Record]:
         """A batch of records; non-fatal errors are kept for the report, fatal ones end the check."""
         records = []
-        for msg in self.consumer.consume(num_messages=BATCH_SIZE, timeout=wait):
+        for msg in as_records(self.consumer.consume(num_messages=BATCH_SIZE, timeout=wait)):
             error = msg.error()
             if error is None:
                 records.append(msg)

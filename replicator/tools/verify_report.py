@@ -153,7 +153,7 @@ class VerifyReport:
             "status",
             "checked up to",
         )
-        rows = [
+        rows: list[tuple[object, ...]] = [
             (
                 p.source_topic,
                 p.source_partition,

