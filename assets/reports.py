@@ -1,14 +1,14 @@
 """The Spark reports as assets: each writes its full table to the lake and shows a summary, charts and a check."""
 
+from __future__ import annotations
+
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
-from dagster_pyspark import PySparkResource
-from pyspark.sql import DataFrame, SparkSession
 
 from assets.lake import METRIC_SAMPLES_LAKE, SNAPSHOTS_LAKE, STATE_LAKE
 from assets.topology import DESTINATION_TOPICS
@@ -20,15 +20,13 @@ from mirus_dagster.constants import (
     REPORTS_GROUP,
     THROUGHPUT_REPORT_ASSET,
 )
-from mirus_dagster.reporting import Reporting
-from reports import charts as charts
-from reports.replication import (
-    latency_over_time,
-    latency_report,
-    missing_partitions_report,
-    throughput_lag_report,
-    throughput_summary,
-)
+from mirus_dagster.reporting import Reporting, SparkResource
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# The report modules (Spark's SQL functions, Arrow, matplotlib: ~80 MiB) are imported by the report functions, not
+# here: every run process of the platform loads this code location, replicator and worker runs included.
 
 LATENCY_REPORT = dg.AssetKey(LATENCY_REPORT_ASSET)
 MISSING_REPORT = dg.AssetKey(MISSING_REPORT_ASSET)
@@ -59,7 +57,9 @@ def _table(rows: Sequence[Mapping[str, Any]], columns: Mapping[str, str]) -> dg.
         if value is None:
             return "—"
         if field.endswith("_ms"):
-            return charts.duration_label(float(value))
+            from reports.charts import duration_label
+
+            return duration_label(float(value))
         if isinstance(value, float):
             return round(value, 2)
         if isinstance(value, datetime):
@@ -104,7 +104,10 @@ _LATENCY_COLUMNS = {
     description="Replication latency per connector and destination topic over the report window: count, min, "
     "avg, p50/p95/p99, max and Mirus's cumulative buckets.",
 )
-def replication_latency_report(pyspark: PySparkResource, reporting: Reporting) -> dg.MaterializeResult:
+def replication_latency_report(pyspark: SparkResource, reporting: Reporting) -> dg.MaterializeResult:
+    from reports import charts
+    from reports.replication import latency_over_time, latency_report
+
     spark, lake = pyspark.spark_session, reporting.lake
     start, end = _window(reporting)
     rows = _save(spark, latency_report(spark, lake, start, end), lake, "replication_latency")
@@ -163,7 +166,10 @@ _MISSING_COLUMNS = {
     ],
     description="Every selected source partition without a destination partition: why, and since when.",
 )
-def missing_partitions(pyspark: PySparkResource, reporting: Reporting) -> dg.MaterializeResult:
+def missing_partitions(pyspark: SparkResource, reporting: Reporting) -> dg.MaterializeResult:
+    from reports import charts
+    from reports.replication import missing_partitions_report
+
     spark, lake = pyspark.spark_session, reporting.lake
     rows = _save(spark, missing_partitions_report(spark, lake), lake, "missing_partitions")
     rows.sort(key=lambda r: (r["connector"], r["source_topic"], r["partition"]))
@@ -210,7 +216,10 @@ CHART_TOPICS = 8
     deps=[METRIC_SAMPLES_LAKE, DESTINATION_TOPICS],
     description="Records/s, bytes/s and lag per connector and source topic, per time step over the window.",
 )
-def throughput_lag(pyspark: PySparkResource, reporting: Reporting) -> dg.MaterializeResult:
+def throughput_lag(pyspark: SparkResource, reporting: Reporting) -> dg.MaterializeResult:
+    from reports import charts
+    from reports.replication import throughput_lag_report, throughput_summary
+
     spark, lake = pyspark.spark_session, reporting.lake
     start, end = _window(reporting)
     step_s = reporting.step_minutes * 60

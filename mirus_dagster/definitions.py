@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 
 import dagster as dg
-from dagster_pyspark import PySparkResource
 
 from assets.connectors import REFRESH_S, connectors_materialization, connectors_spec
 from assets.flows import flow_materialization, flows_spec
@@ -20,7 +19,7 @@ from assets.topology import destination_topics, source_topics
 from mirus_dagster.constants import ENV_ALERT_WEBHOOK_URL, ENV_DATABASE_URL, ENV_TASK_AUTO_RESTART
 from mirus_dagster.jobs import build_admin_jobs, build_watcher_job, replicator, replicator_worker
 from mirus_dagster.report_schedule import reports_job, reports_schedule
-from mirus_dagster.reporting import Reporting, spark_config, spark_master_from_env
+from mirus_dagster.reporting import Reporting, SparkResource, spark_config, spark_master_from_env
 from mirus_dagster.resources import FailureWebhook, PlatformDatabase, SupervisorPolicy
 from mirus_dagster.settings import PlatformSettings
 from sensors.failures import build_run_failure_alerts
@@ -66,6 +65,6 @@ defs = dg.Definitions(
             url=dg.EnvVar(ENV_ALERT_WEBHOOK_URL) if os.environ.get(ENV_ALERT_WEBHOOK_URL) else None
         ),
         "reporting": Reporting.from_env(),
-        "pyspark": PySparkResource(spark_config=spark_config(spark_master_from_env())),
+        "pyspark": SparkResource(spark_config=spark_config(spark_master_from_env())),
     },
 )

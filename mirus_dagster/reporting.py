@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from mirus_dagster.constants import (
     ENV_LAKE_DIR,
@@ -25,6 +25,9 @@ from mirus_dagster.constants import (
     ENV_WINDOW_HOURS,
 )
 from mirus_dagster.settings import PlatformSettings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 DEFAULT_SPARK_MASTER = "local[*]"
 
@@ -85,3 +88,21 @@ class Reporting(dg.ConfigurableResource):
             if env.get(var):
                 values[field] = env[var]
         return cls(**values)
+
+
+class SparkResource(dg.ConfigurableResource):
+    """A Spark session for the report assets: dagster-pyspark's `PySparkResource`, imported only in a run that uses
+    it. Every run process loads the code location, and replicator, worker, watcher and admin runs start from an image
+    without Spark (deploy/Dockerfile's `runtime` target): nothing of pyspark may be imported before a report runs."""
+
+    spark_config: dict[str, Any] = Field(description="Spark settings (`spark_config(MIRUS_SPARK_MASTER)`).")
+    _spark_session: Any = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        from dagster_pyspark.resources import spark_session_from_config
+
+        self._spark_session = spark_session_from_config(self.spark_config)
+
+    @property
+    def spark_session(self) -> SparkSession:
+        return self._spark_session

@@ -45,6 +45,7 @@ from referencing.jsonschema import DRAFT202012
 from mirus.api.auth import ENV_BEARER_TOKEN, OPEN_PATHS, ApiSettings, Credentials
 from mirus_dagster.jobs import replicator, replicator_worker
 from mirus_dagster.run_launchers import (
+    ENV_RUNTIME_IMAGE,
     K8S_CONFIG_TAG,
     REPLICATOR_K8S_CONFIG,
     WORKER_K8S_CONFIG,
@@ -305,8 +306,22 @@ class RecordingBatchApi:
         self.jobs.append((namespace, body))
 
 
+def runtime_image(values: dict[str, Any]) -> str:
+    """The image replicator and worker pods start from: MIRUS_RUNTIME_IMAGE in the code location's environment."""
+    return str(user_deployment(values)["env"][ENV_RUNTIME_IMAGE])
+
+
+def test_the_code_location_runs_the_spark_image_and_replicators_the_runtime_image(values: dict[str, Any]) -> None:
+    # deploy/Dockerfile's two targets, pushed under the same registry and tag: `spark` for the code server and the
+    # report runs (Java and pyspark), `runtime` for replicator and worker pods and the API (neither).
+    code = user_deployment(values)["image"]
+    registry, runtime = runtime_image(values).rsplit("/", 1)
+    assert code["repository"] == f"{registry}/mirus-dagster-spark"
+    assert runtime == f"mirus-dagster:{code['tag']}"
+
+
 def test_a_replicator_run_becomes_a_valid_kubernetes_job_with_its_resources_and_secrets(
-    values: dict[str, Any], tmp_path: Path
+    values: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = process_config(K8sRunLauncher.config_type(), rendered_run_launcher(values)).value
     assert config is not None
@@ -327,6 +342,8 @@ def test_a_replicator_run_becomes_a_valid_kubernetes_job_with_its_resources_and_
     offline = {**config, "load_incluster_config": False, "kubeconfig_file": str(kubeconfig)}
     launcher = K8sRunLauncher(**offline, k8s_client_batch_api=batch)
     image = f"{user_deployment(values)['image']['repository']}:{user_deployment(values)['image']['tag']}"
+    # The sensors run in the code server, with the user deployment's environment.
+    monkeypatch.setenv(ENV_RUNTIME_IMAGE, runtime_image(values))
     origin = JobPythonOrigin(
         "replicator",
         RepositoryPythonOrigin(
@@ -355,7 +372,8 @@ def test_a_replicator_run_becomes_a_valid_kubernetes_job_with_its_resources_and_
     kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
     pod = manifest["spec"]["template"]["spec"]
     [container] = pod["containers"]
-    assert container["image"] == image
+    # The runtime image the run's tag names, not the code location's (Spark) image.
+    assert container["image"] == runtime_image(values) != image
     assert container["resources"] == REPLICATOR_K8S_CONFIG["container_config"]["resources"]
     assert {"secretRef": {"name": "mirus-platform"}} in container["envFrom"]
     assert any(m["mountPath"] == SECRET_MOUNT and m.get("readOnly") for m in container["volumeMounts"])
@@ -372,7 +390,11 @@ def test_a_replicator_run_becomes_a_valid_kubernetes_job_with_its_resources_and_
     "launcher",
     [
         None,  # Dagster's default launcher, as under `mirus dev`
-        {"module": "dagster_docker", "class": "DockerRunLauncher", "config": {"network": "mirus"}},  # docker compose
+        {  # docker compose
+            "module": "mirus_dagster.docker_launcher",
+            "class": "MirusDockerRunLauncher",
+            "config": {"network": "mirus", "runtime_image": "mirus-dagster:local"},
+        },
     ],
 )
 def test_replicator_runs_carry_no_kubernetes_tag_under_other_launchers(launcher: dict[str, Any] | None) -> None:
@@ -394,7 +416,9 @@ def test_the_api_manifests_pass_kubernetes_schemas() -> None:
         kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
 
 
-def test_the_api_runs_the_code_locations_image_and_secrets_and_answers_its_probes(values: dict[str, Any]) -> None:
+def test_the_api_runs_the_runtime_image_with_the_code_locations_secrets_and_answers_probes(
+    values: dict[str, Any],
+) -> None:
     pod = api_manifests()["Deployment"]["spec"]["template"]["spec"]
     [container] = pod["containers"]
     command = container["command"]
@@ -403,7 +427,7 @@ def test_the_api_runs_the_code_locations_image_and_secrets_and_answers_its_probe
     [declared] = container["ports"]
     assert declared["containerPort"] == port
     code = user_deployment(values)
-    assert container["image"] == f"{code['image']['repository']}:{code['image']['tag']}"
+    assert container["image"] == runtime_image(values)  # no Java, no Spark: the API needs neither
     assert container["envFrom"] == [{"secretRef": secret} for secret in code["envSecrets"]]
     # Connector configs' ${file:...} references resolve in the API as in the code location.
     [mount] = [m for m in code["volumeMounts"] if m["mountPath"] == SECRET_MOUNT]

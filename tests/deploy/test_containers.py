@@ -1,0 +1,237 @@
+"""The compose deployment, up for real: docker-compose.yml with deploy/compose/host-network.yml, as a user runs it
+against their own clusters and Postgres (docs/DEPLOYMENT.md, section 1).
+
+One platform start for the module (`compose_platform`, tests/deploy/conftest.py): the engine from the shared script,
+both images built by `docker-compose build` (runtime and Spark, from deploy/Dockerfile, with layer caching), the
+platform's services (code server on the Spark image; webserver, daemon and API on the runtime image) started with
+`docker-compose up --no-deps`, against the session's Apache Kafka clusters and databases of its own on the session's
+Postgres. The scenarios run in order on it: the UI and REST API answer; a connector PUT over REST gets each task's
+owner and standby run in a labelled container of its own (runtime image), which copy every record; `docker kill` of
+an owner's container hands its task to the standby, nothing lost; the connector deleted over REST ends its
+containers; a report run starts from the Spark image and succeeds; every service's HEALTHCHECK passes; the last
+takes the deployment down and checks that no container, volume or process is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+import requests
+
+from mirus.waiting import wait_until
+from mirus_dagster.constants import KIND_REPLICATOR, KIND_REPORT, REPORTS_JOB, TAG_CONNECTOR, TAG_KIND, TAG_TASK
+from mirus_dagster.report_schedule import hour_key
+from mirus_dagster.settings import StackEndpoints
+from replicator.state.records import LeaseRow
+from replicator.state.store import Store
+from tests.deploy.compose_platform import (
+    RUN_LABEL,
+    RUNTIME_IMAGE,
+    SPARK_IMAGE,
+    ComposePlatform,
+    Container,
+    containers,
+    docker,
+    git_commit,
+)
+from tests.kafka_helpers import Traffic, create_topics, produce
+from tests.replica_check import check_replica
+
+CONNECTOR = f"ct-{uuid.uuid4().hex[:6]}"
+TOPIC = f"{CONNECTOR}-orders"
+PARTITIONS = 4
+TASKS = 2
+FIRST_RECORDS = 400
+RUNS_TIMEOUT_S = 180.0
+REPORT_TIMEOUT_S = 300.0
+
+log = logging.getLogger(__name__)
+
+
+@pytest.fixture(scope="module")
+def platform(compose_platform: tuple[ComposePlatform, Store]) -> ComposePlatform:
+    return compose_platform[0]
+
+
+@pytest.fixture(scope="module")
+def store(compose_platform: tuple[ComposePlatform, Store]) -> Store:
+    return compose_platform[1]
+
+
+def task_containers(platform: ComposePlatform, task: int | None = None) -> list[Container]:
+    """The running containers `docker ps` shows for the connector's tasks (or for one task)."""
+    filters = [f"label={RUN_LABEL}", f"label={TAG_CONNECTOR}={CONNECTOR}"]
+    if task is not None:
+        filters.append(f"label={TAG_TASK}={task}")
+    found = containers(*filters, running_only=True)
+    platform.run_containers.update(c.id for c in found)
+    return found
+
+
+def owner_run(store: Store, task: int) -> tuple[str, LeaseRow] | None:
+    """The run that holds the task's lease (its id ends the lease's owner), and the lease."""
+    lease = store.lease_of(CONNECTOR, task)
+    if lease is None or lease.state != "RUNNING" or not lease.owner:
+        return None
+    return lease.owner.rsplit(":", 1)[-1], lease
+
+
+def test_the_ui_and_the_api_answer(platform: ComposePlatform) -> None:
+    assert requests.get(f"{platform.ui}/server_info", timeout=10).ok
+    root = requests.get(f"{platform.api}/", timeout=10)
+    assert root.ok, root.text
+    assert root.json()["commit"] == git_commit()  # the build argument the images were built with
+    # Every other route asks for the token the token service generated into its volume.
+    assert platform.rest("GET", "/connectors").json() == []
+    guess = requests.get(f"{platform.api}/connectors", headers={"Authorization": "Bearer guess"}, timeout=10)
+    assert guess.status_code == 401
+    # Each service runs from the image meant for it, as the image's unprivileged user.
+    services = {c.labels["com.docker.compose.service"]: c for c in platform.service_containers() if c.running}
+    assert {name: c.image for name, c in services.items()} == {
+        "mirus-code": SPARK_IMAGE,
+        "dagster-webserver": RUNTIME_IMAGE,
+        "dagster-daemon": RUNTIME_IMAGE,
+        "mirus-api": RUNTIME_IMAGE,
+    }
+    for container in services.values():
+        assert docker("exec", container.id, "id", "-u").strip() == "10001", container.name
+
+
+def test_a_connector_put_over_rest_runs_each_task_in_a_labelled_container_of_its_own(
+    platform: ComposePlatform, store: Store, apache_kafka: StackEndpoints
+) -> None:
+    src, dst = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
+    create_topics(src, {TOPIC: PARTITIONS})
+    produce(src, ({"topic": TOPIC, "partition": i % PARTITIONS, "value": b"%06d" % i} for i in range(FIRST_RECORDS)))
+    properties = {
+        "name": CONNECTOR,
+        "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+        "consumer.bootstrap.servers": src,
+        "destination.consumer.bootstrap.servers": dst,
+        "topics.whitelist": TOPIC,
+        "tasks.max": str(TASKS),
+    }
+    put = platform.rest("PUT", f"/connectors/{CONNECTOR}/config", properties)
+    assert put.status_code == 201, put.text
+
+    # Each task's owner and its warm standby: a run each, each run a container of its own from the runtime image,
+    # labelled with the connector and task it runs.
+    def every_run_in_its_container() -> list[Container] | None:
+        runs = platform.runs({TAG_CONNECTOR: CONNECTOR, TAG_KIND: KIND_REPLICATOR}, statuses=["STARTED"])
+        running = task_containers(platform)
+        by_run = {c.labels.get("dagster/run_id"): c for c in running}
+        per_task = {task: [r for r in runs if r["tags"].get(TAG_TASK) == str(task)] for task in range(TASKS)}
+        if not all(len(r) >= 2 for r in per_task.values()) or not all(r["runId"] in by_run for r in runs):
+            return None
+        return [by_run[r["runId"]] for r in runs]
+
+    started = platform.until(every_run_in_its_container, RUNS_TIMEOUT_S, "an owner and a standby container per task")
+    assert len({c.id for c in started}) == len(started), "two runs share a container"
+    for container in started:
+        assert container.image == RUNTIME_IMAGE, container
+        assert container.labels[TAG_CONNECTOR] == CONNECTOR and container.labels[TAG_TASK] in {"0", "1"}
+        assert container.labels[TAG_KIND] == KIND_REPLICATOR
+        # The replicator's tighter memory limit (deploy/compose/run-launcher.yaml, runtime_container_kwargs).
+        assert container.memory_limit == 512 * 2**20, container
+    platform.remember_processes()
+    check_replica(src, TOPIC, dst, partitions=PARTITIONS, written=FIRST_RECORDS, timeout=120).assert_exactly_once()
+    # How long an owner's container took from its start to its task's claim (Python, Dagster, the code location).
+    for task in range(TASKS):
+        owner = owner_run(store, task)
+        assert owner is not None and owner[1].claimed_at is not None
+        [container] = [c for c in started if c.labels.get("dagster/run_id") == owner[0]]
+        log.info(
+            "task %d claimed %.1f s after its container started",
+            task,
+            owner[1].claimed_at.timestamp() - container.started_at,
+        )
+
+
+def test_docker_kill_of_the_owners_container_hands_the_task_to_its_standby_and_loses_nothing(
+    platform: ComposePlatform, store: Store, apache_kafka: StackEndpoints
+) -> None:
+    src, dst = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
+    traffic = Traffic(src, {TOPIC: PARTITIONS}, rate=100)
+    try:
+        owner = platform.until(lambda: owner_run(store, 0), 60, "task 0's owner")
+        victim_run, lease = owner
+        [victim] = [c for c in task_containers(platform, 0) if c.labels.get("dagster/run_id") == victim_run]
+        standbys = {c.id for c in task_containers(platform, 0)} - {victim.id}
+        assert standbys, "task 0 has no standby container"
+        platform.remember_processes()
+        docker("kill", victim.id)
+
+        def taken_over() -> tuple[str, LeaseRow] | None:
+            now = owner_run(store, 0)
+            return now if now and now[1].epoch > lease.epoch and now[0] != victim_run else None
+
+        new_owner, _ = platform.until(taken_over, 60, "task 0's standby to take the lease")
+        [successor] = [c for c in task_containers(platform, 0) if c.labels.get("dagster/run_id") == new_owner]
+        assert successor.id in standbys, "the task moved to another container than its standby"
+        # Records produced after the takeover too, for the new owner to copy.
+        more = traffic.written + 200
+        wait_until(lambda: traffic.written >= more, 60, 0.2, "200 more records produced")
+    finally:
+        written = traffic.stop()
+    assert not docker("ps", "-q", f"--filter=id={victim.id}").strip(), "the killed container still runs"
+    report = check_replica(src, TOPIC, dst, partitions=PARTITIONS, written=FIRST_RECORDS + written, timeout=120)
+    report.assert_at_least_once()
+    # The platform restores the task's standby: a new container for task 0 beside the new owner.
+    platform.until(
+        lambda: {c.id for c in task_containers(platform, 0)} - {victim.id, successor.id},
+        RUNS_TIMEOUT_S,
+        "a new standby container for task 0",
+    )
+
+
+def test_a_connector_deleted_over_rest_ends_its_runs_and_their_containers(platform: ComposePlatform) -> None:
+    deleted = platform.rest("DELETE", f"/connectors/{CONNECTOR}")
+    assert deleted.status_code == 204, deleted.text
+    platform.until(lambda: not task_containers(platform), RUNS_TIMEOUT_S, f"{CONNECTOR}'s containers to stop")
+    live = platform.runs({TAG_CONNECTOR: CONNECTOR}, statuses=["QUEUED", "STARTING", "STARTED", "CANCELING"])
+    assert not live, f"runs still live: {[r['runId'] for r in live]}"
+
+
+def test_a_report_run_starts_from_the_spark_image_and_succeeds(platform: ComposePlatform) -> None:
+    """Report runs keep the code location's image (the Spark one: Java and pyspark), with every run's limits (a
+    Spark driver beside Python), and compute the reports over what the replicators recorded."""
+    partition = hour_key(datetime.now(UTC))
+    run_id = platform.launch(REPORTS_JOB, {"dagster/partition": partition})
+
+    def finished() -> dict[str, object] | None:
+        [run] = [r for r in platform.runs({TAG_KIND: KIND_REPORT}) if r["runId"] == run_id]
+        return run if run["status"] in ("SUCCESS", "FAILURE", "CANCELED") else None
+
+    run = platform.until(finished, REPORT_TIMEOUT_S, "the report run to end")
+    log.info("report run: %.0f s from its launch to its end", run["endTime"] - run["creationTime"])
+    [container] = platform.run_containers_of([run_id])
+    assert container.image == SPARK_IMAGE and container.labels[TAG_KIND] == KIND_REPORT
+    assert container.memory_limit == 2 * 2**30
+    assert run["status"] == "SUCCESS", (
+        f"report run {run_id} ended {run['status']}: {docker('logs', '--tail', '30', container.id)}"
+    )
+
+
+def test_the_services_report_healthy(platform: ComposePlatform) -> None:
+    """The images' HEALTHCHECK, in each role: the code server's gRPC health, the webserver's /server_info, the
+    daemon's liveness check, the API's GET / (deploy/healthcheck.py). Docker checks every 30 s after a grace
+    period of 60 s, so the earlier scenarios gave each check its time."""
+
+    def healthy() -> dict[str, str] | None:
+        health = {c.labels["com.docker.compose.service"]: c.health for c in platform.service_containers() if c.running}
+        return health if set(health.values()) == {"healthy"} else None
+
+    health = platform.until(healthy, 90, "every service's healthcheck to pass")
+    assert set(health) == {"mirus-code", "dagster-webserver", "dagster-daemon", "mirus-api"}
+
+
+def test_down_leaves_no_container_volume_or_process_behind(platform: ComposePlatform) -> None:
+    platform.remember_processes()
+    seen = set(platform.run_containers)
+    assert seen, "no run container was seen"
+    leftovers = platform.down()
+    assert not leftovers, f"left behind: {leftovers}"
+    assert not [c for c in containers(f"label={RUN_LABEL}") if c.id in seen]
