@@ -192,8 +192,15 @@ class ReplicationTask:
             self.forwarder.drain(10)
             self.committer.commit_now()
             self.reader.close()
+            self.clients_open = False  # until the new ones are made: a failure in between has nothing left to close
         self.config = config
         self.version, self.restart_marker = record.version, restart_marker
+        # Clusters are known by their Kafka cluster id (aliases are display names that may coincide). Asked first: a
+        # cluster that refuses the connection fails the start here at once, naming the refusal, before any other
+        # request waits out its timeout against it.
+        self.source_cluster = cluster_id(ClusterAdmin(config.admin_settings("source")), "source", config.source_alias)
+        self.destination_cluster = cluster_id(self.follower.destination_admin(), "destination", config.target_alias)
+        self.origin_header = (provenance.ORIGIN, self.source_cluster.encode())
         # Clients sized for the topics the task serves: those it owns and those assigned to it (a first start owns
         # none yet), their limits read first (only those never read: one request per cluster).
         assigned = self.store.read_assignment(self.connector).get(self.task_id, [])
@@ -209,10 +216,6 @@ class ReplicationTask:
         if self.owning:
             self.committer.start()
         self.clients_open = True
-        # Clusters are known by their Kafka cluster id (aliases are display names that may coincide).
-        self.source_cluster = cluster_id(ClusterAdmin(config.admin_settings("source")), "source", config.source_alias)
-        self.destination_cluster = cluster_id(self.follower.destination_admin(), "destination", config.target_alias)
-        self.origin_header = (provenance.ORIGIN, self.source_cluster.encode())
         was_paused = list(self.book.paused)
         self.book.clear()
         self.follower.start(owned)
