@@ -287,11 +287,6 @@ class ConnectorConfig(BaseModel):
             "linger.ms": 5,
             "batch.size": 1024 * 1024,
             "batch.num.messages": 10000,
-            # lz4: the provenance headers repeat in every record, so a batch shrinks 2.8-4.7x on JSON-like records
-            # (fewer bytes to the destination, which across a WAN is what costs), and the copy was faster for it
-            # with no more CPU, on a 50 ms link and on loopback alike (benchmarks/README.md, "Across a wide-area
-            # link"). zstd compresses more but needs Kafka 2.1+: librdkafka sends it uncompressed to older brokers.
-            "compression.type": "lz4",
             # Room for ten consume batches; the task reads no more while a batch would not fit (its intake limit),
             # so a slow destination leaves the backlog in Kafka: at 1,000,000 a task catching up over 10,000
             # partitions held 490 MiB, at 100,000 under 300 MiB, in the same time.

@@ -429,10 +429,7 @@ def properties_markdown() -> str:
         "unless `consumer.queued.max.messages.kbytes` says otherwise. `consumer.*` settings apply to all; the quiet "
         "ones keep their two. The producer queues at most 100,000 records by default "
         "(`producer.queue.buffering.max.messages`); the task reads no more while a batch (10,000) would not fit, so "
-        "a destination slower than the source leaves the backlog in Kafka. It compresses its batches with lz4 "
-        "(`producer.compression.type`, `none` to turn it off; `zstd` needs a destination on Kafka 2.1 or later, "
-        "older ones get such batches uncompressed) and waits at most 5 ms for a batch to fill "
-        '(`producer.linger.ms`); docs/DEPLOYMENT.md, "Across a wide-area link", has what each costs.',
+        "a destination slower than the source leaves the backlog in Kafka.",
         "",
         "| prefix | client | description |",
         "|---|---|---|",
