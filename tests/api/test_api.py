@@ -662,6 +662,6 @@ def test_the_version_probe_names_the_destination_the_watcher_recorded_without_a_
         store.update_flow(unique, destination_cluster_id="the-secured-destination")
         # Nothing listens at the platform's destination address: asking it would answer nothing.
         api = ConnectApi(store, "localhost:8083", destination_bootstrap_servers="127.0.0.1:1")
-        assert api.cluster_id() == "the-secured-destination"
+        assert api.root.cluster_id() == "the-secured-destination"
     finally:
         engine.dispose()
