@@ -1,5 +1,5 @@
 """librdkafka as the judge of client settings: a throw-away client is created (never connected) and its complaints
-are collected, one setting at a time, for the submission checks of `replicator.configuration.connector`.
+are collected, one setting at a time, for the submission checks of `replicator.configuration.client_rules`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Every connector property, declared once (as MirrorMaker 2's `ConfigDef.define` does).
 
 `PROPERTIES` is the one table: name, aliases, type, default, bounds, doc, secret or not, and what reads it. From
-it come the bounds and descriptions of the `ConnectorConfig` model's simple fields (`replicator.configuration.connector`
+it come the bounds and descriptions of the `ConnectorConfig` model's simple fields (`replicator.configuration.model`
 declares each, typed, so that type checkers and editors see them; tests/configuration/test_config_model.py holds the
 declarations to the table), the list of known properties, the bounds in error messages, "did you mean" hints and
 the reference page docs/CONNECTOR-PROPERTIES.md.
 
 Adding a property is one row (and, for a row with a `field`, that field declared on the model with the row's type
-and default). A row with a `field` is read, checked and set on the model by the generic reader;
-a row with a `part` instead is read by that part's own code in `replicator.configuration.connector` (selection, naming),
-which needs several properties at once. `CLIENT_PREFIXES` declares the prefixes that carry librdkafka settings.
+and default). A row with a `field` is read, checked and set on the model by the generic reader; a row with a `part`
+instead is read by that part's own code in `replicator.configuration.topic_rules` (selection, naming), which needs
+several properties at once. `CLIENT_PREFIXES` declares the prefixes that carry librdkafka settings.
 
 Regenerate the docs page after changing the table: `python -m replicator.configuration.properties >
 docs/CONNECTOR-PROPERTIES.md` (a test fails while it is stale).
@@ -344,6 +344,17 @@ GROUPS: dict[str, str] = _sections()  # property name -> its section
 SPECS: dict[str, PropertySpec] = {name: spec for spec in PROPERTIES for name in spec.names}
 KNOWN_PROPERTIES = frozenset(SPECS)
 FIELD_PROPERTIES: dict[str, str] = {spec.field: spec.name for spec in PROPERTIES if spec.field}
+
+
+def client_setting(name: str) -> tuple[Client | None, str]:
+    """Which client a property configures, and the librdkafka setting it names (`(None, name)` if none)."""
+    spec = SPECS.get(name)
+    if spec is not None:
+        return (spec.client, spec.setting) if spec.client else (None, name)
+    for prefix in CLIENT_PREFIXES:
+        if name.startswith(prefix.prefix):
+            return prefix.client, name.removeprefix(prefix.prefix)
+    return None, name
 
 
 def _default(spec: PropertySpec) -> str:

@@ -2,8 +2,8 @@
 
 `PropertyReader` holds the properties (references resolved), the problems found so far and the rules for what a
 message may show: a secret or a value that came from a reference never appears. `read(spec)` reads one row of
-`replicator.configuration.properties` with its type, bounds and choices; `replicator.configuration.connector` and
-`replicator.configuration.topic_rules` build on it.
+`replicator.configuration.properties` with its type, bounds and choices; `replicator.configuration.parser`,
+`replicator.configuration.topic_rules` and `replicator.configuration.client_rules` build on it.
 """
 
 from __future__ import annotations
