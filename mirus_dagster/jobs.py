@@ -41,7 +41,7 @@ from mirus_dagster.constants import (
 from mirus_dagster.resources import PlatformDatabase
 from mirus_dagster.run_history import scrub_run_config
 from mirus_dagster.settings import PlatformSettings, example_connector
-from replicator.configuration import connectors
+from replicator.configuration import administration
 from replicator.configuration.connector import ConnectorConfigError
 from replicator.configuration.masking import literal_secrets
 from replicator.discovery.monitor import MonitorResult
@@ -245,12 +245,12 @@ _ADMIN = {
 }
 
 
-# The operations themselves are `replicator.configuration.connectors`'s, shared with the REST API and the CLI.
+# The operations themselves are `replicator.configuration.administration`'s, shared with the REST API and the CLI.
 _ACTIONS: dict[str, Callable[[Store, str], None]] = {
-    "pause": connectors.pause_connector,
-    "resume": connectors.resume_connector,
-    "restart": connectors.restart_connector,
-    "delete": connectors.delete_connector,
+    "pause": administration.pause_connector,
+    "resume": administration.resume_connector,
+    "restart": administration.restart_connector,
+    "delete": administration.delete_connector,
 }
 
 
@@ -271,7 +271,7 @@ def _put_connector_job(connectors_event: ConnectorsEvent) -> dg.JobDefinition:
     def store_connector(context: dg.OpExecutionContext, config: PutConnectorConfig, platform: PlatformDatabase) -> None:
         store = platform.store()
         try:
-            stored = connectors.put_connector(store, config.properties)
+            stored = administration.put_connector(store, config.properties)
         except ConnectorConfigError as exc:
             # Dagster stored this run's config before the op ran: a secret typed in clear must not stay there.
             typed = literal_secrets(config.properties)
@@ -316,14 +316,14 @@ def _state_job(action: str, connectors_event: ConnectorsEvent) -> dg.JobDefiniti
 
 
 def _partition_jobs(connectors_event: ConnectorsEvent) -> list[dg.JobDefinition]:
-    """Pause and resume one source partition by hand (`replicator.configuration.connectors.pause_partition`)."""
+    """Pause and resume one source partition by hand (`replicator.configuration.administration.pause_partition`)."""
 
     @dg.op(name=f"{PAUSE_PARTITION_JOB}_op", description="Pause one source partition by hand, with a reason.")
     def pause_one(context: dg.OpExecutionContext, config: PartitionPauseConfig, platform: PlatformDatabase) -> None:
         _tag_connector(context, config.name)
         store = platform.store()
         try:
-            connectors.pause_partition(store, config.name, (config.topic, config.partition), config.reason)
+            administration.pause_partition(store, config.name, (config.topic, config.partition), config.reason)
         except (UnknownConnectorError, PartitionPauseError) as exc:
             raise _fail(f"nothing was paused: {exc}") from None
         shown = f"{config.topic}[{config.partition}] of {config.name}"
@@ -336,7 +336,7 @@ def _partition_jobs(connectors_event: ConnectorsEvent) -> list[dg.JobDefinition]
         store = platform.store()
         shown = f"{config.topic}[{config.partition}] of {config.name}"
         try:
-            resumed = connectors.resume_partition(store, config.name, (config.topic, config.partition))
+            resumed = administration.resume_partition(store, config.name, (config.topic, config.partition))
         except UnknownConnectorError as exc:
             raise _fail(str(exc)) from None
         if not resumed:

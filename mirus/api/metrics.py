@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from replicator.configuration import connectors
+from replicator.configuration import administration
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load
 from replicator.discovery.heartbeats import liveness_s
 from replicator.discovery.monitor import plan_partitions
@@ -218,7 +218,7 @@ class StoreCollector(Collector):
             age = liveness_s(status.heartbeats, status.heartbeats_committed)
             if status.name in configs and age is not None:
                 flow_heartbeat.add_metric([status.name], age)
-        for connect in connectors.connect_statuses(self.store, now=now):
+        for connect in administration.connect_statuses(self.store, now=now):
             name, config = connect.name, configs.get(connect.name)
             if config is None:
                 continue
@@ -231,7 +231,7 @@ class StoreCollector(Collector):
             for state in TASK_STATES:
                 tasks.add_metric([name, state], counts.get(state, 0))
             causes = Counter(p.cause for p in connect.partitions if p.state == PartitionHealth.PAUSED)
-            for cause in connectors.PAUSE_CAUSES:  # every cause, 0 included: an alert sees it clear
+            for cause in administration.PAUSE_CAUSES:  # every cause, 0 included: an alert sees it clear
                 paused.add_metric([name, cause], causes.get(cause, 0))
             leases = self.store.leases(name)  # tasks no longer assigned too: their restarts still count
             assigned = {t.task_id for t in connect.tasks}

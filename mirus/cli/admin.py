@@ -1,6 +1,6 @@
 """`mirus connectors`, `mirus offsets` and `mirus api`: administration from a shell, on the store directly.
 
-The commands call `replicator.configuration.connectors`, the code path of the launchpad jobs and the HTTP API, so a
+The commands call `replicator.configuration.administration`, the code path of the launchpad jobs and the HTTP API, so a
 change made here validates the same way and shows in Dagster the same way. Offsets use Mirus's offset tool formats.
 """
 
@@ -18,7 +18,7 @@ from mirus.local.stack import LocalStack
 from mirus_dagster.settings import PlatformSettings, StackEndpoints
 from replicator.assignment import SourcePartition
 from replicator.clusters import MetadataUnavailableError
-from replicator.configuration import connectors
+from replicator.configuration import administration
 from replicator.configuration.connector import ConnectorConfigError
 from replicator.configuration.masking import mask_properties
 from replicator.configuration.secrets import parse_java_properties
@@ -90,7 +90,7 @@ def connectors_list() -> None:
 def connectors_get(name: str) -> None:
     """A connector's configuration (secrets masked) and status, as JSON."""
     store = _store()
-    status = _run(lambda: connectors.connect_status(store, name))
+    status = _run(lambda: administration.connect_status(store, name))
     record = store.get_connector(name)
     click.echo(
         json.dumps(
@@ -147,7 +147,7 @@ def connectors_put(name: str | None, source: TextIO, paused: bool) -> None:
             raise click.ClickException(f"the file names connector {given!r}, the command line {name!r}")
     store = _store()
     state = ConnectorState.PAUSED if paused else ConnectorState.RUNNING
-    stored = _run(lambda: connectors.put_connector(store, properties, state))
+    stored = _run(lambda: administration.put_connector(store, properties, state))
     click.echo(f"connector {stored.name} {'created' if stored.created else 'updated'} (version {stored.version})")
 
 
@@ -160,10 +160,10 @@ def _state_command(action: str, operation: Callable[[Store, str], None], help_te
         click.echo(f"{action}: {name}")
 
 
-_state_command("pause", connectors.pause_connector, "Pause: tasks commit and stop until resumed.")
-_state_command("resume", connectors.resume_connector, "Resume: tasks start again from their committed offsets.")
-_state_command("restart", connectors.restart_connector, "Restart the connector's tasks in place (new clients).")
-_state_command("delete", connectors.delete_connector, "Delete the connector; its offsets are kept.")
+_state_command("pause", administration.pause_connector, "Pause: tasks commit and stop until resumed.")
+_state_command("resume", administration.resume_connector, "Resume: tasks start again from their committed offsets.")
+_state_command("restart", administration.restart_connector, "Restart the connector's tasks in place (new clients).")
+_state_command("delete", administration.delete_connector, "Delete the connector; its offsets are kept.")
 
 
 @connectors_group.command("pause-partition")
@@ -175,7 +175,7 @@ def connectors_pause_partition(name: str, topic: str, partition: int, reason: st
     """Pause one source partition by hand: its task stops reading it (the others flow on), also after restarts,
     until `resume-partition`."""
     store = _store()
-    _run(lambda: connectors.pause_partition(store, name, (topic, partition), reason))
+    _run(lambda: administration.pause_partition(store, name, (topic, partition), reason))
     click.echo(f"paused {topic}[{partition}] of {name}: {reason.strip()}")
 
 
@@ -186,7 +186,7 @@ def connectors_pause_partition(name: str, topic: str, partition: int, reason: st
 def connectors_resume_partition(name: str, topic: str, partition: int) -> None:
     """Resume a partition paused by hand: read again from its first unacknowledged offset."""
     store = _store()
-    if not _run(lambda: connectors.resume_partition(store, name, (topic, partition))):
+    if not _run(lambda: administration.resume_partition(store, name, (topic, partition))):
         raise click.ClickException(f"{topic}[{partition}] of {name} is not paused by an operator")
     click.echo(f"resumed {topic}[{partition}] of {name}")
 
@@ -253,7 +253,7 @@ def offsets_reset(source: TextIO, fmt: Format) -> None:
     if refused:
         raise click.ClickException("no offsets were changed:\n" + "\n".join(refused))
     for name, offsets in sorted(by_connector.items()):
-        _run(partial(connectors.alter_offsets, store, name, offsets))
+        _run(partial(administration.alter_offsets, store, name, offsets))
         click.echo(f"{name}: {len(offsets)} partition offset(s) written")
 
 
@@ -268,11 +268,11 @@ def offsets_import_group(name: str, group: str, fmt: Format, dry_run: bool) -> N
     For taking over from MirrorMaker: stop MirrorMaker, create the connector paused, import, resume.
     """
     store = _store()
-    offsets = _run(lambda: connectors.group_offsets(store, name, group))
+    offsets = _run(lambda: administration.group_offsets(store, name, group))
     if not offsets:
         raise click.ClickException(f"group {group!r} has no committed offsets for the partitions {name} selects")
     if not dry_run:
-        _run(lambda: connectors.alter_offsets(store, name, dict(offsets)))
+        _run(lambda: administration.alter_offsets(store, name, dict(offsets)))
     lines = [OffsetLine(name, t, p, o) for (t, p), o in sorted(offsets.items())]
     click.echo(write_offsets(lines, fmt), nl=False)
     click.echo(f"{'would write' if dry_run else 'wrote'} {len(lines)} offset(s) from group {group}", err=True)

@@ -29,7 +29,7 @@ from sqlalchemy import Engine
 from mirus.api.app import ENV_COMMIT
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
-from replicator.configuration import connectors
+from replicator.configuration import administration
 from replicator.state.records import ConnectorState
 from replicator.state.store import Store
 from tests.conftest import free_port
@@ -125,10 +125,10 @@ def seed(store: Store, stack: StackEndpoints) -> None:
         if store.connector_head(name) is not None:
             continue
         properties = connector_properties(stack, name, **{"connector.class": cls, "topics": TOPIC, "tasks.max": "2"})
-        connectors.put_connector(store, properties, state)
+        administration.put_connector(store, properties, state)
         store.write_assignment(name, {0: [(TOPIC, 0)], 1: [(TOPIC, 1)]})
         if state == ConnectorState.PAUSED:
-            connectors.alter_offsets(store, name, {(TOPIC, 0): 5})
+            administration.alter_offsets(store, name, {(TOPIC, 0): 5})
 
 
 def stored(store: Store) -> list[tuple[Any, ...]]:

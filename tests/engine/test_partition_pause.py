@@ -21,7 +21,7 @@ from mirus.waiting import wait_until
 from mirus_dagster.constants import CONNECTORS_ASSET, PAUSE_PARTITION_JOB, RESUME_PARTITION_JOB
 from mirus_dagster.definitions import admin_jobs, kafka_monitor
 from mirus_dagster.settings import StackEndpoints
-from replicator.configuration import connectors
+from replicator.configuration import administration
 from replicator.engine.task import TaskExit
 from replicator.state.records import OPERATOR_PAUSE, PartitionPauseError
 from replicator.state.store import Store
@@ -59,7 +59,7 @@ def test_a_partition_paused_by_hand_stops_alone_stays_paused_across_a_restart_an
         committed = lambda p: store.load_offsets(unique).get((topic, p), 0)  # noqa: E731
         wait_until(lambda: committed(0) >= 100 and committed(1) >= 100, timeout=60, what="both partitions to flow")
 
-        connectors.pause_partition(store, unique, (topic, 0), "  poison record at 1234 ")
+        administration.pause_partition(store, unique, (topic, 0), "  poison record at 1234 ")
         wait_until(lambda: _pause_event(runner, topic, "poison record at 1234"), timeout=10, what="the pause")
         # What it had produced is acknowledged and committed (within a commit interval); then it stays there while
         # the other partition flows on.
@@ -79,7 +79,7 @@ def test_a_partition_paused_by_hand_stops_alone_stays_paused_across_a_restart_an
         wait_until(lambda: committed(1) >= before + 200, timeout=30, what="p1 to flow after the restart")
         assert committed(0) == held
 
-        assert connectors.resume_partition(store, unique, (topic, 0))
+        assert administration.resume_partition(store, unique, (topic, 0))
         resumed = f"resumed {topic}[0] at offset {held} (was: {OPERATOR_PAUSE}: poison record at 1234)"
         wait_until(lambda: resumed in runner.events, timeout=10, what="the resume")
         written = traffic.stop()
@@ -101,13 +101,13 @@ def test_a_pause_naming_a_partition_the_connector_does_not_replicate_is_refused_
     create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
     head = store.connector_head(unique)
     with pytest.raises(PartitionPauseError, match=rf"does not replicate {unique}\[7\]: its assignment holds 1"):
-        connectors.pause_partition(store, unique, (unique, 7), "why not")
+        administration.pause_partition(store, unique, (unique, 7), "why not")
     with pytest.raises(PartitionPauseError, match="a reason is required"):
-        connectors.pause_partition(store, unique, (unique, 0), "   ")
+        administration.pause_partition(store, unique, (unique, 0), "   ")
     with pytest.raises(PartitionPauseError, match="at most 1000"):
-        connectors.pause_partition(store, unique, (unique, 0), "x" * 1001)
+        administration.pause_partition(store, unique, (unique, 0), "x" * 1001)
     assert store.connector_head(unique) == head and not store.partition_pauses(unique)
-    assert not connectors.resume_partition(store, unique, (unique, 0))
+    assert not administration.resume_partition(store, unique, (unique, 0))
 
 
 def test_the_rest_api_cli_and_launchpad_pause_and_resume_a_partition_and_the_asset_shows_why(
@@ -181,7 +181,7 @@ def test_a_pause_made_outside_dagster_is_recorded_on_the_connectors_asset_at_the
     first = evaluate(kafka_monitor, instance, resources, None)
     assert isinstance(first, dg.SensorResult)
 
-    connectors.pause_partition(store, unique, (unique, 0), "replaying a bad deploy")
+    administration.pause_partition(store, unique, (unique, 0), "replaying a bad deploy")
     after = evaluate(kafka_monitor, instance, resources, first.cursor)
 
     assert isinstance(after, dg.SensorResult)

@@ -9,7 +9,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
-from replicator.configuration import connectors
+from replicator.configuration import administration
 from replicator.engine.task import TaskExit
 from replicator.state.store import Store
 from tests.engine_helpers import TaskThread, connector_properties, create_connector
@@ -71,7 +71,7 @@ def test_a_throttle_holds_the_rate_and_a_new_limit_applies_without_new_clients(
 
         # Now by bytes: 1 MB/s of 1,000-byte values, about 1,000 records a second, with the same clients.
         faster = {"replication.throttle.records.per.second": 0, "replication.throttle.bytes.per.second": 1_000_000}
-        connectors.put_connector(store, {**properties, **faster})
+        administration.put_connector(store, {**properties, **faster})
         wait_until(lambda: len(clock.arrivals) >= total, timeout=30, what="every copy")
         kept = "configuration version 2: throttle changed, clients kept"
         wait_until(lambda: kept in runner.events, timeout=5, what="the new limit, applied in place")

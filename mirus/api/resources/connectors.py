@@ -1,5 +1,5 @@
 """`/connectors` and `/connectors/{name}`: list, create, read, reconfigure, pause, resume, restart and delete a
-connector, and the topics it uses. Every change goes through `replicator.configuration.connectors`."""
+connector, and the topics it uses. Every change goes through `replicator.configuration.administration`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from mirus.api.resources.calls import ApiError, Call, json_object
 from mirus.api.resources.shapes import ConnectorShapes
-from replicator.configuration import connectors
+from replicator.configuration import administration
 from replicator.configuration.connector import ConnectorConfigError
 from replicator.state.records import ConnectorState
 
@@ -23,7 +23,7 @@ class ConnectorsResource:
         expand = call.query.get("expand")
         if not expand:
             return JSONResponse([r.name for r in self.shapes.store.list_connectors()])
-        statuses = {s.name: s for s in connectors.connect_statuses(self.shapes.store)}  # one query for all
+        statuses = {s.name: s for s in administration.connect_statuses(self.shapes.store)}  # one query for all
         out: dict[str, dict[str, Any]] = {}
         for name, status in statuses.items():
             expansions: dict[str, Any] = {}
@@ -85,7 +85,7 @@ class ConnectorsResource:
     def restart_connector(self, call: Call) -> Response:
         name = call.path["name"]
         include_tasks, only_failed = call.flag("includeTasks"), call.flag("onlyFailed")
-        self.shapes.apply(connectors.restart_connector, name)
+        self.shapes.apply(administration.restart_connector, name)
         if not include_tasks and not only_failed:
             return Response(status_code=204)
         status = self.shapes.status(name)
@@ -96,20 +96,20 @@ class ConnectorsResource:
         return JSONResponse(status, status_code=202)
 
     def pause(self, call: Call) -> Response:
-        self.shapes.apply(connectors.pause_connector, call.path["name"])
+        self.shapes.apply(administration.pause_connector, call.path["name"])
         return Response(status_code=202)
 
     def resume(self, call: Call) -> Response:
-        self.shapes.apply(connectors.resume_connector, call.path["name"])
+        self.shapes.apply(administration.resume_connector, call.path["name"])
         return Response(status_code=202)
 
     def delete(self, call: Call) -> Response:
-        self.shapes.apply(connectors.delete_connector, call.path["name"])
+        self.shapes.apply(administration.delete_connector, call.path["name"])
         return Response(status_code=204)
 
-    def _put(self, config: dict[str, Any], state: ConnectorState) -> connectors.StoredConnector:
+    def _put(self, config: dict[str, Any], state: ConnectorState) -> administration.StoredConnector:
         try:
-            return connectors.put_connector(self.shapes.store, config, state)
+            return administration.put_connector(self.shapes.store, config, state)
         except ConnectorConfigError as exc:
             raise _invalid(exc) from None
 

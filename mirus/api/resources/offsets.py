@@ -14,7 +14,7 @@ from mirus.api.resources.calls import ApiError, Call, json_object, not_found
 from mirus.api.resources.plugins import plugin_matches
 from mirus.api.resources.shapes import ConnectorShapes
 from replicator.assignment import SourcePartition
-from replicator.configuration import connectors
+from replicator.configuration import administration
 from replicator.configuration.properties import MM2_CONNECTOR_CLASS, SPECS
 from replicator.state.records import ConnectorNotStoppedError, TasksStillStoppingError, UnknownConnectorError
 
@@ -57,7 +57,7 @@ class OffsetsResource:
 
     def _alter(self, name: str, offsets: dict[SourcePartition, int | None] | None) -> None:
         try:
-            connectors.alter_offsets(self.shapes.store, name, offsets)
+            administration.alter_offsets(self.shapes.store, name, offsets)
         except UnknownConnectorError:
             raise not_found(name) from None
         except TasksStillStoppingError as exc:

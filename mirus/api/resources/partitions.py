@@ -9,7 +9,7 @@ from starlette.responses import JSONResponse, Response
 
 from mirus.api.resources.calls import ApiError, Call, json_object, not_found
 from mirus.api.resources.shapes import ConnectorShapes
-from replicator.configuration import connectors
+from replicator.configuration import administration
 from replicator.state.records import PartitionPauseError, UnknownConnectorError
 
 
@@ -24,7 +24,7 @@ class PartitionPausesResource:
         if not isinstance(reason, str):
             raise ApiError(400, 'Request body must be {"reason": "<why the partition is paused>"}')
         try:
-            connectors.pause_partition(self.shapes.store, name, tp, reason)
+            administration.pause_partition(self.shapes.store, name, tp, reason)
         except UnknownConnectorError:
             raise not_found(name) from None
         except PartitionPauseError as exc:
@@ -34,7 +34,7 @@ class PartitionPausesResource:
     def resume_partition(self, call: Call) -> Response:
         name, (topic, partition) = call.path["name"], (call.path["topic"], call.path["partition"])
         try:
-            resumed = connectors.resume_partition(self.shapes.store, name, (topic, partition))
+            resumed = administration.resume_partition(self.shapes.store, name, (topic, partition))
         except UnknownConnectorError:
             raise not_found(name) from None
         if not resumed:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mirus.api.resources.calls import not_found
-from replicator.configuration import connectors
+from replicator.configuration import administration
 from replicator.configuration.masking import mask_properties
 from replicator.state.records import ConnectorRecord, UnknownConnectorError
 from replicator.state.store import Store
@@ -43,11 +43,11 @@ class ConnectorShapes:
 
     def status(self, name: str) -> dict[str, Any]:
         try:
-            return self.status_body(connectors.connect_status(self.store, name))
+            return self.status_body(administration.connect_status(self.store, name))
         except UnknownConnectorError:
             raise not_found(name) from None
 
-    def status_body(self, status: connectors.ConnectStatus) -> dict[str, Any]:
+    def status_body(self, status: administration.ConnectStatus) -> dict[str, Any]:
         connector: dict[str, Any] = {"state": status.state, "worker_id": self.worker_id}
         if status.trace:
             connector["trace"] = status.trace
@@ -73,7 +73,7 @@ def config_strings(props: Mapping[str, object]) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in props.items()}
 
 
-def _stopped(partition: connectors.StoppedPartition) -> dict[str, Any]:
+def _stopped(partition: administration.StoppedPartition) -> dict[str, Any]:
     return {
         "topic": partition.topic,
         "partition": partition.partition,
@@ -84,7 +84,7 @@ def _stopped(partition: connectors.StoppedPartition) -> dict[str, Any]:
     }
 
 
-def _task_state(task: connectors.ConnectTaskStatus) -> dict[str, Any]:
+def _task_state(task: administration.ConnectTaskStatus) -> dict[str, Any]:
     out: dict[str, Any] = {"id": task.task_id, "state": task.state, "worker_id": task.worker}
     if task.trace:
         out["trace"] = task.trace

@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from mirus.api.resources.calls import ApiError, Call, not_found
 from mirus.api.resources.shapes import ConnectorShapes, config_strings
-from replicator.configuration import connectors
+from replicator.configuration import administration
 from replicator.configuration.masking import mask_properties
 
 
@@ -50,5 +50,5 @@ class TasksResource:
             raise not_found(name)
         if task_id not in self.shapes.store.read_assignment(name):
             raise ApiError(404, f"Unknown task: {name}-{task_id}")
-        self.shapes.apply(connectors.restart_connector, name)
+        self.shapes.apply(administration.restart_connector, name)
         return Response(status_code=204)
