@@ -32,10 +32,10 @@ from replicator.state.records import (
 )
 from replicator.state.schema import (
     Connector,
-    ConnectorConfig,
+    ConnectorVersion,
     MetricTotal,
-    PartitionLag,
     PartitionPause,
+    TopicLags,
 )
 
 
@@ -107,16 +107,16 @@ class ConnectorStore(StoreBase):
                 row.tasks_max = tasks_max
                 row.updated_at = func.now()
             s.flush()
-            s.add(ConnectorConfig(connector=name, version=row.version, config=dict(properties)))
+            s.add(ConnectorVersion(connector=name, version=row.version, config=dict(properties)))
             return row.version
 
     def get_connector(self, name: str) -> ConnectorRecord:
         with Session(self.engine) as s:
             row = s.execute(
-                select(Connector, ConnectorConfig.config)
+                select(Connector, ConnectorVersion.config)
                 .join(
-                    ConnectorConfig,
-                    and_(ConnectorConfig.connector == Connector.name, ConnectorConfig.version == Connector.version),
+                    ConnectorVersion,
+                    and_(ConnectorVersion.connector == Connector.name, ConnectorVersion.version == Connector.version),
                 )
                 .where(Connector.name == name)
             ).one_or_none()
@@ -127,10 +127,10 @@ class ConnectorStore(StoreBase):
     def list_connectors(self) -> list[ConnectorRecord]:
         with Session(self.engine) as s:
             rows = s.execute(
-                select(Connector, ConnectorConfig.config)
+                select(Connector, ConnectorVersion.config)
                 .join(
-                    ConnectorConfig,
-                    and_(ConnectorConfig.connector == Connector.name, ConnectorConfig.version == Connector.version),
+                    ConnectorVersion,
+                    and_(ConnectorVersion.connector == Connector.name, ConnectorVersion.version == Connector.version),
                 )
                 .order_by(Connector.name)
             ).all()
@@ -213,7 +213,7 @@ class ConnectorStore(StoreBase):
         Offsets and metric samples are kept (a connector of the same name resumes; reports keep their history)."""
         with Session(self.engine) as s, s.begin():
             s.execute(delete(MetricTotal).where(MetricTotal.connector == name))
-            s.execute(delete(PartitionLag).where(PartitionLag.connector == name))
+            s.execute(delete(TopicLags).where(TopicLags.connector == name))
             return rowcount(s.execute(delete(Connector).where(Connector.name == name))) > 0
 
     def connector_statuses(self, name: str | None = None) -> list[ConnectorStatus]:

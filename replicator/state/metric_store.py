@@ -31,7 +31,7 @@ from replicator.state.schema import (
     Connector,
     MetricSample,
     MetricTotal,
-    PartitionLag,
+    TopicLags,
 )
 
 # Every changed lag of an interval in one statement, a row per topic as `_MERGE_OFFSETS` writes offsets: a
@@ -147,20 +147,20 @@ class MetricStore(StoreBase):
 
     def partition_lags(self, connector: str) -> dict[SourcePartition, int | None]:
         """Each measured source partition's latest lag (None where the broker gave no usable end)."""
-        return {(t, p): lag for _, t, p, lag in self._measured_lags(PartitionLag.connector == connector)}
+        return {(t, p): lag for _, t, p, lag in self._measured_lags(TopicLags.connector == connector)}
 
     def known_partition_lags(self) -> list[PartitionLagRow]:
         """The latest known lag of every partition of every connector (brokers with unusable high watermarks report
         none), by connector, topic and partition."""
-        measured = self._measured_lags(PartitionLag.connector.in_(select(Connector.name)))
+        measured = self._measured_lags(TopicLags.connector.in_(select(Connector.name)))
         return [PartitionLagRow(c, t, p, lag) for c, t, p, lag in measured if lag is not None]
 
     def _measured_lags(self, where: ColumnElement[bool]) -> list[tuple[str, str, int, int | None]]:
         with self.engine.connect() as conn:
             rows = conn.execute(
-                select(PartitionLag.connector, PartitionLag.topic, PartitionLag.lags, PartitionLag.measured_at)
+                select(TopicLags.connector, TopicLags.topic, TopicLags.lags, TopicLags.measured_at)
                 .where(where)
-                .order_by(PartitionLag.connector, PartitionLag.topic)
+                .order_by(TopicLags.connector, TopicLags.topic)
             )
             return [
                 (connector, topic, partition, lag)

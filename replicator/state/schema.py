@@ -66,7 +66,9 @@ class Connector(Base):
     updated_at: Mapped[datetime] = _now()
 
 
-class ConnectorConfig(Base):
+class ConnectorVersion(Base):
+    """One version of a connector's properties, as submitted (`Connector.version` names the current one)."""
+
     __tablename__ = "connector_configs"
 
     connector: Mapped[str] = mapped_column(Text, ForeignKey("connectors.name", ondelete="CASCADE"), primary_key=True)
@@ -218,9 +220,10 @@ class MetricTotal(Base):
     updated_at: Mapped[datetime] = _now()
 
 
-class PartitionLag(Base):
-    """Each source partition's lag as of its newest sample, overwritten (a gauge, not a time series): one row per
-    source topic, an array element per partition, so that an interval's changed lags cost a row write per topic."""
+class TopicLags(Base):
+    """A source topic's partition lags, each as of its newest sample, overwritten (a gauge, not a time series): one
+    row per source topic, an array element per partition, so that an interval's changed lags cost a row write per
+    topic."""
 
     __tablename__ = "partition_lags"
 
