@@ -7,6 +7,11 @@ two brokers of its own on free ports). The proxy tests run on the embedded broke
 
 from __future__ import annotations
 
+import contextlib
+import random
+import socket
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -167,3 +172,39 @@ def test_exactly_once_loses_and_duplicates_nothing_under_every_kind_of_fault(tmp
     assert totals["missing"] == 0 and totals["out_of_order"] == 0 and totals["mismatched"] == 0, report.to_text()
     assert totals["duplicated"] == 0 and totals["elsewhere"] == 0, report.to_text()
     assert report.drained and report.ok
+
+
+def test_a_delaying_proxy_adds_its_delay_each_way_and_carries_every_byte_in_order() -> None:
+    # benchmarks/wan.py's wide-area link: a slow link must not reorder, drop or cut bytes, however large the burst.
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        echoed = threading.Thread(target=_echo_one_connection, args=(server,), daemon=True)
+        echoed.start()
+        with TcpProxy(("127.0.0.1", server.getsockname()[1]), delay_s=0.025) as proxy:
+            with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client:
+                started = time.monotonic()
+                client.sendall(b"ping")
+                assert _read_exactly(client, 4) == b"ping"
+                assert time.monotonic() - started >= 0.05  # 25 ms there, 25 ms back
+                burst = random.Random(7).randbytes(8 * 1024 * 1024)  # more than the socket buffers hold
+                sender = threading.Thread(target=client.sendall, args=(burst,), daemon=True)
+                sender.start()
+                assert _read_exactly(client, len(burst)) == burst
+                sender.join(10)
+            assert proxy.bytes_to_target == proxy.bytes_from_target == 4 + len(burst)
+
+
+def _echo_one_connection(server: socket.socket) -> None:
+    conn, _ = server.accept()
+    with conn, contextlib.suppress(ConnectionResetError):  # the proxy closes with a reset
+        while data := conn.recv(65536):
+            conn.sendall(data)
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks, held = [], 0
+    while held < size:
+        chunk = sock.recv(min(1 << 20, size - held))
+        assert chunk, f"the connection closed after {held} of {size} bytes"
+        chunks.append(chunk)
+        held += len(chunk)
+    return b"".join(chunks)
