@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from mirus.cli.verify import verify
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
-from replicator.tools.verify import BATCH_SIZE, verify_replication
+from replicator.tools.verify import verify_replication
+from replicator.tools.verify_reader import BATCH_SIZE
 from replicator.tools.verify_report import Mismatch, PartitionResult, Replay, VerifyReport
 from replicator.topics import provenance
 from tests.kafka_helpers import Rec, consume_all, create_topics, produce
