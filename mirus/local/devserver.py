@@ -26,7 +26,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,170 +37,50 @@ from gql import Client, GraphQLRequest
 from gql.transport.exceptions import TransportError
 from gql.transport.requests import RequestsHTTPTransport
 
+from mirus.local.devserver_processes import DevProcesses, KilledWorker, ShutdownReport
+from mirus.local.devserver_queries import (
+    LOGS_QUERY,
+    RESET_SENSOR_MUTATION,
+    RUNS_QUERY,
+    STOP_SENSOR_MUTATION,
+    TICKS_QUERY,
+    WORKSPACE_QUERY,
+    RunInfo,
+)
 from mirus.local.stack import free_port, log_tail
 from mirus.waiting import wait_until
 from mirus_dagster.constants import PUT_CONNECTOR_JOB, REPLICATOR_JOB
+
+# What benchmarks and tests drive `dagster dev` with; the queries and the run's shape are `devserver_queries.py`'s,
+# the processes `devserver_processes.py`'s.
+__all__ = [
+    "LOGS_QUERY",
+    "RUNS_QUERY",
+    "WORKSPACE_QUERY",
+    "DagsterDev",
+    "DagsterDevError",
+    "KilledWorker",
+    "RunInfo",
+    "ShutdownReport",
+    "dagster_dev",
+    "dagster_dev_command",
+    "launch_dagster_dev",
+    "start_dagster_dev",
+    "write_dagster_home",
+]
 
 CODE_LOCATION_MODULE = "mirus_dagster.definitions"
 START_TIMEOUT_S = 180.0
 SHUTDOWN_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 60
-FINISHED = frozenset({"SUCCESS", "FAILURE", "CANCELED"})
 
 T = TypeVar("T")
-
-WORKSPACE_QUERY = """
-query Workspace {
-  workspaceOrError {
-    __typename
-    ... on Workspace {
-      locationEntries {
-        name
-        loadStatus
-        locationOrLoadError {
-          __typename
-          ... on RepositoryLocation { name repositories { name jobs { name } } }
-          ... on PythonError { message stack }
-        }
-      }
-    }
-    ... on PythonError { message stack }
-  }
-}
-"""
-
-RUNS_QUERY = """
-query Runs($filter: RunsFilter, $limit: Int) {
-  runsOrError(filter: $filter, limit: $limit) {
-    __typename
-    ... on Runs {
-      results { runId jobName status creationTime startTime endTime tags { key value } }
-    }
-    ... on InvalidPipelineRunsFilterError { message }
-    ... on PythonError { message stack }
-  }
-}
-"""
-
-LOGS_QUERY = """
-query Logs($runId: ID!, $afterCursor: String) {
-  logsForRun(runId: $runId, afterCursor: $afterCursor) {
-    __typename
-    ... on EventConnection {
-      cursor
-      hasMore
-      events { __typename ... on MessageEvent { message timestamp } }
-    }
-    ... on RunNotFoundError { message }
-    ... on PythonError { message stack }
-  }
-}
-"""
-
-TICKS_QUERY = """
-query Ticks($selector: SensorSelector!, $after: Float) {
-  sensorOrError(sensorSelector: $selector) {
-    __typename
-    ... on Sensor {
-      id sensorState { status ticks(afterTimestamp: $after, limit: 100) { tickId status timestamp } }
-    }
-    ... on SensorNotFoundError { message }
-    ... on PythonError { message stack }
-  }
-}
-"""
-
-STOP_SENSOR_MUTATION = """
-mutation Stop($id: String!) { stopSensor(id: $id) { __typename ... on PythonError { message } } }
-"""
-
-RESET_SENSOR_MUTATION = """
-mutation Reset($selector: SensorSelector!) {
-  resetSensor(sensorSelector: $selector) { __typename ... on PythonError { message } }
-}
-"""
 
 _STARTED_PROCESS = re.compile(r"Started process for run \(pid: (\d+)\)")
 
 
 class DagsterDevError(RuntimeError):
     """`dagster dev` did not start, did not answer, or a wait on it timed out (the message has its log tail)."""
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """A run as the GraphQL API shows it."""
-
-    run_id: str
-    job_name: str
-    status: str  # QUEUED, STARTING, STARTED, SUCCESS, FAILURE, CANCELING, CANCELED, ...
-    tags: dict[str, str]
-    creation_time: float
-    start_time: float | None
-    end_time: float | None
-
-    @property
-    def finished(self) -> bool:
-        return self.status in FINISHED
-
-    @classmethod
-    def of(cls, data: Mapping[str, Any]) -> RunInfo:
-        return cls(
-            run_id=data["runId"],
-            job_name=data["jobName"],
-            status=data["status"],
-            tags={t["key"]: t["value"] for t in data["tags"]},
-            creation_time=data["creationTime"],
-            start_time=data["startTime"],
-            end_time=data["endTime"],
-        )
-
-
-@dataclass(frozen=True)
-class KilledWorker:
-    """A run worker killed with SIGKILL: its pid, and when the signal was sent (Unix time and monotonic)."""
-
-    pid: int
-    at: float
-    monotonic: float
-
-
-@dataclass(frozen=True)
-class ShutdownReport:
-    """How `dagster dev` went away: its exit code, and the processes that had to be killed."""
-
-    exit_code: int | None
-    killed: list[str] = field(default_factory=list)  # "pid cmdline" of every process that needed SIGKILL
-    elapsed_s: float = 0.0
-
-    @property
-    def clean(self) -> bool:
-        return not self.killed
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _still_running(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """`psutil.wait_procs`'s survivors. A process that ends while psutil opens a handle on it can make that call
-    raise FileNotFoundError (its `pidfd_open`, seen under load): the wait then goes on with the ones still running."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return psutil.wait_procs(procs, timeout=max(deadline - time.monotonic(), 0))[1]
-        except FileNotFoundError:
-            procs = [p for p in procs if _alive(p)]
-
-
-def _describe(proc: psutil.Process) -> str:
-    try:
-        return f"{proc.pid} {' '.join(proc.cmdline())[:160]}"
-    except psutil.Error:
-        return str(proc.pid)
 
 
 class DagsterDev:
@@ -215,8 +94,7 @@ class DagsterDev:
         self.url = f"http://127.0.0.1:{port}"
         self.client = DagsterGraphQLClient("127.0.0.1", port_number=port, timeout=60)
         self._gql = Client(transport=RequestsHTTPTransport(url=f"{self.url}/graphql", timeout=60))
-        self._root = psutil.Process(process.pid)
-        self._seen: dict[int, psutil.Process] = {}  # every descendant ever observed, for the shutdown check
+        self.processes = DevProcesses(process)
         self.shutdown_report: ShutdownReport | None = None
         self._location: tuple[str, str] | None = None  # (code location, repository) once loaded
 
@@ -274,7 +152,7 @@ class DagsterDev:
         deadline = time.monotonic() + timeout
         self.until(self._server_info, timeout, "the webserver to answer /server_info")
         self.until(self._code_location_loaded, max(deadline - time.monotonic(), 1.0), "the code location to load")
-        self._remember_descendants()
+        self.processes.remember_descendants()
 
     # -- runs --------------------------------------------------------------------------------------------
 
@@ -296,7 +174,7 @@ class DagsterDev:
         data = self.query(RUNS_QUERY, {"filter": run_filter, "limit": limit})["runsOrError"]
         if data["__typename"] != "Runs":
             raise self.fail(f"runs query failed: {data.get('message')}")
-        self._remember_descendants()
+        self.processes.remember_descendants()
         return [RunInfo.of(r) for r in data["results"]]
 
     def run(self, run_id: str) -> RunInfo:
@@ -401,14 +279,7 @@ class DagsterDev:
     # -- processes ---------------------------------------------------------------------------------------
 
     def descendants(self) -> list[psutil.Process]:
-        try:
-            return self._root.children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-
-    def _remember_descendants(self) -> None:
-        for proc in self.descendants():
-            self._seen.setdefault(proc.pid, proc)
+        return self.processes.descendants()
 
     def run_worker(self, run_id: str) -> psutil.Process | None:
         """The process executing run `run_id`, if it is alive and belongs to this `dagster dev`.
@@ -433,61 +304,21 @@ class DagsterDev:
     def kill_run_worker(self, run_id: str, timeout: float = 60.0) -> KilledWorker:
         """SIGKILL run `run_id`'s process and its children (once it has one) and wait until they are gone."""
         worker = self.until(lambda: self.run_worker(run_id), timeout, f"the worker process of run {run_id}")
-        self._remember_descendants()
-        victims = [worker, *worker.children(recursive=True)]
-        at, monotonic = time.time(), time.monotonic()
-        for proc in victims:
-            with suppress(psutil.NoSuchProcess):
-                proc.kill()
-        alive = _still_running(victims, timeout=10)
+        killed, alive = self.processes.kill(worker)
         if alive:
-            raise self.fail(f"still alive after SIGKILL: {[_describe(p) for p in alive]}")
-        return KilledWorker(worker.pid, at, monotonic)
+            raise self.fail(f"still alive after SIGKILL: {alive}")
+        return killed
 
     # -- shutdown ----------------------------------------------------------------------------------------
 
-    def _group(self) -> list[psutil.Process]:
-        """Live members of dagster dev's process group (ours alone: it was created for it), zombies excluded."""
-        members = []
-        for proc in psutil.process_iter():
-            try:
-                if os.getpgid(proc.pid) == self.process.pid and _alive(proc):
-                    members.append(proc)
-            except (psutil.Error, ProcessLookupError):
-                continue
-        return members
-
     def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> ShutdownReport:
-        """SIGINT the process group, wait, then SIGKILL whatever is left. Idempotent; raises if anything survives.
-
-        Every descendant ever seen counts, and every member of the process group: a process that left the tree
-        (its parent died) is still found.
-        """
+        """SIGINT the process group, wait, then SIGKILL whatever is left (`DevProcesses.shutdown`). Idempotent;
+        raises if anything survives."""
         if self.shutdown_report is not None:
             return self.shutdown_report
-        started = time.monotonic()
-        self._remember_descendants()
-        procs = {p.pid: p for p in [self._root, *self._seen.values(), *self._group()]}
-        with suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGINT)
-        with suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout)
-        # dagster dev waits for its children; stragglers (run workers ending their runs) get the rest of the time.
-        remaining = max(timeout - (time.monotonic() - started), 1.0)
-        alive = _still_running(list(procs.values()), timeout=remaining)
-        alive += [p for p in self._group() if p.pid not in {a.pid for a in alive}]
-        killed = [_describe(p) for p in alive]
-        for proc in alive:
-            with suppress(psutil.NoSuchProcess):
-                proc.kill()
-        survivors = _still_running(alive, timeout=10)
-        if self.process.poll() is None:
-            self.process.wait(10)
-        self.shutdown_report = ShutdownReport(self.process.returncode, killed, time.monotonic() - started)
-        leftovers = survivors + [p for p in self._group() if p not in survivors]
-        leftovers += [p for p in procs.values() if _alive(p) and p not in leftovers]
+        self.shutdown_report, leftovers = self.processes.shutdown(timeout)
         if leftovers:
-            raise self.fail(f"processes left behind after SIGKILL: {[_describe(p) for p in leftovers]}")
+            raise self.fail(f"processes left behind after SIGKILL: {leftovers}")
         return self.shutdown_report
 
 
