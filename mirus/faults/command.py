@@ -8,7 +8,8 @@ from typing import cast
 
 import click
 
-from mirus.faults.harness import ALL_FAULTS, EMBEDDED_FAULTS, FaultKind, FaultPlan, FaultRun
+from mirus.faults.harness import FaultRun
+from mirus.faults.plan import ALL_FAULTS, EMBEDDED_FAULTS, FaultKind, FaultPlan
 
 
 @click.group()

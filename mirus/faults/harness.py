@@ -17,6 +17,8 @@ tasks and reads both clusters with `replicator.tools.verify` — the engine's bo
 The at-least-once duplicate bound is checked per kill: the restarted task may re-send at most what the source
 held beyond the partition's committed offset when the process died. With `exactly_once` the connector runs with
 `exactly.once.support=required`, the reader uses `read_committed`, and the run passes only with zero duplicates.
+
+The plan is `plan.py`, the load `load.py`, the task processes `task_processes.py`, what a run found `report.py`.
 """
 
 from __future__ import annotations
@@ -26,22 +28,19 @@ import json
 import os
 import random
 import signal
-import statistics
-import subprocess
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from confluent_kafka import Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from mirus.faults.brokers import BrokerProcess, KafkaKit, tansu_broker
+from mirus.faults.load import Load
+from mirus.faults.plan import ALL_FAULTS, EMBEDDED_FAULTS, FaultKind, FaultPlan
 from mirus.faults.proxy import TcpProxy
+from mirus.faults.report import FaultEvent, FaultReport, KillCheck
+from mirus.faults.task_processes import TaskProcesses
 from mirus.local.stack import LocalStack, free_port
 from mirus.waiting import wait_until
 from mirus_dagster.settings import PlatformSettings
@@ -52,312 +51,11 @@ from replicator.state.store import Store
 from replicator.tools.verify import verify_replication
 from replicator.tools.verify_report import VerifyReport
 
-FaultKind = Literal["kill", "postgres", "network", "broker", "refuse"]
-EMBEDDED_FAULTS: tuple[FaultKind, ...] = ("kill", "postgres", "network")
-ALL_FAULTS: tuple[FaultKind, ...] = (*EMBEDDED_FAULTS, "broker", "refuse")
-KAFKA_ONLY: frozenset[str] = frozenset({"broker", "refuse"})
+# The plan and the report are imported from here by `mirus faults run` and the fault tests.
+__all__ = ["ALL_FAULTS", "EMBEDDED_FAULTS", "FaultKind", "FaultPlan", "FaultReport", "FaultRun"]
+
 MAX_MESSAGE_BYTES = 1_000_012  # Apache Kafka's default
 REFUSED_MESSAGE_BYTES = 512  # smaller than any batch of the load: every produce request is refused
-THIRTY_DAYS_MS = 30 * 24 * 3600 * 1000
-TASK_RESTART_DELAY_S = 1.0  # as the task_supervisor sensor: a dead task gets a new process at once (≈1 s)
-
-
-@dataclass(frozen=True)
-class FaultPlan:
-    duration_s: float = 60.0  # how long load and faults run
-    rate: int = 500  # records per second into the source topic
-    partitions: int = 4
-    tasks: int = 2
-    faults: tuple[FaultKind, ...] = EMBEDDED_FAULTS
-    gap_s: tuple[float, float] = (2.0, 6.0)  # quiet time between two faults
-    outage_s: tuple[float, float] = (3.0, 7.0)  # how long Postgres, the network or a refusal lasts
-    apache_kafka: bool = False
-    seed: int = 0
-    work_dir: Path | None = None
-    drain_timeout_s: float = 180.0
-    # The engine never gives a record up for time; a value here makes it (a cut longer than this times out).
-    producer_message_timeout_ms: int | None = None
-    exactly_once: bool = False
-    resume_after_copies: bool = False  # resume.after.destination.copies: a kill re-sends nothing
-
-    def __post_init__(self) -> None:
-        unknown = set(self.faults) - set(ALL_FAULTS)
-        if unknown:
-            raise ValueError(f"unknown fault kinds: {', '.join(sorted(unknown))} (known: {', '.join(ALL_FAULTS)})")
-        needs_kafka = KAFKA_ONLY & set(self.faults)
-        if needs_kafka and not self.apache_kafka:
-            raise ValueError(f"faults {', '.join(sorted(needs_kafka))} need Apache Kafka (--apache-kafka)")
-        if self.exactly_once and not self.apache_kafka:
-            # Measured on Tansu 0.6: records of aborted transactions are returned to read_committed readers.
-            raise ValueError(
-                "--exactly-once needs Apache Kafka (--apache-kafka): the embedded broker shows aborted "
-                "transactions' records to read_committed readers"
-            )
-
-
-@dataclass
-class FaultEvent:
-    kind: str
-    at_s: float  # since the load started
-    lasted_s: float
-    detail: str = ""
-
-
-@dataclass
-class KillCheck:
-    """One SIGKILL: what the task had not committed, and what its successor re-sent."""
-
-    task: int
-    at_s: float
-    uncommitted: int  # records the source held beyond the task's committed offsets: the most it may re-send
-    resent: int = 0  # measured at the destination: the replays that started at those committed offsets
-    committed: dict[str, int] = field(default_factory=dict)
-    ends: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def within_bound(self) -> bool:
-        return self.resent <= self.uncommitted
-
-
-@dataclass
-class FaultReport:
-    plan: FaultPlan
-    produced: int
-    load_seconds: float
-    events: list[FaultEvent]
-    kills: list[KillCheck]
-    task_restarts: int
-    drained: bool
-    drain_seconds: float
-    verify: VerifyReport
-
-    @property
-    def duplicates(self) -> int:
-        return self.verify.totals["duplicated"]
-
-    @property
-    def ok(self) -> bool:
-        return (
-            self.drained
-            and self.verify.ok
-            and self.verify.totals["source_records"] == self.produced
-            and self.verify.totals["elsewhere"] == 0  # partition matching: each partition keeps its number
-            and all(k.within_bound for k in self.kills)
-            and (not self.plan.exactly_once or self.duplicates == 0)
-        )
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "ok": self.ok,
-            "plan": {**asdict(self.plan), "work_dir": str(self.plan.work_dir) if self.plan.work_dir else None},
-            "produced": self.produced,
-            "load_seconds": round(self.load_seconds, 1),
-            "events": [asdict(e) for e in self.events],
-            "kills": [{**asdict(k), "within_bound": k.within_bound} for k in self.kills],
-            "task_restarts": self.task_restarts,
-            "drained": self.drained,
-            "drain_seconds": round(self.drain_seconds, 1),
-            "verify": self.verify.to_json(),
-        }
-
-    def to_text(self) -> str:
-        t = self.verify.totals
-        counts: dict[str, int] = {}
-        for event in self.events:
-            counts[event.kind] = counts.get(event.kind, 0) + 1
-        rate = self.produced / self.load_seconds if self.load_seconds else 0.0
-        lines = [
-            f"load: {self.produced:,} records in {self.load_seconds:.0f} s ({rate:,.0f}/s) over "
-            f"{self.plan.partitions} partitions, {self.plan.tasks} task processes",
-            "faults: " + (", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) or "none"),
-            f"task process restarts: {self.task_restarts}",
-            f"drained: {'yes' if self.drained else 'NO'} ({self.drain_seconds:.1f} s after the load stopped)",
-            f"independent read: {t['source_records']:,} source records, {t['replicated']:,} replicated, "
-            f"{t['missing']} missing, {t['out_of_order']} out of order, {t['mismatched']} changed, "
-            f"{t['duplicated']:,} duplicated ({100 * t['duplicated'] / max(t['source_records'], 1):.2f} %), "
-            f"{t['elsewhere']} in another partition",
-            f"mode: {'exactly-once (read_committed reader)' if self.plan.exactly_once else 'at-least-once'}"
-            + (", resume.after.destination.copies" if self.plan.resume_after_copies else ""),
-        ]
-        if self.kills:
-            resent = sum(k.resent for k in self.kills)
-            bound = sum(k.uncommitted for k in self.kills)
-            worst = max(self.kills, key=lambda k: k.resent)
-            per_task_rate = rate / self.plan.tasks if rate else 0.0
-            seconds = f" ≈ {worst.resent / per_task_rate:.2f} s of that task's traffic" if per_task_rate else ""
-            lines.append(
-                f"kills: {len(self.kills)}; re-sent after kills {resent:,} (bound {bound:,}); "
-                f"median per kill {statistics.median(k.resent for k in self.kills):,.0f}; "
-                f"most after one kill {worst.resent:,}{seconds}; "
-                f"all within bound: {'yes' if all(k.within_bound for k in self.kills) else 'NO'}"
-            )
-        for p in self.verify.partitions:
-            if not p.ok:
-                lines.append(
-                    f"  {p.source_topic}[{p.source_partition}]: missing {p.missing_offsets}, arrived after higher "
-                    f"offsets {p.out_of_order_offsets}, changed {[m.offset for m in p.mismatched_offsets]}"
-                )
-        lines += [f"  {e.at_s:7.1f} s  {e.kind:<8} {e.lasted_s:5.1f} s  {e.detail}" for e in self.events]
-        lines.append(f"result: {'OK' if self.ok else 'FAILED'}")
-        return "\n".join(lines)
-
-
-# -- the load ------------------------------------------------------------------------------------------------
-
-
-class Load:
-    """Writes `rate` records/s round-robin into the source topic and knows each partition's acknowledged end.
-
-    Records carry what replication must keep: keys (some null), values (some null), duplicate headers and
-    CreateTime timestamps thirty days old.
-    """
-
-    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: int) -> None:
-        self.topic = topic
-        self.partitions = partitions
-        self.rate = rate
-        self.ends = dict.fromkeys(range(partitions), 0)  # next offset per partition, from acknowledgements
-        self.errors: list[str] = []
-        self._producer = Producer(
-            {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5}
-        )
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fault-load", daemon=True)
-        self.started = self.stopped = 0.0
-        self.sent = 0
-
-    def start(self) -> None:
-        self.started = time.monotonic()
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-        if self._producer.flush(60) or self.errors:
-            raise RuntimeError(f"the load could not write every record to the source: {self.errors[:3]}")
-        self.stopped = time.monotonic()
-
-    @property
-    def produced(self) -> int:
-        return sum(self.ends.values())
-
-    def _delivered(self, err: object, msg: Message) -> None:
-        if err is not None:
-            self.errors.append(str(err))
-        else:
-            p, offset = msg.partition(), msg.offset()
-            assert p is not None and offset is not None  # set on every delivered record
-            self.ends[p] = max(self.ends[p], offset + 1)
-
-    def _run(self) -> None:
-        tick = 0.01
-        per_tick = self.rate * tick
-        due = 0.0
-        next_tick = time.monotonic()
-        while not self._stop.is_set():
-            due += per_tick
-            while due >= 1:
-                due -= 1
-                i = self.sent
-                self._produce(
-                    i % self.partitions,
-                    None if i % 7 == 0 else b"key-%d" % i,
-                    None if i % 11 == 0 else b"value-%d-" % i + b"x" * 80,
-                    [("trace", b"%d" % i), ("trace", b"again"), ("empty", None)],
-                    int(time.time() * 1000) - THIRTY_DAYS_MS,
-                )
-                self.sent += 1
-            self._producer.poll(0)
-            next_tick += tick
-            self._stop.wait(max(0.0, next_tick - time.monotonic()))
-
-    def _produce(
-        self,
-        partition: int,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, str | bytes | None]],
-        timestamp: int,
-    ) -> None:
-        while True:
-            try:
-                self._producer.produce(
-                    self.topic, value, key, partition, on_delivery=self._delivered, timestamp=timestamp, headers=headers
-                )
-                return
-            except BufferError:
-                self._producer.poll(0.05)
-
-
-# -- the task processes --------------------------------------------------------------------------------------
-
-
-class TaskProcesses:
-    """One `mirus task run` process per task, restarted after it dies (kill -9, a database outage at start)."""
-
-    def __init__(self, connector: str, tasks: int, env: dict[str, str], log_dir: Path) -> None:
-        self.connector = connector
-        self.env = env
-        self.log_dir = log_dir
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.restarts = 0
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        for task_id in range(tasks):
-            self._spawn(task_id)
-        self._watcher = threading.Thread(target=self._watch, name="fault-task-watcher", daemon=True)
-        self._watcher.start()
-
-    def _spawn(self, task_id: int) -> None:
-        log = open(self.log_dir / f"task-{task_id}.log", "ab")  # noqa: SIM115 - the child keeps it open
-        argv = [sys.executable, "-m", "mirus.cli.main", "task", "run", self.connector, str(task_id)]
-        self.procs[task_id] = subprocess.Popen(
-            argv,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            # Ctrl-C must stop the task even when this harness was started with SIGINT ignored (in the background).
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
-        log.close()
-
-    def _watch(self) -> None:
-        while not self._stopping.wait(0.2):
-            with self._lock:
-                dead = [t for t, p in self.procs.items() if p.poll() is not None]
-            for task_id in dead:
-                if self._stopping.wait(TASK_RESTART_DELAY_S):
-                    return
-                with self._lock:
-                    if self.procs[task_id].poll() is not None:
-                        self._spawn(task_id)
-                        self.restarts += 1
-
-    def kill(self, task_id: int) -> None:
-        with self._lock:
-            proc = self.procs[task_id]
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-    def stop(self) -> None:
-        """Stop every task as an operator would (Ctrl-C): each flushes, commits and releases its partitions."""
-        self._stopping.set()
-        self._watcher.join(10)
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in self.procs.values():
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-# -- the run -------------------------------------------------------------------------------------------------
 
 
 class FaultRun:
