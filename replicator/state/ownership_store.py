@@ -1,5 +1,5 @@
-"""Who owns what: assignment generations, task leases (claims with an epoch, heartbeats, how an instance ended), and
-each partition's owner and state.
+"""Who owns what: task leases (claims with an epoch, heartbeats, how an instance ended) and each partition's owner
+and state (the assignment generations are `assignment_store.py`'s).
 
 A lease is claimed one way (`_claim`): its epoch raised, fencing every earlier instance. `claim_task` claims it
 outright; a standby's takeover (`replicator.engine.ownership`) claims it in a `LeaseClaim`, which reads the lease
@@ -30,11 +30,10 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import ReturningInsert
 
-from replicator.assignment import SourcePartition, membership
+from replicator.assignment import SourcePartition
 from replicator.state.base import StoreBase, partition_rows, status_rows_of, typed_row
 from replicator.state.epoch_locks import epoch_lock_key, limit_lock_waits
 from replicator.state.records import (
-    KEPT_GENERATIONS,
     LEASE_HELD,
     FencedError,
     Lease,
@@ -44,19 +43,10 @@ from replicator.state.records import (
     UnknownConnectorError,
 )
 from replicator.state.schema import (
-    Assignment,
     Connector,
     PartitionStatus,
     TaskLease,
 )
-
-# The first kept generation that assigned each partition of these topics (to any task).
-_FIRST_ASSIGNED = text("""
-SELECT e.value->>0 AS topic, (e.value->>1)::int AS partition, min(a.generation) AS generation
-FROM assignments a CROSS JOIN LATERAL jsonb_array_elements(a.partitions) AS e
-WHERE a.connector = :connector AND e.value->>0 = ANY(CAST(:topics AS text[]))
-GROUP BY 1, 2
-""")
 
 
 def _claim(connector: str, task_id: int, owner: str, current: int | None = None) -> ReturningInsert[int]:
@@ -127,107 +117,7 @@ class LeaseClaim:
 
 
 class OwnershipStore(StoreBase):
-    def write_assignment(self, connector: str, tasks: Mapping[int, Sequence[SourcePartition]]) -> int | None:
-        """Record `tasks` as a new generation if membership differs from the current one; returns it, or None."""
-        wanted = membership(tasks)
-        with Session(self.engine) as s, s.begin():
-            row = s.get(Connector, connector, with_for_update=True)
-            if row is None:
-                raise UnknownConnectorError(f"connector {connector!r} does not exist")
-            if self._assignment(s, connector, row.assignment_generation) == wanted and row.assignment_generation:
-                return None
-            row.assignment_generation += 1
-            for task_id, parts in wanted.items():
-                s.add(
-                    Assignment(
-                        connector=connector,
-                        generation=row.assignment_generation,
-                        task_id=task_id,
-                        partitions=[list(tp) for tp in parts],
-                    )
-                )
-            # Older generations are history nobody reads: a task reads the generation it just saw in the head row,
-            # and keeping a few lets one that saw it moments ago still read it.
-            s.execute(
-                delete(Assignment).where(
-                    Assignment.connector == connector,
-                    Assignment.generation <= row.assignment_generation - KEPT_GENERATIONS,
-                )
-            )
-            return row.assignment_generation
-
-    def read_assignment(self, connector: str, generation: int | None = None) -> dict[int, list[SourcePartition]]:
-        if generation is None:
-            return self.current_assignment(connector)[1]
-        with Session(self.engine) as s:
-            return self._assignment(s, connector, generation)
-
-    def current_assignment(self, connector: str) -> tuple[int, dict[int, list[SourcePartition]]]:
-        """The connector's current generation and its assignment."""
-        with Session(self.engine) as s:
-            generation = s.scalar(select(Connector.assignment_generation).where(Connector.name == connector))
-            if generation is None:
-                raise UnknownConnectorError(f"connector {connector!r} does not exist")
-            return generation, self._assignment(s, connector, generation)
-
-    def current_task_ids(self) -> dict[str, list[int]]:
-        """Every connector's task ids in its current generation, in one query (a worker's poll: no partitions)."""
-        with Session(self.engine) as s:
-            rows = s.execute(
-                select(Assignment.connector, Assignment.task_id)
-                .join(
-                    Connector,
-                    and_(
-                        Connector.name == Assignment.connector, Connector.assignment_generation == Assignment.generation
-                    ),
-                )
-                .order_by(Assignment.connector, Assignment.task_id)
-            ).all()
-        tasks: dict[str, list[int]] = {}
-        for connector, task_id in rows:
-            tasks.setdefault(connector, []).append(task_id)
-        return tasks
-
-    def current_assignments(self) -> dict[str, tuple[int, dict[int, list[SourcePartition]]]]:
-        """`current_assignment` of every connector that has one, in one query."""
-        with Session(self.engine) as s:
-            rows = s.execute(
-                select(Assignment.connector, Assignment.generation, Assignment.task_id, Assignment.partitions).join(
-                    Connector,
-                    and_(
-                        Connector.name == Assignment.connector, Connector.assignment_generation == Assignment.generation
-                    ),
-                )
-            ).all()
-        assignments: dict[str, tuple[int, dict[int, list[SourcePartition]]]] = {}
-        for connector, generation, task_id, parts in rows:
-            assignments.setdefault(connector, (generation, {}))[1][task_id] = [(t, int(p)) for t, p in parts]
-        return assignments
-
-    def partitions_added_later(self, connector: str, partitions: Iterable[SourcePartition]) -> set[SourcePartition]:
-        """Those of `partitions` that joined the connector's assignment after another partition of their topic did, by
-        the generations kept: partitions added to a topic the connector already replicated (one query)."""
-        wanted = set(partitions)
-        if not wanted:
-            return set()
-        with Session(self.engine) as s:
-            rows = s.execute(
-                _FIRST_ASSIGNED, {"connector": connector, "topics": sorted({topic for topic, _ in wanted})}
-            ).all()
-        first: dict[SourcePartition, int] = {(topic, int(p)): generation for topic, p, generation in rows}
-        topic_first: dict[str, int] = {}
-        for (topic, _), generation in first.items():
-            topic_first[topic] = min(generation, topic_first.get(topic, generation))
-        return {tp for tp in wanted if tp in first and first[tp] > topic_first[tp[0]]}
-
-    @staticmethod
-    def _assignment(s: Session, connector: str, generation: int) -> dict[int, list[SourcePartition]]:
-        rows = s.execute(
-            select(Assignment.task_id, Assignment.partitions).where(
-                Assignment.connector == connector, Assignment.generation == generation
-            )
-        ).all()
-        return {task_id: [(t, int(p)) for t, p in parts] for task_id, parts in rows}
+    """Task leases (claims with an epoch, heartbeats, how an instance ended) and each partition's owner and state."""
 
     def claim_task(self, connector: str, task_id: int, owner: str) -> Lease:
         """Take the task over with a new epoch, fencing any earlier instance."""

@@ -7,6 +7,7 @@ write matches no row and it learns it was fenced; the row lock makes a claim wai
 
 from __future__ import annotations
 
+from replicator.state.assignment_store import AssignmentStore
 from replicator.state.connector_store import ConnectorStore
 from replicator.state.flow_store import FlowStore
 from replicator.state.metric_store import MetricStore
@@ -14,5 +15,5 @@ from replicator.state.offset_store import OffsetStore
 from replicator.state.ownership_store import OwnershipStore
 
 
-class Store(ConnectorStore, OwnershipStore, OffsetStore, MetricStore, FlowStore):
+class Store(ConnectorStore, AssignmentStore, OwnershipStore, OffsetStore, MetricStore, FlowStore):
     """The platform database as the engine, the monitor and the surfaces use it; each part stores one thing."""
