@@ -1,4 +1,4 @@
-"""The metadata watcher: every second, each cluster's metadata is read once, however many connectors read it.
+"""The metadata watcher: twice a second, each cluster's metadata is read once, however many connectors read it.
 
 A long-running loop (the `metadata_watcher` Dagster run) in place of a sensor tick, so that discovery does not wait
 for the sensor daemon's 5 s loop. Each round it lists the running connectors, reads every distinct cluster (same
@@ -37,7 +37,7 @@ from replicator.state.store import Store
 
 log = logging.getLogger(__name__)
 
-WATCH_INTERVAL_S = 1.0
+WATCH_INTERVAL_S = 0.5  # a new topic waits at most this long to be seen (a round that overruns is followed at once)
 WATCH_PROBLEM = "watch"  # the flow problem naming what keeps the watcher from polling a connector
 MAX_BACKOFF_S = 64.0  # Mirus: retriable monitor errors back off 1, 2, 4 … 64 s
 

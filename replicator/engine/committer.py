@@ -77,18 +77,19 @@ class Committer:
         """The producer failed fatally: a new one reads every partition the destination did not refuse again."""
         self.task.forwarder.recreate_producer(err)
 
-    def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> None:
-        """Where `partitions` resume, as stored in Postgres (`stored`, updated in place).
+    def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> set[SourcePartition]:
+        """Where `partitions` resume, as stored in Postgres (`stored`, updated in place); returns those the last
+        owner copied to after its last commit (so flowing when it stopped: they start on eager fetching).
 
         At least once, a partition resumes at its committed offset and so writes again what was copied after that
         commit (a crash's re-send): those copies are found at the destination (`replicator.engine.destination_copies`)
         and counted (`mirus_records_resent_total`), or with resume.after.destination.copies skipped."""
         task = self.task
         if not task.config.ordered_acks:
-            return  # a copy then says nothing of the records before it (and no destination offset is stored)
+            return set()  # a copy then says nothing of the records before it (and no destination offset is stored)
         kept = task.store.load_destination_offsets(task.connector, [tp for tp in partitions if tp in stored])
         if not kept:
-            return  # a first start, or a connector committed before destination offsets were stored
+            return set()  # a first start, or a connector committed before destination offsets were stored
         started = time.monotonic()
         try:
             points = self.resume_points(list(kept), kept)
@@ -105,7 +106,7 @@ class Committer:
                 )
             points = {tp: p for tp, p in points.items() if ends.get((p.topic, p.partition), 0) > (p.start or 0)}
             if not points:
-                return
+                return set()
             task.on_event(f"looking up the last copies of {len(points)} partition(s) at the destination")
             found = copies_end(
                 task.config.admin_settings("destination"), task.source_cluster, points, RESEND_SCAN_S, task.should_stop
@@ -113,10 +114,10 @@ class Committer:
         except (KafkaException, DestinationReadError) as exc:
             # The destination is down or refuses (its partitions wait for it anyway): resume as without the read.
             task.on_event(f"copies since the last commit not looked up ({exc}): resuming at the committed offsets")
-            return
+            return set()
         ahead = {tp: offset - stored[tp] for tp, offset in found.items() if offset > stored[tp]}
         if not ahead:
-            return
+            return set()
         records, took = sum(ahead.values()), f"found in {time.monotonic() - started:.2f}s"
         if task.config.resume_after_destination_copies:
             skipped = {tp: found[tp] for tp in ahead}
@@ -129,10 +130,11 @@ class Committer:
                 task.store.commit(task.lease, skipped)
             except SQLAlchemyError as exc:
                 log.warning("offsets of %s-%d after the copies not stored yet: %s", task.connector, task.task_id, exc)
-            return
+            return set(ahead)
         for (topic, _), count in ahead.items():
             task.metrics.counters_for(topic).resent += count
         task.on_event(f"re-sending {records} record(s) copied since the last commit ({took}): {describe(ahead)}")
+        return set(ahead)
 
     def resume_points(
         self, partitions: list[SourcePartition], kept: dict[SourcePartition, int]

@@ -168,7 +168,7 @@ class AssignmentFollower:
         if any(task.limits.unread()):
             self.limits_read(task.limits.learn(task.config))
         stored = task.store.load_offsets(task.connector, partitions)
-        task.committer.resume(partitions, stored)
+        flowing = task.committer.resume(partitions, stored)
         resets = self.reset_offsets([tp for tp in partitions if tp not in stored])
         assign = []
         for tp in partitions:
@@ -181,7 +181,7 @@ class AssignmentFollower:
             task.limits.fit(state, task.config)
             task.book.add(state)
             assign.append(TopicPartition(tp[0], tp[1], stored[tp] if tp in stored else resets[tp]))
-        task.reader.assign(assign)  # each consumer reads its topics' metadata first (`SourceReader.assign`)
+        task.reader.assign(assign, eager=flowing)  # each consumer reads its topics' metadata first
         self.check_destination(partitions)  # routes each partition through its destination topic's producer
         for tp in partitions:
             if tp in self.held:

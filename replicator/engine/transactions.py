@@ -175,9 +175,10 @@ class TransactionalCommitter(Committer):
             raise FencedError(f"the destination fenced this task's transactional producer ({err.name()})")
         self._replace_producer(f"{err.name()}: {err.str()}")
 
-    def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> None:
+    def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> set[SourcePartition]:
         """A partition resumes after its last committed copy at the destination when that is ahead of Postgres (the
-        task stopped between a transaction's commit and the offsets' commit)."""
+        task stopped between a transaction's commit and the offsets' commit). Returns the partitions with copies
+        after their last commit's destination offset (flowing when the last owner stopped)."""
         task = self.task
         points = self.resume_points(partitions, task.store.load_destination_offsets(task.connector, partitions))
         task.on_event(f"looking up the last copies of {len(points)} partition(s) at the destination")
@@ -187,7 +188,7 @@ class TransactionalCommitter(Committer):
             )
         except DestinationReadError as exc:
             if task.should_stop():
-                return  # the loop stops before it reads or writes anything
+                return set()  # the loop stops before it reads or writes anything
             raise TransactionError(str(exc)) from None
         for tp, offset in found.items():
             if offset > stored.get(tp, 0):
@@ -196,6 +197,7 @@ class TransactionalCommitter(Committer):
                     f"(Postgres had {stored.get(tp)})"
                 )
                 stored[tp] = offset
+        return set(found)
 
     def claimed_from(self, silent_tasks: set[int]) -> None:
         # Their open transaction may hold the partitions' records: fencing their transactional.id aborts it before

@@ -222,7 +222,7 @@ def requests_for(result: dg.SensorResult | dg.SkipReason, connector: str) -> lis
 
 
 def watch(store: Store) -> WatchRound:
-    """One round of the metadata watcher (the `metadata_watcher` run does this every second)."""
+    """One round of the metadata watcher (the `metadata_watcher` run does this twice a second)."""
     return MetadataWatcher(store).watch_once()
 
 

@@ -1,21 +1,25 @@
 """The task's parts on their own: the partition book's positions, acknowledgements and pauses, the scheduler of
-named duties, and what each committer writes to Postgres (a real store; no records flow, so no broker is used)."""
+named duties, what each committer writes to Postgres (a real store; no records flow), and which consumer the source
+reader gives each partition it starts."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import load
 from replicator.engine.committer import UNTOUCHED_RESCAN_S, Committer
 from replicator.engine.partitions import RETRY_BACKOFF_S, InFlight, PartitionBook, PartitionState
 from replicator.engine.scheduler import Scheduler
+from replicator.engine.source_reader import SourceReader, TierLimits
 from replicator.engine.task import ReplicationTask
 from replicator.engine.transactions import TransactionalCommitter
 from replicator.state.store import Store
 from tests.engine_helpers import connector_properties, create_connector
+from tests.kafka_helpers import create_topics
 
 
 def _state(partition: int = 0, start: int | None = 10) -> PartitionState:
@@ -150,3 +154,23 @@ def test_an_idle_tasks_commit_visits_its_partitions_only_after_a_read_or_an_ackn
     part.scanned = (part.scanned[0], part.scanned[1] - UNTOUCHED_RESCAN_S)  # or until the rescan period passed
     assert commit() == {(unique, 0): 30}
     task.background.shutdown()
+
+
+def test_the_source_reader_fetches_eagerly_a_few_partitions_and_those_known_to_flow(
+    stack: StackEndpoints, unique: str
+) -> None:
+    # A quiet consumer given many partitions at once waits out its first fetch (500 ms when they are idle) before
+    # the rest join: a takeover's flowing partitions and a new topic's few get consumers that answer at once.
+    create_topics(stack.source_bootstrap_servers, {unique: 6, f"{unique}-new": 1})
+    reader = SourceReader(
+        {"bootstrap.servers": stack.source_bootstrap_servers, "group.id": unique, "enable.auto.commit": False},
+        TierLimits(eager_start_partitions=2),
+    )
+    try:
+        reader.assign([TopicPartition(unique, p, 0) for p in range(6)], eager={(unique, 4)})
+        assert reader.shard[(unique, 4)].tier is reader.flowing
+        assert reader.held_in(reader.quiet) == 5
+        reader.assign([TopicPartition(f"{unique}-new", 0, 0)])  # no more than eager_start_partitions
+        assert reader.shard[(f"{unique}-new", 0)].tier is reader.flowing
+    finally:
+        reader.close()

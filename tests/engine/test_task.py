@@ -234,12 +234,12 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     )
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": p, "value": b"a%d" % p} for p in (0, 1)])
     # Consumers of at most two partitions: every tier spreads the three over two.
-    limits = TierLimits(quiet_after_s=0.5, dormant_after_s=1.0, shard_partitions=2)
+    limits = TierLimits(quiet_after_s=0.5, dormant_after_s=1.0, shard_partitions=2, eager_start_partitions=0)
     runner = TaskThread.start(store, unique, reader_limits=limits)
     wait_until(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
     reader = runner.task.reader
-    # A task starts every partition in the quiet tier (answered at a record's first byte): a start or a takeover
-    # of thousands of partitions does not begin with thousands of eager fetches.
+    # A task starts more than `eager_start_partitions` (here 0) in the quiet tier (answered at a record's first
+    # byte): a start or a takeover of thousands of partitions does not begin with thousands of eager fetches.
     assert [s.held for s in reader.quiet.shards] == [2, 1]
     assert reader.held_in(reader.flowing) == 0
     consume_all(stack.destination_bootstrap_servers, unique, 3, expected=2)
@@ -282,7 +282,7 @@ def test_only_partitions_that_keep_flowing_move_to_eager_fetching(
     create_connector(
         store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0), (unique, 1)]}
     )
-    runner = TaskThread.start(store, unique, reader_limits=TierLimits(quiet_after_s=3.0))
+    runner = TaskThread.start(store, unique, reader_limits=TierLimits(quiet_after_s=3.0, eager_start_partitions=0))
     wait_until(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
     reader = runner.task.reader
     # One record is read where it is (quiet: answered at its first byte) ...
@@ -305,6 +305,35 @@ def test_only_partitions_that_keep_flowing_move_to_eager_fetching(
     by_partition = _by_partition(copied)
     assert [r.value for r in by_partition[0]] == [b"t%d" % i for i in range(sent)]  # in order across the move
     assert _committed(store, unique) == {(unique, 0): sent, (unique, 1): 1}
+
+
+def test_a_few_partitions_started_beside_many_quiet_ones_are_fetched_eagerly_until_they_go_quiet(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    # The quiet consumer's fetch in flight holds every other request on its connection for up to 500 ms: a new
+    # topic's partitions placed there would wait that long for their metadata and their first fetch.
+    held, new = f"{unique}-held", f"{unique}-new"
+    create_topics(stack.source_bootstrap_servers, {held: 3, new: 1})
+    create_topics(stack.destination_bootstrap_servers, {held: 3, new: 1})
+    create_connector(
+        store,
+        connector_properties(stack, unique, **{"topics.regex": f"{unique}-.*"}),
+        {0: [(held, p) for p in range(3)]},
+    )
+    limits = TierLimits(quiet_after_s=1.0, eager_start_partitions=2)
+    runner = TaskThread.start(store, unique, reader_limits=limits)
+    wait_until(lambda: any(e.startswith("replicating 3") for e in runner.events), what="the task replicating")
+    reader = runner.task.reader
+    assert reader.held_in(reader.quiet) == 3  # more than eager_start_partitions: quiet from the start
+    produce(stack.source_bootstrap_servers, [{"topic": new, "value": b"first"}])
+    store.write_assignment(unique, {0: [*((held, p) for p in range(3)), (new, 0)]})
+    wait_until(lambda: (new, 0) in reader.shard, what="the new partition started")
+    assert reader.shard[(new, 0)].tier is reader.flowing
+    assert [r.value for r in consume_all(stack.destination_bootstrap_servers, new, 1, expected=1)] == [b"first"]
+    # Silent after its record, it joins the others.
+    wait_until(lambda: reader.held_in(reader.quiet) == 4, timeout=30, what="the new partition quiet")
+    runner.finish()
+    assert _committed(store, unique)[(new, 0)] == 1
 
 
 def test_kill_9_mid_stream_loses_nothing(stack: StackEndpoints, store: Store, unique: str, tmp_path: Path) -> None:
