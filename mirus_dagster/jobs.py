@@ -51,6 +51,7 @@ from replicator.discovery.watcher import MetadataWatcher
 from replicator.engine.ownership import run_owned
 from replicator.engine.task import ReplicationTask, TaskExit
 from replicator.engine.worker import TaskWorker
+from replicator.state.head_notices import HeadNotices
 from replicator.state.records import PartitionPauseError, UnknownConnectorError
 from replicator.state.store import Store
 
@@ -80,13 +81,18 @@ def replicate(context: dg.OpExecutionContext, config: ReplicatorTaskConfig, plat
     store = platform.task_store()
     # A task has an owner run and warm standby runs (`task.standby.runs`); whichever gets the lease replicates.
     try:
-        with run_events(context) as log_event, termination_as_a_stop() as terminated:
+        with (
+            run_events(context) as log_event,
+            contextlib.closing(HeadNotices(store.engine)) as notices,
+            termination_as_a_stop() as terminated,
+        ):
             task = ReplicationTask(
                 store,
                 config.connector,
                 config.task_id,
                 owner,
                 on_event=lambda m: log_event(f"{name}: {m}"),
+                notices=notices,
             )
             outcome = run_owned(task, terminated)
     except UnknownConnectorError:

@@ -20,6 +20,7 @@ from replicator.engine.ownership import run_owned
 from replicator.engine.source_reader import DEFAULT_LIMITS, TierLimits
 from replicator.engine.task import ReplicationTask, TaskExit
 from replicator.state.database import make_engine, upgrade
+from replicator.state.head_notices import HeadNotices
 from replicator.state.records import MetricRow
 from replicator.state.store import Store
 
@@ -129,8 +130,11 @@ class TaskThread:
         *,
         owned: bool = False,
         reader_limits: TierLimits = DEFAULT_LIMITS,
+        notices: HeadNotices | None = None,
     ) -> TaskThread:
-        task = ReplicationTask(store, connector, task_id, owner, metrics_interval_s=1.0, reader_limits=reader_limits)
+        task = ReplicationTask(
+            store, connector, task_id, owner, metrics_interval_s=1.0, reader_limits=reader_limits, notices=notices
+        )
         runner = cls(task=task, owned=owned)
         runner.task.on_event = runner.events.append
         runner.thread = threading.Thread(target=runner._run, daemon=True, name=f"{connector}-{task_id}")

@@ -116,14 +116,16 @@ def task_run(connector: str, task_id: int) -> None:
     from replicator.engine.ownership import run_owned
     from replicator.engine.task import ReplicationTask, TaskExit
     from replicator.state.database import task_engine
+    from replicator.state.head_notices import HeadNotices
     from replicator.state.records import UnknownConnectorError
     from replicator.state.store import Store
 
     store = Store(_checked(task_engine))
     owner = f"{socket.gethostname()}:{os.getpid()}"
-    with _stop_on_signals() as stop:
+    notices = HeadNotices(store.engine)
+    with _stop_on_signals() as stop, contextlib.closing(notices):
         try:
-            outcome = run_owned(ReplicationTask(store, connector, task_id, owner), stop.is_set)
+            outcome = run_owned(ReplicationTask(store, connector, task_id, owner, notices=notices), stop.is_set)
         except KeyboardInterrupt:
             click.echo("stopped")
             return

@@ -177,7 +177,7 @@ PROPERTIES: tuple[PropertySpec, ...] = (
                  field="poll_timeout_ms", minimum=1, maximum=60000),
     PropertySpec("monitor.poll.wait.ms", _I, "How often the monitor runs its periodic duties for the connector "
                  "(topic config sync, checkpoints, heartbeats, a full re-plan). New topics and partitions are seen "
-                 "sooner: the metadata watcher reads every cluster once a second for all connectors together.",
+                 "sooner: the metadata watcher reads every cluster twice a second for all connectors together.",
                  default=2000, field="monitor_poll_wait_ms", minimum=100),
     PropertySpec("commit.failure.restart.ms", _I, "A task that replicates records but cannot commit offsets for "
                  "this long fails, and the supervisor restarts it.", default=300000,

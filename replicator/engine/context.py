@@ -7,6 +7,7 @@ each other, only by these protocols: none of them imports the task, and only exa
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, Protocol
@@ -88,6 +89,7 @@ class TaskContext(Protocol):
     sized_for: tuple[object, ...]  # the size settings the clients were made with (`RecordLimits.sizes_of`)
     metrics: TaskMetrics
     scheduler: Scheduler
+    head_changed: threading.Event  # Postgres said the connector's row changed: read it at the loop's next turn
     background: ThreadPoolExecutor
     on_event: Callable[[str], None]
     should_stop: Callable[[], bool]  # the process or run is stopping: long waits of a start give up

@@ -67,7 +67,11 @@ class AssignmentFollower:
                 outcome = None
             if outcome is not None:
                 return outcome
-        if self.head_in_flight is None and task.scheduler.due(REFRESHING, REFRESH_INTERVAL_S, now):
+        if self.head_in_flight is None and (
+            task.head_changed.is_set() or task.scheduler.due(REFRESHING, REFRESH_INTERVAL_S, now)
+        ):
+            task.head_changed.clear()  # before the read: a change committed during it is read again
+            task.scheduler.ran(REFRESHING, REFRESH_INTERVAL_S, now)
             self.head_in_flight = task.background.submit(task.store.connector_head, task.connector)
         if self.metadata_in_flight is not None and self.metadata_in_flight.done():
             layouts_done, self.metadata_in_flight = self.metadata_in_flight, None

@@ -153,7 +153,9 @@ class Forwarder:
             else:
                 msgs = task.reader.consume(allowed, 0)
                 if not msgs:
-                    msgs = task.reader.consume(1, ACK_SERVE_S if len(producer) else timeout)
+                    msgs = task.reader.consume(
+                        1, ACK_SERVE_S if len(producer) else timeout, until=task.head_changed.is_set
+                    )
                 if throttle is not None:
                     throttle.take(msgs)
         if msgs:

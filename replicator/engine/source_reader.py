@@ -140,8 +140,9 @@ class SourceReader:
 
     # -- fetch --------------------------------------------------------------------------------------------
 
-    def consume(self, count: int, timeout: float) -> list[Record]:
-        """Records from every consumer holding partitions (flowing first); waits up to `timeout` for the first.
+    def consume(self, count: int, timeout: float, until: Callable[[], bool] = lambda: False) -> list[Record]:
+        """Records from every consumer holding partitions (flowing first); waits up to `timeout` for the first, or
+        while several consumers are waited on in slices, until `until()` says to stop waiting.
         Error events come among them (see `Record`)."""
         active = [shard for tier in self.tiers for shard in tier.shards if shard.held]
         self.behind = False
@@ -157,7 +158,7 @@ class SourceReader:
                 msgs.extend(self._read(shard, count, 0))
             deadline = time.monotonic() + timeout
             slice_s = SLICE_S if first.tier is self.flowing else QUIET_SLICE_S
-            while not msgs and (left := deadline - time.monotonic()) > 0:
+            while not msgs and (left := deadline - time.monotonic()) > 0 and not until():
                 msgs = self._read(first, count, min(left, slice_s))
                 for shard in others:
                     msgs.extend(self._read(shard, count, 0))

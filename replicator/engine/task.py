@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +39,7 @@ from replicator.engine.scheduler import READING_SIZE_LIMITS, RECORDING_METRICS, 
 from replicator.engine.source_reader import DEFAULT_LIMITS, SourceReader, TierLimits
 from replicator.engine.throttle import only_throttle_changed
 from replicator.engine.transactions import TransactionalCommitter
+from replicator.state.head_notices import HeadNotices
 from replicator.state.records import FencedError, Lease, MetricInterval
 from replicator.state.store import Store
 from replicator.topics import provenance
@@ -68,6 +70,7 @@ class ReplicationTask:
         metrics_interval_s: float = 10.0,
         reader_limits: TierLimits = DEFAULT_LIMITS,
         on_event: Callable[[str], None] | None = None,
+        notices: HeadNotices | None = None,
     ) -> None:
         self.store = store
         self.connector = connector
@@ -81,6 +84,10 @@ class ReplicationTask:
         self.limits = RecordLimits()  # the record size limits of the topics served (`replicator.engine.record_limits`)
         self.sized_for: tuple[object, ...] = ()  # the size settings the clients were made with
         self.scheduler = Scheduler()
+        # Set when Postgres says the connector's row changed (`notices`): read at the loop's next turn, not at the
+        # next periodic read.
+        self.head_changed = threading.Event()
+        self.notices = notices
         self.scheduler.ran(RECORDING_METRICS, metrics_interval_s)  # the first interval ends one interval from now
         self.follower = AssignmentFollower(self)
         self.committer = Committer(self)  # until the configuration is read (`rebuild`): commits nothing but heartbeats
@@ -122,6 +129,7 @@ class ReplicationTask:
         self.owning = True
         outcome: TaskExit | None = None
         error: BaseException | None = None
+        unsubscribe = self.notices.subscribe(self.connector, self.head_changed.set) if self.notices else None
         try:  # from here on a termination (even while the first events are written) ends with a final commit
             if stood_by_s:
                 self.on_event(f"took over after standing by {stood_by_s:.1f}s")
@@ -147,6 +155,8 @@ class ReplicationTask:
             error = exc
             raise
         finally:
+            if unsubscribe is not None:
+                unsubscribe()
             self._shutdown(outcome, error)
 
     def prepare(self) -> None:

@@ -29,6 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from replicator.configuration.connector import ConnectorConfigError, load
 from replicator.engine.ownership import LockWatch, run_owned
 from replicator.engine.task import ReplicationTask, TaskExit
+from replicator.state.head_notices import HeadNotices
 from replicator.state.records import LEASE_HELD, ConnectorState, UnknownConnectorError
 from replicator.state.store import Store
 
@@ -98,12 +99,14 @@ class TaskWorker:
         self.hosted: dict[TaskKey, HostedTask] = {}
         self.copies: dict[str, tuple[int, int]] = {}  # connector -> (config version, hosts per task)
         self.lock_watch: LockWatch | None = None  # while it runs
+        self.notices: HeadNotices | None = None  # while it runs: one LISTEN connection for all its tasks
 
     def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Host tasks until `should_stop`; on the way out (also when interrupted) every task flushes, commits and
         gives its lease back, so the other hosts take over at once."""
         self.on_event(f"worker {self.index} of {self.workers} started")
         self.lock_watch = LockWatch(self.store.engine, STANDBY_POLL_S)
+        self.notices = HeadNotices(self.store.engine)
         try:
             while not should_stop():
                 try:
@@ -118,6 +121,7 @@ class TaskWorker:
         finally:
             self.stop_all()
             self.lock_watch.close()
+            self.notices.close()
 
     def wanted(self) -> dict[TaskKey, float | None]:
         """The tasks this worker hosts now, each with the time an operator last asked for its restart (epoch s)."""
@@ -194,7 +198,12 @@ class TaskWorker:
         try:
             self._defer(connector, task_id, hosted.stop)
             task = ReplicationTask(
-                self.store, connector, task_id, self.owner, on_event=lambda m: self.on_event(f"{name}: {m}")
+                self.store,
+                connector,
+                task_id,
+                self.owner,
+                on_event=lambda m: self.on_event(f"{name}: {m}"),
+                notices=self.notices,
             )
             hosted.outcome = run_owned(task, hosted.stop.is_set, self.lock_watch)
         except UnknownConnectorError:

@@ -16,10 +16,12 @@ from sqlalchemy import text
 from mirus.api.metrics import StoreCollector
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
-from replicator.engine import producers
+from replicator.engine import follower, producers
 from replicator.engine.metrics import BUCKET_LABELS
 from replicator.engine.source_reader import TierLimits
 from replicator.engine.task import CommitWatchdogError, TaskExit
+from replicator.state.head_notices import HeadNotices
+from replicator.state.records import ConnectorState
 from replicator.state.store import Store
 from replicator.topics import provenance
 from tests.engine_helpers import TaskThread, connector_properties, create_connector, private_database
@@ -596,3 +598,26 @@ def test_a_kill_re_sends_what_was_copied_after_the_last_commit_counted_or_resume
         assert duplicated == 500 - sum(committed_at_kill.values())  # everything the killed run had not committed
         assert counted == duplicated  # the metric counts each record written again
         assert any(f"re-sending {duplicated} record(s) copied" in e for e in last.events), last.events
+
+
+def test_a_change_to_the_connector_reaches_the_task_when_postgres_says_so_not_at_its_next_read(
+    stack: StackEndpoints, store: Store, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The periodic read made as good as absent: only the notice (migration 0012's trigger, LISTEN) can tell the task.
+    monkeypatch.setattr(follower, "REFRESH_INTERVAL_S", 3600.0)
+    first, added = f"{unique}-a", f"{unique}-b"
+    create_topics(stack.source_bootstrap_servers, {first: 1, added: 1})
+    create_topics(stack.destination_bootstrap_servers, {first: 1, added: 1})
+    create_connector(store, connector_properties(stack, unique, **{"topics.regex": f"{unique}-.*"}), {0: [(first, 0)]})
+    notices = HeadNotices(store.engine)
+    try:
+        wait_until(notices.listening.is_set, what="the notices connection listening")
+        runner = TaskThread.start(store, unique, notices=notices)
+        wait_until(lambda: any(e.startswith("replicating 1") for e in runner.events), what="the task replicating")
+        produce(stack.source_bootstrap_servers, [{"topic": added, "value": b"new"}])
+        store.write_assignment(unique, {0: [(first, 0), (added, 0)]})
+        assert [r.value for r in consume_all(stack.destination_bootstrap_servers, added, 1, expected=1)] == [b"new"]
+        store.set_connector_state(unique, ConnectorState.PAUSED)
+        assert runner.join(30) is TaskExit.PAUSED
+    finally:
+        notices.close()
