@@ -21,10 +21,12 @@ worker runs.
 
 (b) kill -9 → resumed replication: while a producer writes 50 records/s, the process of the run that owns the task
     (and its children) is killed; the clock stops at the first destination record whose source offset (from its
-    `mirus.source` provenance header) is above the highest offset acknowledged at the source when the process was
-    gone. Path: Postgres ends the dead process's session → the warm standby (its run blocked on the owner's epoch
-    lock; in a worker, asking with the worker's other standbys every 0.2 s) claims the next epoch → it creates its
-    clients and resumes from the committed offsets. The supervisor starts a new standby meanwhile (not on the path).
+    `mirus.source` provenance header) is above the highest offset acknowledged at the source by the kill (+50 ms),
+    as a reader on a thread of its own sees it (the wait until psutil sees the dead processes reaped, which their
+    parent does when it gets to it, is not on the clock). Path: Postgres ends the dead process's session → the warm
+    standby (its run blocked on the owner's epoch lock; in a worker, asking with the worker's other standbys every
+    0.2 s) claims the next epoch → it creates its clients and resumes from the committed offsets. The supervisor
+    starts a new standby meanwhile (not on the path).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from replicator.topics import provenance
 PORTS = {"source_port": 29192, "destination_port": 29193, "postgres_port": 25532}
 TARGET_NEW_TOPIC_S = 1.0
 TARGET_KILL_S = 1.0
+ACK_MARGIN_S = 0.05
 CONNECTOR = "latency"
 TAGS = {TAG_CONNECTOR: CONNECTOR, TAG_TASK: "0"}
 WORKERS = 2  # --shape workers: the task's owner and its standby in two worker runs
@@ -148,19 +151,19 @@ def owner_run(dev: DagsterDev, store: Store, shape: Shape, timeout: float = 180)
 
 
 class Traffic:
-    """A producer writing `rate` records/s to partition 0 of `topic`, remembering the highest acknowledged offset."""
+    """A producer writing `rate` records/s to partition 0 of `topic`, remembering when each offset was acknowledged."""
 
     def __init__(self, bootstrap: str, topic: str, rate: float) -> None:
         self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "enable.idempotence": True})
         self.topic, self.interval = topic, 1.0 / rate
-        self.acked = -1
+        self.acks: list[tuple[float, int]] = []  # (monotonic time of the acknowledgement, offset)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _delivered(self, err: object, msg: Message) -> None:
         if err is None:
-            self.acked = max(self.acked, msg.offset())
+            self.acks.append((time.monotonic(), msg.offset()))
 
     def _run(self) -> None:
         i = 0
@@ -173,15 +176,42 @@ class Traffic:
             self.stopped.wait(max(0.0, next_at - time.monotonic()))  # pacing
         self.producer.flush(30)
 
-    def highest_acked(self) -> int:
-        """Highest acknowledged offset, after serving every acknowledgement already received."""
+    def acked_by(self, at: float) -> int:
+        """Highest offset acknowledged by monotonic time `at`."""
         self.producer.poll(0)
-        return self.acked
+        return max((offset for when, offset in list(self.acks) if when <= at), default=-1)
 
     def stop(self) -> None:
         self.stopped.set()
         self.thread.join(60)
         del self.producer  # its broker connections close now, not when the stack is already down
+
+
+class Arrivals:
+    """Every record the destination reader receives, with its arrival time and source offset, read on a thread of
+    its own (so that nothing the benchmark waits for delays when a copy is seen)."""
+
+    def __init__(self, reader: Consumer) -> None:
+        self.reader = reader
+        self.seen: list[tuple[float, int]] = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            for msg in self.reader.consume(100, 0.01):
+                origin = provenance.parse(msg.headers()) if msg.error() is None else None
+                if origin is not None:
+                    self.seen.append((time.monotonic(), origin.source_offset))
+
+    def first(self, since: float = 0.0, above: int = -1) -> float | None:
+        """When the first record that arrived after `since` with a source offset above `above` did, if one has."""
+        return next((at for at, offset in list(self.seen) if at > since and offset > above), None)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(10)
 
 
 def _high_watermark(consumer: Consumer, topic: str) -> int:
@@ -263,17 +293,20 @@ def kill_latency(dev: DagsterDev, store: Store, shape: Shape, traffic: Traffic, 
     epoch = lease.epoch
     while reader.consume(1000, 0):
         pass  # copies made before the kill
-    killed = dev.kill_run_worker(victim.run_id)  # returns once the worker and its children are gone
-    killed_at, killed_wall = killed.monotonic, killed.at  # the clock starts when SIGKILL was sent
-    # Everything acknowledged at the source by now may have been read by the dead process; what comes later not.
-    kill_point = traffic.highest_acked()
-
-    def after_kill(msg: Message) -> bool:
-        origin = provenance.parse(msg.headers())
-        return origin is not None and origin.source_offset > kill_point
-
-    first_copy: list[float] = []  # the dead owner's last produce requests are answered within milliseconds
-    latency = first_record(reader, after_kill, 120, first_copy, killed_at + 0.1) - killed_at
+    arrivals = Arrivals(reader)
+    try:
+        killed = dev.kill_run_worker(victim.run_id)  # returns once the worker and its children are gone
+        killed_at, killed_wall = killed.monotonic, killed.at  # the clock starts when SIGKILL was sent
+        gone_s = time.monotonic() - killed_at  # until psutil saw the processes gone (reaped by their parent)
+        # Everything acknowledged at the source by the kill may have been read by the dead process (a fetch may see a
+        # record up to ACK_MARGIN_S before its producer hears the acknowledgement); what was acknowledged later not.
+        kill_point = traffic.acked_by(killed_at + ACK_MARGIN_S)
+        arrived = wait_until(lambda: arrivals.first(above=kill_point), 120, 0.01, "a record written after the kill")
+        # The dead owner's last produce requests are answered within milliseconds of the kill.
+        first_copy = arrivals.first(since=killed_at + 0.1) or arrived
+    finally:
+        arrivals.stop()
+    latency = arrived - killed_at
     lease = store.lease_of(CONNECTOR, 0)
     assert lease is not None and lease.claimed_at is not None and lease.epoch > epoch
     taker = lease.owner.rsplit(":", 1)[-1] if lease.owner else "?"
@@ -283,8 +316,9 @@ def kill_latency(dev: DagsterDev, store: Store, shape: Shape, traffic: Traffic, 
     )
     breakdown = (
         f"standby {taker[:8]} claimed epoch {lease.epoch} +{lease.claimed_at.timestamp() - killed_wall:.2f}s, "
-        f"first copy (replay of what the dead owner had not committed) +{first_copy[0] - killed_at:.1f}s; "
-        f"off the path: run FAILURE +{(failed.end_time or killed_wall) - killed_wall:.1f}s, new standby run "
+        f"first copy (replay of what the dead owner had not committed) +{first_copy - killed_at:.2f}s; "
+        f"off the path: dead processes reaped +{gone_s:.2f}s, "
+        f"run FAILURE +{(failed.end_time or killed_wall) - killed_wall:.1f}s, new standby run "
         f"requested +{new.creation_time - killed_wall:.1f}s ({new.tags.get('dagster/sensor_name')}), "
         f"started +{(new.start_time or killed_wall) - killed_wall:.1f}s"
     )

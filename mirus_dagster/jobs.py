@@ -8,9 +8,7 @@ are built with (`build_admin_jobs`), so this module never imports `assets/`.
 
 import contextlib
 import os
-import queue
 import socket
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,8 +53,6 @@ from replicator.state.head_notices import HeadNotices
 from replicator.state.records import PartitionPauseError, UnknownConnectorError
 from replicator.state.store import Store
 
-EVENTS_FLUSH_S = 10.0  # the most a run's end waits for its last events to be written
-
 ConnectorsEvent = Callable[[Store, str, dg.DagsterInstance], dg.AssetMaterialization]
 """Builds the `connectors` asset's materialization from the store and the instance's runs, with a reason
 (assets/connectors.py)."""
@@ -81,17 +77,13 @@ def replicate(context: dg.OpExecutionContext, config: ReplicatorTaskConfig, plat
     store = platform.task_store()
     # A task has an owner run and warm standby runs (`task.standby.runs`); whichever gets the lease replicates.
     try:
-        with (
-            run_events(context) as log_event,
-            contextlib.closing(HeadNotices(store.engine)) as notices,
-            termination_as_a_stop() as terminated,
-        ):
+        with contextlib.closing(HeadNotices(store.engine)) as notices, termination_as_a_stop() as terminated:
             task = ReplicationTask(
                 store,
                 config.connector,
                 config.task_id,
                 owner,
-                on_event=lambda m: log_event(f"{name}: {m}"),
+                on_event=lambda m: context.log.info(f"{name}: {m}"),
                 notices=notices,
             )
             outcome = run_owned(task, terminated)
@@ -107,26 +99,6 @@ def replicate(context: dg.OpExecutionContext, config: ReplicatorTaskConfig, plat
     deleted = outcome in (None, TaskExit.DELETED) or not _connector_exists(store, config.connector)
     ended = "connector deleted" if deleted or outcome is None else outcome.value
     context.log.info(f"task {name} ended: {ended}")
-
-
-@contextlib.contextmanager
-def run_events(context: dg.OpExecutionContext) -> Iterator[Callable[[str], None]]:
-    """The run's event log written by a thread of its own, in order: each event is a write to the instance's storage
-    (~50-70 ms on the default SQLite storage of a busy machine, measured), and a takeover or a new partition's start
-    writes several before its first record is copied. Whatever was logged is written before the op returns."""
-    pending: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-
-    def write() -> None:
-        while (message := pending.get()) is not None:
-            context.log.info(message)
-
-    writer = threading.Thread(target=write, name="mirus-run-events", daemon=True)
-    writer.start()
-    try:
-        yield pending.put
-    finally:
-        pending.put(None)
-        writer.join(EVENTS_FLUSH_S)
 
 
 @contextlib.contextmanager
@@ -181,8 +153,10 @@ def host_tasks(context: dg.OpExecutionContext, config: ReplicatorWorkerConfig, p
         raise dg.Failure(f"worker {config.worker} does not exist among {config.workers} (0 .. {config.workers - 1})")
     owner = f"{socket.gethostname()}:{os.getpid()}:{context.run_id}"
     # Every hosted task flushes, commits and gives its lease back.
-    with run_events(context) as log_event, termination_as_a_stop() as terminated:
-        TaskWorker(platform.worker_store(), config.worker, config.workers, owner, on_event=log_event).run(terminated)
+    with termination_as_a_stop() as terminated:
+        TaskWorker(platform.worker_store(), config.worker, config.workers, owner, on_event=context.log.info).run(
+            terminated
+        )
 
 
 @dg.job(
