@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +59,14 @@ os.environ[ENV_ALLOWED_ENV] = r"MIRUS_SECRET_.*|MIRUS_TEST_.*|KAFKA_.*|TEST_.*|E
 # default shape, worker runs, is what `mirus dev` runs as the README writes it (tests/local/test_first_hour.py, which
 # starts it without any MIRUS_ variable) and what tests/engine/test_workers.py and the container tests run.
 os.environ[ENV_REPLICATOR_WORKERS] = "0"
+# A shell that starts the suite in the background starts it with SIGINT ignored, and every in-process Dagster run on
+# the main thread copies SIGINT's handler to SIGTERM when it ends (`dagster._utils.interrupts.capture_interrupts`):
+# every process the suite started after that ignored SIGTERM, Dagster's own compute-log tailers among them, whose
+# clean-up then waited 30 s each and in-process runs never finished (seen on a background run of .ci/run).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")
