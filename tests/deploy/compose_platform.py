@@ -41,10 +41,10 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILES = (ROOT / "docker-compose.yml", ROOT / "deploy" / "compose" / "host-network.yml")
 # What the test starts: the platform's own services. The file's Postgres and Kafka services are for users' try-outs.
 PLATFORM_SERVICES = ("mirus-api-token", "mirus-code", "dagster-webserver", "dagster-daemon", "mirus-api")
-RUNTIME_IMAGE = "mirus-dagster:local"
-SPARK_IMAGE = "mirus-dagster-spark:local"
+IMAGE_TAG_ENV = "MIRUS_IMAGE_TAG"  # the release every image of the deployment is tagged with (docker-compose.yml)
+RUNTIME_REPOSITORY, SPARK_REPOSITORY = "mirus-dagster", "mirus-dagster-spark"
 # One service per image: building it builds the image every other service of that image runs.
-IMAGE_SERVICES = {RUNTIME_IMAGE: "mirus-api", SPARK_IMAGE: "mirus-code"}
+IMAGE_SERVICES = {RUNTIME_REPOSITORY: "mirus-api", SPARK_REPOSITORY: "mirus-code"}
 # Volumes with fixed names (the run launcher mounts them by name), which `down -v` removes whoever made them.
 FIXED_VOLUMES = ("mirus-secrets", "mirus-lake")
 RUN_LABEL = "app=mirus-run"  # every run container's (deploy/compose/run-launcher.yaml)
@@ -55,6 +55,15 @@ DOCKER_COMPOSE = Path("/usr/bin/docker-compose")
 DOCKER_SOCKET = Path("/var/run/docker.sock")
 BUILD_TIMEOUT_S = 1800.0  # a first build downloads every package; later ones reuse the layers
 START_TIMEOUT_S = 240.0
+TERMINATE_MUTATION = """
+mutation Terminate($runId: String!) {
+  terminateRun(runId: $runId) {
+    __typename
+    ... on PythonError { message }
+    ... on TerminateRunFailure { message }
+  }
+}
+"""
 LAUNCH_MUTATION = """
 mutation Launch($params: ExecutionParams!) {
   launchRun(executionParams: $params) {
@@ -213,6 +222,7 @@ class ComposePlatform:
         self.started = False
         self.processes: dict[int, float] = {}  # pid -> create time, of every process seen in a container
         self.run_containers: set[str] = set()  # ids of every run container seen
+        self.built: set[str] = set()  # the images built, by tag
 
     # -- docker-compose ---------------------------------------------------------------------------------
 
@@ -232,16 +242,36 @@ class ComposePlatform:
             )
         return result
 
+    @property
+    def tag(self) -> str:
+        return self.env.get(IMAGE_TAG_ENV) or "local"
+
+    @property
+    def runtime_image(self) -> str:
+        return f"{RUNTIME_REPOSITORY}:{self.tag}"
+
+    @property
+    def spark_image(self) -> str:
+        return f"{SPARK_REPOSITORY}:{self.tag}"
+
     def build(self) -> float:
-        """Both images, as `docker-compose build` builds them; seconds it took. The images they replace are removed
-        (with the layers nothing else uses), so that rebuilds do not fill the disk."""
+        """Both images of the current tag, as `docker-compose build` builds them; seconds it took. The images they
+        replace are removed (with the layers nothing else uses), so that rebuilds do not fill the disk."""
         started = time.monotonic()
-        before = {image: image_id(image) for image in IMAGE_SERVICES}
+        images = (self.runtime_image, self.spark_image)
+        before = {image: image_id(image) for image in images}
         self.compose("build", *IMAGE_SERVICES.values(), timeout=BUILD_TIMEOUT_S)
+        self.built.update(images)
         for image, previous in before.items():
             if previous and previous != image_id(image):
                 subprocess.run(["docker", "rmi", previous], capture_output=True, timeout=120, check=False)
         return time.monotonic() - started
+
+    def reconfigure(self, env: Mapping[str, str]) -> float:
+        """`env` over the deployment's settings, then `docker-compose up -d` as an operator rolls out a change:
+        compose recreates the services whose configuration changed; seconds until they answer again."""
+        self.env.update(env)
+        return self.up()
 
     def up(self) -> float:
         """The platform's services, until the UI, the code location and the API answer; seconds it took."""
@@ -328,6 +358,11 @@ class ComposePlatform:
         assert result["__typename"] == "LaunchRunSuccess", result
         return str(result["run"]["runId"])
 
+    def terminate(self, run_id: str) -> None:
+        """Terminate a run as the UI's Terminate button does: the run launcher stops its container (SIGTERM)."""
+        result = self.graphql(TERMINATE_MUTATION, {"runId": run_id})["terminateRun"]
+        assert result["__typename"] == "TerminateRunSuccess", result
+
     def rest(self, method: str, path: str, body: Any = None) -> requests.Response:
         headers = {"Authorization": f"Bearer {self.token}"}
         return requests.request(method, f"{self.api}{path}", json=body, headers=headers, timeout=30)
@@ -383,6 +418,12 @@ class ComposePlatform:
         self.compose("down", "-v", "--remove-orphans", "-t", "30", timeout=300)
         self.started = False
         return self.leftovers(run_containers)
+
+    def remove_images(self, keep_tag: str = "local") -> None:
+        """The images built under another tag than `keep_tag` (their layers stay while the kept images use them)."""
+        for image in sorted(self.built):
+            if not image.endswith(f":{keep_tag}"):
+                subprocess.run(["docker", "rmi", image], capture_output=True, timeout=120, check=False)
 
     def leftovers(self, run_containers: set[str]) -> Leftovers:
         found = Leftovers()

@@ -94,6 +94,7 @@ def compose_platform(
             leftovers = platform.down()
             assert not leftovers, f"left behind: {leftovers}"
         finally:
+            platform.remove_images()
             store.engine.dispose()
             for name in (platform_db, dagster_db):
                 _admin(db_engine, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -8,7 +8,10 @@ platform's services (code server on the Spark image; webserver, daemon and API o
 Postgres. The scenarios run in order on it: the UI and REST API answer; a connector PUT over REST gets each task's
 owner and standby run in a labelled container of its own (runtime image), which copy every record; `docker kill` of
 an owner's container hands its task to the standby, nothing lost; the connector deleted over REST ends its
-containers; a report run starts from the Spark image and succeeds; every service's HEALTHCHECK passes; the last
+containers; a report run starts from the Spark image and succeeds; every service's HEALTHCHECK passes; then the
+platform's default shape, worker containers (`MIRUS_REPLICATOR_WORKERS=2`, services recreated with `up -d`), host
+two connectors' tasks, `docker kill` of one moves its tasks to the other, nothing lost; a rolling upgrade to images
+of a second tag moves every task into a container of the new image while records flow, nothing lost; the last
 takes the deployment down and checks that no container, volume or process is left.
 """
 
@@ -22,15 +25,22 @@ import pytest
 import requests
 
 from mirus.waiting import wait_until
-from mirus_dagster.constants import KIND_REPLICATOR, KIND_REPORT, REPORTS_JOB, TAG_CONNECTOR, TAG_KIND, TAG_TASK
+from mirus_dagster.constants import (
+    KIND_REPLICATOR,
+    KIND_REPORT,
+    REPORTS_JOB,
+    TAG_CONNECTOR,
+    TAG_KIND,
+    TAG_TASK,
+    TAG_WORKER,
+    TAG_WORKERS,
+)
 from mirus_dagster.report_schedule import hour_key
 from mirus_dagster.settings import StackEndpoints
 from replicator.state.records import LeaseRow
 from replicator.state.store import Store
 from tests.deploy.compose_platform import (
     RUN_LABEL,
-    RUNTIME_IMAGE,
-    SPARK_IMAGE,
     ComposePlatform,
     Container,
     containers,
@@ -79,6 +89,23 @@ def owner_run(store: Store, task: int) -> tuple[str, LeaseRow] | None:
     return lease.owner.rsplit(":", 1)[-1], lease
 
 
+def put_connector_with_records(platform: ComposePlatform, clusters: StackEndpoints, name: str, topic: str) -> None:
+    """`topic` created with FIRST_RECORDS records, and a connector of TASKS tasks copying it PUT over REST."""
+    src, dst = clusters.source_bootstrap_servers, clusters.destination_bootstrap_servers
+    create_topics(src, {topic: PARTITIONS})
+    produce(src, ({"topic": topic, "partition": i % PARTITIONS, "value": b"%06d" % i} for i in range(FIRST_RECORDS)))
+    properties = {
+        "name": name,
+        "connector.class": "com.salesforce.mirus.MirusSourceConnector",
+        "consumer.bootstrap.servers": src,
+        "destination.consumer.bootstrap.servers": dst,
+        "topics.whitelist": topic,
+        "tasks.max": str(TASKS),
+    }
+    put = platform.rest("PUT", f"/connectors/{name}/config", properties)
+    assert put.status_code == 201, put.text
+
+
 def test_the_ui_and_the_api_answer(platform: ComposePlatform) -> None:
     assert requests.get(f"{platform.ui}/server_info", timeout=10).ok
     root = requests.get(f"{platform.api}/", timeout=10)
@@ -91,10 +118,10 @@ def test_the_ui_and_the_api_answer(platform: ComposePlatform) -> None:
     # Each service runs from the image meant for it, as the image's unprivileged user.
     services = {c.labels["com.docker.compose.service"]: c for c in platform.service_containers() if c.running}
     assert {name: c.image for name, c in services.items()} == {
-        "mirus-code": SPARK_IMAGE,
-        "dagster-webserver": RUNTIME_IMAGE,
-        "dagster-daemon": RUNTIME_IMAGE,
-        "mirus-api": RUNTIME_IMAGE,
+        "mirus-code": platform.spark_image,
+        "dagster-webserver": platform.runtime_image,
+        "dagster-daemon": platform.runtime_image,
+        "mirus-api": platform.runtime_image,
     }
     for container in services.values():
         assert docker("exec", container.id, "id", "-u").strip() == "10001", container.name
@@ -104,18 +131,7 @@ def test_a_connector_put_over_rest_runs_each_task_in_a_labelled_container_of_its
     platform: ComposePlatform, store: Store, apache_kafka: StackEndpoints
 ) -> None:
     src, dst = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
-    create_topics(src, {TOPIC: PARTITIONS})
-    produce(src, ({"topic": TOPIC, "partition": i % PARTITIONS, "value": b"%06d" % i} for i in range(FIRST_RECORDS)))
-    properties = {
-        "name": CONNECTOR,
-        "connector.class": "com.salesforce.mirus.MirusSourceConnector",
-        "consumer.bootstrap.servers": src,
-        "destination.consumer.bootstrap.servers": dst,
-        "topics.whitelist": TOPIC,
-        "tasks.max": str(TASKS),
-    }
-    put = platform.rest("PUT", f"/connectors/{CONNECTOR}/config", properties)
-    assert put.status_code == 201, put.text
+    put_connector_with_records(platform, apache_kafka, CONNECTOR, TOPIC)
 
     # Each task's owner and its warm standby: a run each, each run a container of its own from the runtime image,
     # labelled with the connector and task it runs.
@@ -131,7 +147,7 @@ def test_a_connector_put_over_rest_runs_each_task_in_a_labelled_container_of_its
     started = platform.until(every_run_in_its_container, RUNS_TIMEOUT_S, "an owner and a standby container per task")
     assert len({c.id for c in started}) == len(started), "two runs share a container"
     for container in started:
-        assert container.image == RUNTIME_IMAGE, container
+        assert container.image == platform.runtime_image, container
         assert container.labels[TAG_CONNECTOR] == CONNECTOR and container.labels[TAG_TASK] in {"0", "1"}
         assert container.labels[TAG_KIND] == KIND_REPLICATOR
         # The replicator's tighter memory limit (deploy/compose/run-launcher.yaml, runtime_container_kwargs).
@@ -208,7 +224,7 @@ def test_a_report_run_starts_from_the_spark_image_and_succeeds(platform: Compose
     run = platform.until(finished, REPORT_TIMEOUT_S, "the report run to end")
     log.info("report run: %.0f s from its launch to its end", run["endTime"] - run["creationTime"])
     [container] = platform.run_containers_of([run_id])
-    assert container.image == SPARK_IMAGE and container.labels[TAG_KIND] == KIND_REPORT
+    assert container.image == platform.spark_image and container.labels[TAG_KIND] == KIND_REPORT
     assert container.memory_limit == 2 * 2**30
     assert run["status"] == "SUCCESS", (
         f"report run {run_id} ended {run['status']}: {docker('logs', '--tail', '30', container.id)}"
@@ -226,6 +242,187 @@ def test_the_services_report_healthy(platform: ComposePlatform) -> None:
 
     health = platform.until(healthy, 90, "every service's healthcheck to pass")
     assert set(health) == {"mirus-code", "dagster-webserver", "dagster-daemon", "mirus-api"}
+
+
+# -- workers: the platform's default shape, a few worker containers hosting every connector's tasks ----------------
+
+WORKERS = 2
+WORKER_CONNECTORS = tuple(f"{CONNECTOR}-w{i}" for i in range(2))  # two connectors, their tasks among the workers
+UPGRADE_TAG = f"upgrade-{CONNECTOR}"
+
+
+def worker_topic(connector: str) -> str:
+    return f"{connector}-orders"
+
+
+def worker_containers(platform: ComposePlatform) -> dict[int, Container]:
+    """The running worker containers, by worker index."""
+    found = containers(f"label={RUN_LABEL}", f"label={TAG_WORKERS}={WORKERS}", running_only=True)
+    platform.run_containers.update(c.id for c in found)
+    return {int(c.labels[TAG_WORKER]): c for c in found}
+
+
+def task_owners(platform: ComposePlatform, store: Store) -> dict[tuple[str, int], Container] | None:
+    """Every task of the worker connectors with the worker container that owns it (holds its RUNNING lease), or
+    None while a task has no owner in a running worker container."""
+    by_run = {c.labels.get("dagster/run_id"): c for c in worker_containers(platform).values()}
+    owners = {}
+    for connector in WORKER_CONNECTORS:
+        for task in range(TASKS):
+            owner = owner_run_of(store, connector, task)
+            if owner is None or owner[0] not in by_run:
+                return None
+            owners[(connector, task)] = by_run[owner[0]]
+    return owners
+
+
+def owner_run_of(store: Store, connector: str, task: int) -> tuple[str, LeaseRow] | None:
+    lease = store.lease_of(connector, task)
+    if lease is None or lease.state != "RUNNING" or not lease.owner:
+        return None
+    return lease.owner.rsplit(":", 1)[-1], lease
+
+
+def topic_records(traffic: Traffic, topic: str) -> int:
+    """How many records `topic` holds: the traffic's acknowledged offsets are the topic's own."""
+    return sum(offset + 1 for (name, _), offset in traffic.acked.items() if name == topic)
+
+
+def replaced(
+    platform: ComposePlatform, store: Store, index: int, old: Container
+) -> dict[tuple[str, int], Container] | None:
+    """Every task owned, none by `old`, once worker `index` runs again from the deployment's current image."""
+    worker = worker_containers(platform).get(index)
+    if worker is None or worker.id == old.id or worker.image != platform.runtime_image:
+        return None
+    owners = task_owners(platform, store)
+    return owners if owners and all(o.id != old.id for o in owners.values()) else None
+
+
+def epoch(store: Store, connector: str, task: int) -> int:
+    owner = owner_run_of(store, connector, task)
+    return owner[1].epoch if owner else -1
+
+
+def check_worker_replicas(apache_kafka: StackEndpoints, traffic: Traffic) -> dict[str, int]:
+    """Every record of the worker connectors' topics copied (at least once); duplicates per topic."""
+    src, dst = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
+    duplicates = {}
+    for connector in WORKER_CONNECTORS:
+        topic = worker_topic(connector)
+        written = topic_records(traffic, topic)
+        report = check_replica(src, topic, dst, partitions=PARTITIONS, written=written, timeout=120)
+        report.assert_at_least_once()
+        duplicates[topic] = sum(report.duplicated.values())
+    return duplicates
+
+
+def test_worker_containers_host_every_connectors_tasks(
+    platform: ComposePlatform, store: Store, apache_kafka: StackEndpoints
+) -> None:
+    """The platform's default shape (a run per task is `MIRUS_REPLICATOR_WORKERS=0`, as above): the operator sets
+    the workers and `up -d` recreates the services with it; two connectors' tasks land in the worker containers."""
+    platform.reconfigure({"MIRUS_REPLICATOR_WORKERS": str(WORKERS)})
+    src, dst = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
+    for connector in WORKER_CONNECTORS:
+        put_connector_with_records(platform, apache_kafka, connector, worker_topic(connector))
+
+    owners = platform.until(lambda: task_owners(platform, store), RUNS_TIMEOUT_S, "every task owned by a worker")
+    workers = worker_containers(platform)
+    assert sorted(workers) == list(range(WORKERS)), workers
+    for index, container in workers.items():
+        assert container.image == platform.runtime_image, container
+        assert container.labels[TAG_KIND] == KIND_REPLICATOR and container.labels[TAG_WORKERS] == str(WORKERS)
+        assert TAG_CONNECTOR not in container.labels, f"worker {index} is labelled as one connector's"
+    # No run of its own for any task: the workers are every replicator container.
+    assert not task_containers(platform)
+    for connector in WORKER_CONNECTORS:
+        assert not containers(f"label={TAG_CONNECTOR}={connector}", running_only=True), connector
+    log.info("task owners: %s", {f"{c}/{t}": o.labels[TAG_WORKER] for (c, t), o in owners.items()})
+    platform.remember_processes()
+    for connector in WORKER_CONNECTORS:
+        topic = worker_topic(connector)
+        check_replica(src, topic, dst, partitions=PARTITIONS, written=FIRST_RECORDS, timeout=120).assert_exactly_once()
+
+
+def test_docker_kill_of_a_worker_container_moves_its_tasks_and_loses_nothing(
+    platform: ComposePlatform, store: Store, apache_kafka: StackEndpoints
+) -> None:
+    traffic = Traffic(
+        apache_kafka.source_bootstrap_servers, {worker_topic(c): PARTITIONS for c in WORKER_CONNECTORS}, rate=100
+    )
+    try:
+        owners = platform.until(lambda: task_owners(platform, store), 60, "every task owned by a worker")
+        # The worker that owns the most tasks (every task has its standby in the other: 1 + 1 standby of 2 workers).
+        counts = {c.id: sum(1 for o in owners.values() if o.id == c.id) for c in owners.values()}
+        victim = max(owners.values(), key=lambda c: counts[c.id])
+        moved = {task for task, o in owners.items() if o.id == victim.id}
+        epochs = {task: epoch(store, *task) for task in moved}
+        platform.remember_processes()
+        docker("kill", victim.id)
+
+        def moved_away() -> dict[tuple[str, int], Container] | None:
+            now = task_owners(platform, store)
+            if now is None or any(o.id == victim.id for o in now.values()):
+                return None
+            return now if all(epoch(store, *task) > e for task, e in epochs.items()) else None
+
+        platform.until(moved_away, 60, f"the tasks of worker {victim.labels[TAG_WORKER]} to move")
+        more = traffic.written + 200
+        wait_until(lambda: traffic.written >= more, 60, 0.2, "200 more records produced")
+        # The monitor replaces the killed worker: a new container of the same index.
+        index = int(victim.labels[TAG_WORKER])
+        platform.until(
+            lambda: (c := worker_containers(platform).get(index)) is not None and c.id != victim.id,
+            RUNS_TIMEOUT_S,
+            f"a new container of worker {index}",
+        )
+    finally:
+        traffic.stop()
+    log.info("%d tasks moved; duplicates per topic: %s", len(moved), check_worker_replicas(apache_kafka, traffic))
+
+
+def test_a_rolling_upgrade_moves_every_task_into_the_new_image_and_loses_nothing(
+    platform: ComposePlatform, store: Store, apache_kafka: StackEndpoints
+) -> None:
+    """docs/DEPLOYMENT.md, section 6, with a second image tag: the new images built, `up -d` with the new tag
+    recreates the services, then each worker run of the old image is terminated in turn (as the UI's Terminate
+    button does); the monitor starts its replacement from the new image, and the tasks it owned move to the other
+    worker meanwhile. Records flow throughout."""
+    old_image = platform.runtime_image
+    traffic = Traffic(
+        apache_kafka.source_bootstrap_servers, {worker_topic(c): PARTITIONS for c in WORKER_CONNECTORS}, rate=100
+    )
+    try:
+        platform.until(lambda: task_owners(platform, store), 60, "every task owned by a worker")
+        new_commit = f"{git_commit()}+{UPGRADE_TAG}"
+        platform.env.update({"MIRUS_IMAGE_TAG": UPGRADE_TAG, "MIRUS_COMMIT": new_commit})
+        log.info("new images built in %.0f s", platform.build())
+        log.info("services recreated in %.0f s", platform.up())
+        assert platform.runtime_image != old_image
+        assert requests.get(f"{platform.api}/", timeout=10).json()["commit"] == new_commit
+        services = [c for c in platform.service_containers() if c.running]
+        assert {c.image for c in services} == {platform.runtime_image, platform.spark_image}, services
+        # Running tasks are untouched by the services' recreation: their containers are the old image's.
+        assert {c.image for c in worker_containers(platform).values()} == {old_image}
+
+        for index in range(WORKERS):
+            [old_run] = [c for i, c in worker_containers(platform).items() if i == index]
+            platform.terminate(old_run.labels["dagster/run_id"])
+
+            platform.until(
+                lambda: replaced(platform, store, index, old_run),  # noqa: B023 (awaited within the iteration)
+                RUNS_TIMEOUT_S,
+                f"worker {index} to run from the new image, its tasks owned",
+            )
+        owners = platform.until(lambda: task_owners(platform, store), 60, "every task owned by a worker")
+        assert {o.image for o in owners.values()} == {platform.runtime_image}, owners
+        assert {c.image for c in worker_containers(platform).values()} == {platform.runtime_image}
+        more = traffic.written + 200
+        wait_until(lambda: traffic.written >= more, 60, 0.2, "200 more records produced")
+    finally:
+        traffic.stop()
+    log.info("duplicates per topic across the rolling upgrade: %s", check_worker_replicas(apache_kafka, traffic))
 
 
 def test_down_leaves_no_container_volume_or_process_behind(platform: ComposePlatform) -> None:

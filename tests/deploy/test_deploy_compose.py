@@ -50,6 +50,7 @@ DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 IMAGE_WORKDIR = "/opt/mirus"  # WORKDIR of deploy/Dockerfile, where the compose workspace file is copied
 CODE_SERVICE = "mirus-code"
 RUNTIME_TARGET, SPARK_TARGET = "runtime", "spark"
+RUNTIME_IMAGE_ENV, DEFAULT_RUNTIME_IMAGE = "MIRUS_RUNTIME_IMAGE", "mirus-dagster:local"
 # The packages the runtime image leaves out, as the code imports them (deploy/image_requirements.py names their
 # distributions).
 LEFT_OUT_MODULES = ("pyspark", "py4j", "dagster_pyspark", "dagster_spark", "pyarrow", "matplotlib")
@@ -231,9 +232,17 @@ def test_everything_the_run_launcher_names_exists_in_the_compose_file(
     code = services[CODE_SERVICE]
     assert environment(code)["DAGSTER_CURRENT_IMAGE"] == code["image"]
     assert code["build"]["dockerfile"] == str(DOCKERFILE.relative_to(ROOT)) and code["build"]["target"] == SPARK_TARGET
+    # The runtime image's name comes from the daemon's environment, the release's tag in it as in the images'.
+    assert config["runtime_image"] == {"env": RUNTIME_IMAGE_ENV}
+    runtime_image = environment(services["dagster-daemon"])[RUNTIME_IMAGE_ENV]
+    assert runtime_image.endswith(":${MIRUS_IMAGE_TAG:-local}") and code["image"].endswith(":${MIRUS_IMAGE_TAG:-local}")
     for part in ("dagster-webserver", "dagster-daemon", "mirus-api", "mirus-api-token"):
-        assert services[part]["image"] == config["runtime_image"], part
+        assert services[part]["image"] == runtime_image, part
         assert services[part]["build"]["target"] == RUNTIME_TARGET, part
+    # The images' own default, for a daemon started without the compose file's environment: the untagged release.
+    for target in (RUNTIME_TARGET, SPARK_TARGET):
+        assert f"ENV {RUNTIME_IMAGE_ENV}={DEFAULT_RUNTIME_IMAGE}\n" in stage(target), target
+    assert runtime_image.replace("${MIRUS_IMAGE_TAG:-local}", "local") == DEFAULT_RUNTIME_IMAGE
     # The report runs' lake: MIRUS_LAKE_DIR is a volume every run container mounts.
     lake = environment(services[CODE_SERVICE])["MIRUS_LAKE_DIR"]
     assert any(mount.split(":")[1] == lake for mount in config["container_kwargs"]["volumes"])
@@ -356,8 +365,8 @@ def test_the_images_run_unprivileged_report_their_health_and_carry_oci_labels() 
 def test_the_run_launcher_starts_runs_without_spark_from_the_runtime_image(
     launcher: dict[str, Any], kind: str | None, runtime: bool
 ) -> None:
-    config = launcher["config"]
-    docker = MirusDockerRunLauncher(**{**config, "network": "host"})
+    config = {**launcher["config"], "runtime_image": DEFAULT_RUNTIME_IMAGE, "network": "host"}
+    docker = MirusDockerRunLauncher(**config)
     code_image = "mirus-dagster-spark:local"  # DAGSTER_CURRENT_IMAGE of the code server
     pointer = ModuleCodePointer("mirus_dagster.definitions", "defs", None)
     repository = RepositoryPythonOrigin(sys.executable, pointer, container_image=code_image)
@@ -371,7 +380,7 @@ def test_the_run_launcher_starts_runs_without_spark_from_the_runtime_image(
 
 
 def test_run_containers_are_labelled_with_their_runs_connector_and_task(launcher: dict[str, Any]) -> None:
-    docker = MirusDockerRunLauncher(**{**launcher["config"], "network": "host"})
+    docker = MirusDockerRunLauncher(**{**launcher["config"], "runtime_image": DEFAULT_RUNTIME_IMAGE, "network": "host"})
     run = dg.DagsterRun(job_name=replicator.name, tags={**replicator_tags("orders-mirror", 3), "mirus/reason": "x"})
     labels = docker.get_container_context(run).container_kwargs["labels"]
     # The configured labels, and the run's identity; not its free-text tags.
