@@ -34,22 +34,38 @@ def connection_identity(settings: Mapping[str, Any]) -> str:
     return f"{settings.get('bootstrap.servers')} over {protocol}{who}"
 
 
+class _Refusals:
+    """librdkafka's error callback of a `ClusterAdmin`: the cluster's last refusal, its secrets masked.
+
+    Kept apart from the client: a bound method of the client as its own callback is a reference cycle, which only
+    Python's cyclic collector breaks, so an admin client made for one request lived on after it (its threads waking,
+    reconnecting to a cluster that may be gone) until a full collection. An AdminClient has no `close`: it is
+    destroyed when its last reference goes."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        self.secrets = secrets
+        self.last: str | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        if err.code() in REFUSALS:
+            message = err.str()
+            for secret in self.secrets:  # librdkafka does not echo them; kept out should that ever change
+                message = message.replace(secret, "********")
+            self.last = message
+
+
 class ClusterAdmin(AdminClient):
     """The admin client of one of a connector's clusters, which can say why the cluster refused it."""
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         self.identity = connection_identity(settings)
-        self.refused: str | None = None
-        self._secrets = [str(settings[k]) for k in _SECRET_SETTINGS if settings.get(k)]
-        conf: dict[str, Any] = {**settings, "error_cb": self._on_error}  # librdkafka takes its callbacks as settings
+        self._refusals = _Refusals([str(settings[k]) for k in _SECRET_SETTINGS if settings.get(k)])
+        conf: dict[str, Any] = {**settings, "error_cb": self._refusals}  # librdkafka takes its callbacks as settings
         super().__init__(conf)
 
-    def _on_error(self, err: KafkaError) -> None:
-        if err.code() in REFUSALS:
-            message = err.str()
-            for secret in self._secrets:  # librdkafka does not echo them; kept out should that ever change
-                message = message.replace(secret, "********")
-            self.refused = message
+    @property
+    def refused(self) -> str | None:
+        return self._refusals.last
 
     def refusal(self) -> str | None:
         """The cluster's last refusal (login or TLS), served from the client's events; None if there was none."""

@@ -87,13 +87,17 @@ class HeartbeatProducers:
         ).encode()
         now_ms = time.time_ns() // 1_000_000
         connector = config.name
+        # The callback holds the outcomes' containers, not `self`: a record in flight holds its callback, and
+        # through `self` the callback would hold the producer itself, a cycle no collector sees (librdkafka holds
+        # the record), so producers dropped with heartbeats in flight would never be destroyed.
+        in_flight, outcomes, fatal = self.in_flight, self.delivered, self.fatal
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
-            self.in_flight.discard(connector)
+            in_flight.discard(connector)
             reason = None if err is None else f"heartbeat refused by the source cluster: {err.str()} ({err.name()})"
-            self.delivered.setdefault(connector, []).append(Delivery(msg.offset(), now_ms, reason))
+            outcomes.setdefault(connector, []).append(Delivery(msg.offset(), now_ms, reason))
             if err is not None and err.fatal():  # an idempotent producer that hit a fatal error never recovers
-                self.fatal.add(settings_key(config.admin_settings("source")))
+                fatal.add(settings_key(config.admin_settings("source")))
 
         self._poll()  # a producer that failed fatally is replaced before it is used again
         producer = self._producer(config)
@@ -126,14 +130,16 @@ class HeartbeatProducers:
         """Forget flows no longer running and close the producers of source clusters no running flow reads."""
         for key in set(self.producers) - set(settings_keys):
             self._replace(key)
-        self.delivered = {c: d for c, d in self.delivered.items() if c in connectors}
+        for gone in set(self.delivered) - set(connectors):  # in place: callbacks in flight hold these containers
+            del self.delivered[gone]
         self.in_flight &= set(connectors)
 
     def _poll(self) -> None:
         """Run the delivery callbacks of every producer, then replace those that failed fatally."""
         for producer in self.producers.values():
             producer.poll(0)
-        fatal, self.fatal = self.fatal, set()  # a purge's callbacks may name the producer again
+        fatal = set(self.fatal)  # a purge's callbacks may name the producer again
+        self.fatal.clear()
         for key in fatal:
             self._replace(key)
 
@@ -153,12 +159,17 @@ class HeartbeatProducers:
             )
         return producer
 
+    def close(self) -> None:
+        """Close every producer (the watcher stops); heartbeats still in flight are reported failed (purged)."""
+        for key in list(self.producers):
+            self._replace(key)
+
     def _replace(self, key: str) -> None:
-        """Drop a producer; its queued and in-flight heartbeats are reported failed (purged) on the way out."""
+        """Close a producer; its queued and in-flight heartbeats are reported failed (purged) on the way out."""
         producer = self.producers.pop(key, None)
         if producer is not None:
             producer.purge()
-            producer.poll(0)
+            producer.close()  # serves the purged heartbeats' delivery reports, then destroys the client
 
 
 def _create_topic(source_admin: AdminClient, source: ClusterView) -> None:

@@ -137,18 +137,27 @@ class MetadataWatcher:
     def run(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Watch until `should_stop`; a round starts every `interval_s` (at once when the last one overran, or when
         a destination topic's creation or growth settled: its partitions wait for the round that collects it)."""
-        while not should_stop():
-            started = time.monotonic()
-            try:
-                self.watch_once()
-            except SQLAlchemyError as exc:  # the database is away: discovery resumes when it is back
-                log.warning("metadata watcher: the platform database is unavailable, will retry: %s", exc)
-            while (
-                not should_stop()
-                and not self.topic_requests.settled.is_set()
-                and (left := self.interval_s - (time.monotonic() - started)) > 0
-            ):
-                self.topic_requests.settled.wait(min(left, 0.2))  # short waits: a termination lands between them
+        try:
+            while not should_stop():
+                started = time.monotonic()
+                try:
+                    self.watch_once()
+                except SQLAlchemyError as exc:  # the database is away: discovery resumes when it is back
+                    log.warning("metadata watcher: the platform database is unavailable, will retry: %s", exc)
+                while (
+                    not should_stop()
+                    and not self.topic_requests.settled.is_set()
+                    and (left := self.interval_s - (time.monotonic() - started)) > 0
+                ):
+                    self.topic_requests.settled.wait(min(left, 0.2))  # short waits: a termination lands between them
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the clients kept across rounds: the heartbeat producers, and the admin clients (destroyed as they
+        are dropped: an AdminClient has no `close`)."""
+        self.heartbeat_producers.close()
+        self.clients.clear()
 
     def watch_once(self) -> WatchRound:
         started = time.monotonic()

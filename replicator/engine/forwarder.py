@@ -427,6 +427,10 @@ class Forwarder:
                 again += 1
         task.on_event(f"new producer: {again} partition(s) read again from their first unacknowledged offset")
 
+    def close(self) -> None:
+        """Close the producers (`DestinationProducers.close`): the task stops, or makes its clients again."""
+        self.producers.close()
+
     def replace_producers(self) -> None:
         """New producers in place of the failed ones, each partition writing through its topic's new producer."""
         self.producers.replace()

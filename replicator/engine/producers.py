@@ -18,16 +18,52 @@ closed (`close_idle`) and made again at its topics' next record (`open`): an idl
 several times a second and visit its topics' partitions (measured on Apache Kafka: twenty idle producers of 500
 partitions each, 0.43 % of a core, a fifth of an idle task of 10,000 partitions). The record that reopens one waits
 for its connection and metadata (tens of milliseconds), after at least a minute of silence.
+
+A task that stops or makes its clients again closes its producers (`close`): left to Python, a producer is destroyed
+only by the cyclic collector (its error callback is a method of the forwarder that holds it), its threads running
+and reconnecting meanwhile.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+log = logging.getLogger(__name__)
 
 PARTITIONS_PER_PRODUCER = 500
+# How long closing a transactional producer waits for its open transaction's abort (`close_producer`).
+CLOSE_ABORT_S = 1.0
+# What `abort_transaction` answers at once, and `Producer.close()`'s own abort answers alike: no transaction is open,
+# or the producer is not transactional.
+NO_TRANSACTION = {KafkaError._STATE, KafkaError._NOT_CONFIGURED}
+
+
+def close_producer(producer: Producer, abort_s: float = CLOSE_ABORT_S) -> bool:
+    """Close `producer` now, dropping what it still holds; whether it was closed.
+
+    confluent-kafka's `close()` waits without a limit, first for an open transaction's abort, then for every record
+    it holds to be delivered (it takes no timeout). So the records are purged first (their delivery reports, as
+    purged, are served by `close()`), and an open transaction is aborted here within `abort_s`. A producer whose
+    transaction did not abort in that time (the destination does not answer) is not closed: it is destroyed when
+    dropped, and the next `init_transactions` of its transactional.id aborts the transaction."""
+    producer.purge()
+    try:
+        producer.abort_transaction(abort_s)
+    except KafkaException as exc:
+        err: KafkaError = exc.args[0]
+        if err.code() not in NO_TRANSACTION and not err.fatal():  # a fatal error is answered at once, as here
+            log.warning("producer left unclosed: its transaction did not abort within %.0fs (%s)", abort_s, err.str())
+            return False
+    try:
+        producer.close()
+    except KafkaException as exc:  # destroyed all the same: raised from the purged records' reports (purging records
+        # in flight stops a gapless producer with a fatal error)
+        log.info("producer closed after an error: %s", exc.args[0])
+    return True
 
 
 class DestinationProducers:
@@ -119,5 +155,16 @@ class DestinationProducers:
 
     def replace(self) -> None:
         """New producers in place of all the open ones (after a fatal error), each writing the same topics as
-        before."""
-        self.all = [None if producer is None else self.make() for producer in self.all]
+        before; the old ones are closed."""
+        old, self.all = self.all, [None if producer is None else self.make() for producer in self.all]
+        for producer in old:
+            if producer is not None:
+                close_producer(producer)
+
+    def close(self) -> None:
+        """Close every producer, dropping the records they still hold (their delivery reports, as purged, are served
+        first): a stop drained what it could, and its successor reads the rest again."""
+        for index, producer in enumerate(self.all):
+            if producer is not None:
+                self.all[index] = None
+                close_producer(producer)

@@ -178,8 +178,15 @@ class ReplicationTask:
     def discard(self) -> None:
         """Close the clients of a task that was prepared but never ran."""
         if self.clients_open:
+            self.close_clients()
+
+    def close_clients(self) -> None:
+        """Close the source consumers and the destination producers (what they still hold is dropped)."""
+        self.clients_open = False  # a failure while closing has nothing left to close
+        try:
             self.reader.close()
-            self.clients_open = False
+        finally:
+            self.forwarder.close()
 
     def rebuild(self, version: int, restart_marker: object, why: str | None = None) -> None:
         """(Re)create clients for the current configuration, resuming every owned partition from its commit (`why`:
@@ -201,8 +208,7 @@ class ReplicationTask:
             self.on_event(f"{why or f'configuration version {record.version}'}: restarting clients in place")
             self.forwarder.drain(10)
             self.committer.commit_now()
-            self.reader.close()
-            self.clients_open = False  # until the new ones are made: a failure in between has nothing left to close
+            self.close_clients()  # until the new ones are made: a failure in between has nothing left to close
         self.config = config
         self.version, self.restart_marker = record.version, restart_marker
         # Clusters are known by their Kafka cluster id (aliases are display names that may coincide). Asked first: a
@@ -248,7 +254,7 @@ class ReplicationTask:
             try:
                 self.background.shutdown(wait=True)
                 if self.clients_open:
-                    self.reader.close()
+                    self.close_clients()
                 if not fenced:
                     state = "FAILED" if isinstance(error, Exception) else (outcome.value if outcome else "STOPPED")
                     self.store.finish_task(self.lease, state, f"{type(error).__name__}: {error}" if error else None)

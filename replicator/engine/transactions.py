@@ -31,6 +31,7 @@ from replicator.engine.context import TaskContext
 from replicator.engine.destination_copies import DestinationReadError, copies_end
 from replicator.engine.forwarder import ACK_SERVE_S, MAX_BLOCK_S
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, PartitionState
+from replicator.engine.producers import close_producer
 from replicator.state.records import FencedError
 
 # A newer producer with the same transactional.id exists: this instance must stop (as a fenced Postgres write).
@@ -131,11 +132,14 @@ class Transactions:
 
 def fence(settings: dict[str, Any], timeout_s: float) -> None:
     """Fence the task whose producer `settings` are: its open transaction is aborted, its later writes refused."""
+    producer = Producer(settings)
     try:
-        Producer(settings).init_transactions(timeout_s)
+        producer.init_transactions(timeout_s)
     except KafkaException as exc:
         err = _error(exc)
         raise TransactionError(f"fencing {settings['transactional.id']} failed ({err.name()}: {err.str()})") from None
+    finally:
+        close_producer(producer)
 
 
 class TransactionalCommitter(Committer):

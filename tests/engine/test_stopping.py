@@ -5,20 +5,25 @@ process that takes longer; its records are then sent twice.)"""
 
 from __future__ import annotations
 
+import gc
 import signal
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, Producer
 
 from mirus.faults.brokers import BrokerProcess, tansu_broker
 from mirus.local.stack import free_port
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
+from replicator.clusters import ClusterAdmin
+from replicator.engine.task import ReplicationTask, TaskExit
 from replicator.state.store import Store
 from replicator.topics import provenance
-from tests.engine_helpers import connector_properties, create_connector
+from tests.engine_helpers import TaskThread, connector_properties, create_connector
 from tests.kafka_helpers import Traffic, consume_all, create_topics, produce
 from tests.processes import STOP_WITHIN_S, ReplicatorProcess
 
@@ -215,3 +220,62 @@ def test_workers_hosting_owners_and_standbys_stop_at_once(
         for worker in workers:
             worker.stop()
     assert {store.lease_of(name, 0).state for name in names} == {"STOPPED"}
+
+
+def _closed(client: Producer | Consumer) -> bool:
+    """Whether `client` was closed (its librdkafka handle destroyed): a closed client refuses every call. Asked with
+    calls that change nothing (the task's thread uses the client meanwhile)."""
+    try:
+        if isinstance(client, Producer):
+            client.purge(in_queue=False, in_flight=False, blocking=False)
+        else:
+            client.assignment()
+    except RuntimeError:
+        return True
+    return False
+
+
+def _task_clients(task: ReplicationTask) -> list[Producer | Consumer]:
+    producers = [p for p in task.forwarder.producers.all if p is not None]
+    return [*producers, *(shard.consumer for tier in task.reader.tiers for shard in tier.shards)]
+
+
+def test_a_task_closes_its_clients_when_it_makes_them_again_and_when_it_stops(
+    store: Store, stack: StackEndpoints, unique: str
+) -> None:
+    # Issue 38: a task's producers were never closed (only its consumers were): each lived on, its threads waking and
+    # reconnecting, until Python's cyclic collector got to it (its error callback is a method of the forwarder that
+    # holds it); after a test session, a dozen of them still logged their refused reconnections to brokers long gone.
+    traffic = replicating(store, stack, unique)
+    runner = TaskThread.start(store, unique)
+    try:
+        wait_until(lambda: sum(store.load_offsets(unique).values()) > 100, timeout=60, what="the task committing")
+        first = _task_clients(runner.task)
+        assert first and not any(_closed(client) for client in first)
+        store.request_restart(unique)
+        wait_until(lambda: any("restarting clients in place" in e for e in runner.events), what="clients made again")
+        committed = sum(store.load_offsets(unique).values())
+        wait_until(lambda: sum(store.load_offsets(unique).values()) > committed, timeout=60, what="copying again")
+        assert all(_closed(client) for client in first)
+        second = _task_clients(runner.task)
+        assert second and not any(_closed(client) for client in second)
+    finally:
+        traffic.stop()
+        outcome = runner.finish()
+    assert outcome is TaskExit.STOPPED
+    assert all(_closed(client) for client in second)
+    assert all(p is None for p in runner.task.forwarder.producers.all)
+
+
+def test_an_admin_client_is_destroyed_as_soon_as_it_is_dropped(stack: StackEndpoints) -> None:
+    # A ClusterAdmin whose error callback was its own method was a reference cycle: the admin clients the engine makes
+    # for one request (cluster ids, metadata, size limits, log offsets) lived on until a full collection.
+    admin = ClusterAdmin({"bootstrap.servers": stack.source_bootstrap_servers})
+    assert admin.list_topics(timeout=10).cluster_id is not None
+    dropped = weakref.ref(admin)
+    gc.disable()  # what frees it must be its last reference going, not the collector
+    try:
+        del admin
+        assert dropped() is None
+    finally:
+        gc.enable()
