@@ -184,12 +184,8 @@ class TransactionalCommitter(Committer):
         task stopped between a transaction's commit and the offsets' commit). Returns the partitions with copies
         after their last commit's destination offset (flowing when the last owner stopped)."""
         task = self.task
-        points = self.resume_points(partitions, task.store.load_destination_offsets(task.connector, partitions))
-        task.on_event(f"looking up the last copies of {len(points)} partition(s) at the destination")
         try:
-            found = copies_end(
-                task.config.admin_settings("destination"), task.source_cluster, points, should_stop=task.should_stop
-            )
+            found = self._committed_copies(partitions)
         except DestinationReadError as exc:
             if task.should_stop():
                 return set()  # the loop stops before it reads or writes anything
@@ -202,6 +198,16 @@ class TransactionalCommitter(Committer):
                 )
                 stored[tp] = offset
         return set(found)
+
+    def _committed_copies(self, partitions: list[SourcePartition]) -> dict[SourcePartition, int]:
+        """Per partition, the source offset after its last copy that a committed transaction holds at the
+        destination (absent: none after the destination offset stored with the last Postgres commit)."""
+        task = self.task
+        points = self.resume_points(partitions, task.store.load_destination_offsets(task.connector, partitions))
+        task.on_event(f"looking up the last copies of {len(points)} partition(s) at the destination")
+        return copies_end(
+            task.config.admin_settings("destination"), task.source_cluster, points, should_stop=task.should_stop
+        )
 
     def claimed_from(self, silent_tasks: set[int]) -> None:
         # Their open transaction may hold the partitions' records: fencing their transactional.id aborts it before
@@ -327,9 +333,16 @@ class TransactionalCommitter(Committer):
             self.transactions.begin()
 
     def _replace_producer(self, reason: str) -> None:
-        """A new producer fences the failed one (its transaction is aborted); every partition rewinds."""
-        forwarder = self.task.forwarder
-        self.task.on_event(f"transactional producer failed ({reason}); replacing it, every partition rewinds")
+        """A new producer fences the failed one; every partition rewinds to what is committed at the destination.
+
+        Fencing does not always abort: a commit the coordinator had begun is completed (the new producer's
+        `init_transactions` waits for it), although the failed producer never got its answer (a commit that timed
+        out and then failed, or an abort refused while that commit was in progress). So the partitions resume after
+        their last committed copy at the destination, as at a start; rewinding to the last commit this instance saw
+        would write such a transaction's records twice."""
+        task = self.task
+        forwarder = task.forwarder
+        task.on_event(f"transactional producer failed ({reason}); replacing it, every partition rewinds")
         self.aborting = True
         try:
             forwarder.purge()
@@ -338,6 +351,18 @@ class TransactionalCommitter(Committer):
         forwarder.fatal_error = None
         forwarder.replace_producers()
         self.start()
+        try:
+            found = self._committed_copies(list(task.book.states))
+        except DestinationReadError as exc:
+            raise TransactionError(f"after replacing the transactional producer: {exc}") from None
+        for tp, offset in found.items():
+            state = task.book.states[tp]
+            if state.durable is None or offset > state.durable:
+                task.on_event(
+                    f"{tp[0]}[{tp[1]}] resumes at {offset} after its last committed copy (a commit whose answer "
+                    f"was lost; this task had seen {state.durable})"
+                )
+                state.durable = offset
         self._rewind()
 
     def _rewind(self) -> None:

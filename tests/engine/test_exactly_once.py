@@ -8,10 +8,11 @@ on the session's clusters.
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 from sqlalchemy import text
 
@@ -19,7 +20,7 @@ from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.clusters import cluster_id
 from replicator.configuration.connector import transactional_id
-from replicator.engine.task import CommitWatchdogError, TaskExit
+from replicator.engine.task import CommitWatchdogError, ReplicationTask, TaskExit
 from replicator.state.store import Store
 from replicator.topics import provenance
 from tests.engine_helpers import TaskThread, connector_properties, create_connector, private_database
@@ -243,3 +244,43 @@ def test_an_aborted_transaction_is_hidden_and_its_records_written_again(
     wait_until(lambda: sum(store.load_offsets(unique).values()) == 100, timeout=60, what="replication after the abort")
     task.finish()
     _exactly(apache_kafka, unique, 2, 100)
+
+
+def test_a_producer_replaced_after_a_commit_whose_answer_was_lost_writes_nothing_twice(
+    apache_kafka: StackEndpoints, store: Store, unique: str
+) -> None:
+    """A transaction's commit lands at the destination, but its answer never reaches the task (a commit that timed
+    out and then failed, or an abort refused while that commit went on), and the task's producer fails: the new
+    producer must not write that transaction's records again. The task's loop is driven here turn by turn, so
+    that the commit can happen outside the committer (its answer lost, as it is to a task whose link dropped it);
+    the producer's failure is a KafkaError made here: librdkafka raises fatal errors only on broker states a test
+    cannot bring about on demand."""
+    stack = apache_kafka
+    _two_partitions(stack, store, unique, 100)
+    task, events = ReplicationTask(store, unique, 0, "test"), []
+    task.on_event = events.append
+    task.lease = store.claim_task(unique, 0, "test")
+    task.owning = True  # as `run` does: the committer's transactions start with the clients
+    task.follower.refresh(store.connector_head(unique), force=True)  # clients, partitions, first transaction
+
+    def forwarded() -> bool:
+        task.forwarder.poll_once()
+        return sum(state.position or 0 for state in task.book.states.values()) == 100
+
+    # Forwarded in the open transaction (the committer's turn, which would commit it, skipped).
+    wait_until(forwarded, timeout=60, interval=0, what="100 records forwarded")
+    task.forwarder.producer.commit_transaction(30)  # committed at the destination; the committer never learns it
+    task.committer.producer_failed(KafkaError(KafkaError._FATAL, "the producer failed", fatal=True))
+    assert sum("resumes at 50 after its last committed copy" in e for e in events) == 2, events
+
+    _produce(stack, unique, b"b", 40)  # and replication goes on with the new producer
+
+    def turn() -> bool:
+        task.forwarder.poll_once()
+        task.committer.tick(time.monotonic())
+        return sum(store.load_offsets(unique).values()) == 140
+
+    wait_until(turn, timeout=60, interval=0, what="140 records committed")
+    task.close_clients()
+    task.background.shutdown()
+    _exactly(stack, unique, 2, 140)
