@@ -64,18 +64,14 @@ class Committer:
         """Whether the loop may read more records now."""
         return True
 
-    def serve_wait_s(self) -> float:
+    def ack_wait_s(self) -> float:
         """How long the loop waits for acknowledgements after a batch."""
         return 0.0
 
     def refusal_counts(self, state: PartitionState, offset: int, err: KafkaError) -> bool:
-        """The destination refused a record of `state` (or the producer failed it): whether the forwarder holds the
-        partition back for it."""
+        """The destination refused a record of `state` (or the producer failed it): whether the partition is held
+        back for it (`replicator.engine.failures`)."""
         return True
-
-    def producer_failed(self, err: KafkaError) -> None:
-        """The producer failed fatally: a new one reads every partition the destination did not refuse again."""
-        self.task.forwarder.recreate_producer(err)
 
     def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> set[SourcePartition]:
         """Where `partitions` resume, as stored in Postgres (`stored`, updated in place); returns those the last

@@ -131,7 +131,7 @@ class AssignmentFollower:
                 return TaskExit.REMOVED
             if len(assignment) != self.tasks and assignment:
                 self.tasks = len(assignment)
-                task.forwarder.rethrottle()
+                task.forwarder.rethrottle(task.config, self.tasks)
             self.apply_assignment(set(assignment.get(task.task_id, ())))
         if task.book.waiting:
             self.claim(sorted(task.book.waiting))
@@ -142,7 +142,7 @@ class AssignmentFollower:
         removed = [tp for tp in book.states if tp not in mine]
         if removed:
             # A partition moves only after everything read from it is acknowledged and committed.
-            task.forwarder.drain(30)
+            task.deliveries.drain(30)
             task.committer.commit_now()
             task.reader.unassign(removed)
             for tp in removed:
@@ -191,7 +191,7 @@ class AssignmentFollower:
             if tp in self.held:
                 self.hold(task.book.states[tp])
         for topic in {task.book.states[tp].destination_topic for tp in partitions}:
-            if (producer := task.forwarder.producer_of(topic)) is None:
+            if (producer := task.deliveries.producer_of(topic)) is None:
                 continue  # missing (its partitions are paused), or closed while idle: reopened with fresh metadata
             try:  # a destination topic grown a moment ago: its producer must know its new partitions
                 producer.list_topics(topic, timeout=5)
@@ -255,7 +255,7 @@ class AssignmentFollower:
         self.map_destinations(states, layouts)
 
     def map_destinations(self, states: list[PartitionState], layouts: dict[str, TopicPartitions]) -> None:
-        config, forwarder = self.task.config, self.task.forwarder
+        config, deliveries = self.task.config, self.task.deliveries
         for state in states:
             topic = layouts.get(state.destination_topic)
             if topic is None or topic.error is not None:
@@ -265,7 +265,7 @@ class AssignmentFollower:
                     self.pause(state, f"destination topic {state.destination_topic!r} does not exist{why}")
                 continue
             if config.partition_matching is not False and state.partition in topic.ids:
-                forwarder.route(state, state.partition, len(topic.ids))
+                deliveries.route(state, state.partition, len(topic.ids))
             elif config.requires_destination_partition:
                 if state.paused_reason is None:
                     self.pause(
@@ -274,7 +274,7 @@ class AssignmentFollower:
                         "does not exist (partitions are preserved)",
                     )
             else:
-                forwarder.route(state, UNASSIGNED_PARTITION, len(topic.ids))
+                deliveries.route(state, UNASSIGNED_PARTITION, len(topic.ids))
 
     # -- one partition alone --------------------------------------------------------------------------------
 

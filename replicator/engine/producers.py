@@ -20,7 +20,7 @@ partitions each, 0.43 % of a core, a fifth of an idle task of 10,000 partitions)
 for its connection and metadata (tens of milliseconds), after at least a minute of silence.
 
 A task that stops or makes its clients again closes its producers (`close`): left to Python, a producer is destroyed
-only by the cyclic collector (its error callback is a method of the forwarder that holds it), its threads running
+only by the cyclic collector (its error callback is a method of the deliveries that hold it), its threads running
 and reconnecting meanwhile.
 """
 

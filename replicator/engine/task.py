@@ -30,6 +30,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from replicator.clusters import ClusterAdmin, cluster_id
 from replicator.configuration.connector import ConnectorConfig, load
 from replicator.engine.committer import Committer, CommitWatchdogError
+from replicator.engine.deliveries import Deliveries
+from replicator.engine.failures import DeliveryFailures
 from replicator.engine.follower import AssignmentFollower, TaskExit
 from replicator.engine.forwarder import Forwarder
 from replicator.engine.metrics import TaskMetrics
@@ -95,6 +97,7 @@ class ReplicationTask:
         self.lease: Lease
         self.config: ConnectorConfig
         self.reader: SourceReader
+        self.deliveries: Deliveries
         self.forwarder: Forwarder
         self.clients_open = False
         self.source_cluster = self.destination_cluster = ""  # Kafka cluster ids, read by `rebuild`
@@ -171,7 +174,7 @@ class ReplicationTask:
         mine = self.store.read_assignment(self.connector).get(self.task_id)
         if mine:
             try:
-                self.forwarder.producer.list_topics(self.config.namer.destination_topic(mine[0][0]), timeout=5)
+                self.deliveries.producer.list_topics(self.config.namer.destination_topic(mine[0][0]), timeout=5)
             except Exception as exc:  # only slower later: the task loop reports real trouble
                 log.info("%s-%d: warming up the producer failed: %s", self.connector, self.task_id, exc)
 
@@ -186,7 +189,7 @@ class ReplicationTask:
         try:
             self.reader.close()
         finally:
-            self.forwarder.close()
+            self.deliveries.close()
 
     def rebuild(self, version: int, restart_marker: object, why: str | None = None) -> None:
         """(Re)create clients for the current configuration, resuming every owned partition from its commit (`why`:
@@ -200,13 +203,13 @@ class ReplicationTask:
             and only_throttle_changed(self.config, config)
         ):
             self.config, self.version = config, record.version
-            self.forwarder.rethrottle()
+            self.forwarder.rethrottle(config, self.follower.tasks)
             self.on_event(f"configuration version {record.version}: throttle changed, clients kept")
             return
         owned = sorted(self.book.states)
         if self.clients_open:
             self.on_event(f"{why or f'configuration version {record.version}'}: restarting clients in place")
-            self.forwarder.drain(10)
+            self.deliveries.drain(10)
             self.committer.commit_now()
             self.close_clients()  # until the new ones are made: a failure in between has nothing left to close
         self.config = config
@@ -226,9 +229,35 @@ class ReplicationTask:
         consumer, producer = self.limits.client_settings(config, self.task_id)
         self.sized_for = self.limits.sizes_of(config, self.task_id)
         self.reader = SourceReader(consumer, self.reader_limits)
-        self.forwarder = Forwarder(self, producer)
-        last, self.committer = self.committer, (TransactionalCommitter if config.exactly_once else Committer)(self)
+        # What a refusal or a failed producer does is decided in one place (`DeliveryFailures`), which the deliveries'
+        # acknowledgements reach and which replaces their producers: made right after them.
+        self.deliveries = deliveries = Deliveries(
+            producer,
+            self.book,
+            self.metrics,
+            lambda state, offset, err: failures.refused(state, offset, err),
+            ordered_acks=config.ordered_acks,
+            grouped=not config.exactly_once,
+            idle_close_s=self.reader.quiet_after_s + self.reader.dormant_after_s,
+            name=f"{self.connector}-{self.task_id}",
+        )
+        last = self.committer
+        self.committer = TransactionalCommitter(self, deliveries) if config.exactly_once else Committer(self)
         self.committer.uncommitted, self.committer.last_ok = last.uncommitted, last.last_ok  # the watchdog goes on
+        failures = DeliveryFailures(deliveries, self.book, self.follower, self.committer, self.on_event)
+        self.forwarder = Forwarder(
+            config,
+            self.reader,
+            self.book,
+            deliveries,
+            failures,
+            self.committer,
+            source_error=self.follower.source_error,
+            head_changed=self.head_changed,
+            destination_cluster=self.destination_cluster,
+            origin_header=self.origin_header,
+            tasks=self.follower.tasks,
+        )
         if self.owning:
             self.committer.start()
         self.clients_open = True
@@ -241,7 +270,7 @@ class ReplicationTask:
         fenced = outcome is TaskExit.FENCED
         try:
             if self.clients_open and not fenced:
-                self.forwarder.drain(STOP_DRAIN_S)
+                self.deliveries.drain(STOP_DRAIN_S)
             if not fenced:
                 self.committer.commit_now(final=True)
                 if self.clients_open:
@@ -266,7 +295,7 @@ class ReplicationTask:
     def _rest_and_record(self, now: float) -> None:
         if self.scheduler.due(RESTING, REST_INTERVAL_S, now):
             self.reader.settle(self.book.position)
-            self.forwarder.close_idle_producers(now)
+            self.deliveries.close_idle_producers(now)
         if self.scheduler.due(RECORDING_METRICS, self.metrics.interval_s, now):
             self._record_metrics(now)
 

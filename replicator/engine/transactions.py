@@ -28,8 +28,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from replicator.assignment import SourcePartition
 from replicator.engine.committer import COMMIT_WAIT_S, Committer
 from replicator.engine.context import TaskContext
+from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Deliveries
 from replicator.engine.destination_copies import DestinationReadError, copies_end
-from replicator.engine.forwarder import ACK_SERVE_S, MAX_BLOCK_S
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, PartitionState
 from replicator.engine.producers import close_producer
 from replicator.state.records import FencedError
@@ -148,8 +148,9 @@ class TransactionalCommitter(Committer):
 
     skips_untouched = False  # a transaction's commit moves what may be committed without touching the book
 
-    def __init__(self, task: TaskContext) -> None:
+    def __init__(self, task: TaskContext, deliveries: Deliveries) -> None:
         super().__init__(task)
+        self.deliveries = deliveries  # its one producer, what it holds, and its failure
         self.transactions: Transactions | None = None  # once the task is owned (a standby's must not fence the owner)
         self.due = False  # the transaction commits once its records are acknowledged; intake waits
         self.abort_reason: str | None = None  # a record of the transaction failed: it must be aborted
@@ -159,14 +160,14 @@ class TransactionalCommitter(Committer):
         """`init_transactions` fences older instances of this task, then the first one begins."""
         task = self.task
         self.due, self.abort_reason = False, None
-        self.transactions = Transactions(task.forwarder.producer, f"task {task.connector}-{task.task_id}")
+        self.transactions = Transactions(self.deliveries.producer, f"task {task.connector}-{task.task_id}")
         self.transactions.start(COMMIT_WAIT_S, task.should_stop)  # stopped first: the loop ends before any write
 
     def accepting(self) -> bool:
         return not self.due
 
-    def serve_wait_s(self) -> float:
-        return ACK_SERVE_S if self.due else 0.0
+    def ack_wait_s(self) -> float:
+        return ACK_POLL_S if self.due else 0.0
 
     def refusal_counts(self, state: PartitionState, offset: int, err: KafkaError) -> bool:
         if self.aborting:
@@ -175,6 +176,8 @@ class TransactionalCommitter(Committer):
         return True
 
     def producer_failed(self, err: KafkaError) -> None:
+        """The producer failed fatally (`replicator.engine.failures` hands it here, and `_end_transaction` when it
+        notices): fenced, the task stops; otherwise a new producer fences it and every partition rewinds."""
         if err.code() in FENCED_CODES:
             raise FencedError(f"the destination fenced this task's transactional producer ({err.name()})")
         self._replace_producer(f"{err.name()}: {err.str()}")
@@ -247,14 +250,13 @@ class TransactionalCommitter(Committer):
         Otherwise the transaction is left open: the next owner's `init_transactions` aborts it, and Postgres keeps
         the offsets of the last committed one (`offset_of` is the durable offset) — a stop must not wait longer."""
         assert self.transactions is not None
-        forwarder = self.task.forwarder
+        deliveries = self.deliveries
         deadline = time.monotonic() + STOP_COMMIT_S
-        while len(forwarder.producer) and time.monotonic() < deadline:
-            forwarder.serve(0.1)
-        if len(forwarder.producer) or self.abort_reason is not None or forwarder.fatal_error is not None:
+        while len(deliveries) and time.monotonic() < deadline:
+            deliveries.poll_acks(0.1)
+        if len(deliveries) or self.abort_reason is not None or deliveries.failure is not None:
             return
-        if forwarder.unsettled:
-            forwarder.settle(delivered=True)
+        deliveries.acknowledge_cut_runs()
         try:
             while time.monotonic() < deadline:
                 if self.transactions.commit(min(1.0, max(deadline - time.monotonic(), 0.1))) is CommitResult.COMMITTED:
@@ -269,21 +271,20 @@ class TransactionalCommitter(Committer):
         """Commit the transaction once its records are acknowledged; with `wait_s`, wait that long and abort if it
         could not commit (a partition changing hands must not leave an open transaction behind)."""
         assert self.transactions is not None
-        forwarder = self.task.forwarder
+        deliveries = self.deliveries
         deadline = time.monotonic() + wait_s
-        while len(forwarder.producer) and self.abort_reason is None and forwarder.fatal_error is None:
+        while len(deliveries) and self.abort_reason is None and deliveries.failure is None:
             if time.monotonic() >= deadline:
                 if not wait_s:
                     return  # acknowledgements still due: the loop serves them and calls again
                 self.abort_reason = f"records not acknowledged within {wait_s:.0f}s"
                 break
-            forwarder.serve(0.1)
-        if forwarder.fatal_error is not None:
-            err, forwarder.fatal_error = forwarder.fatal_error, None
-            self.producer_failed(err)  # aborts (fences) the transaction and rewinds
+            deliveries.poll_acks(0.1)
+        if (failure := deliveries.failure) is not None:
+            deliveries.take_failure()
+            self.producer_failed(failure)  # aborts (fences) the transaction and rewinds
             return
-        if forwarder.unsettled and not len(forwarder.producer):
-            forwarder.settle(delivered=True)  # before `committable()` says what the transaction holds
+        deliveries.acknowledge_cut_runs()  # before `committable()` says what the transaction holds
         try:
             while self.abort_reason is None:
                 if self.transactions.commit(MAX_BLOCK_S) is CommitResult.COMMITTED:
@@ -311,15 +312,15 @@ class TransactionalCommitter(Committer):
 
     def _abort_and_rewind(self, reopen: bool = True) -> None:
         assert self.transactions is not None
-        forwarder = self.task.forwarder
+        deliveries = self.deliveries
         reason, self.abort_reason = self.abort_reason, None
         self.task.on_event(f"transaction aborted ({reason}): every partition resumes after its last committed record")
         self.aborting = True
         try:
             self.transactions.abort(COMMIT_WAIT_S)
             deadline = time.monotonic() + COMMIT_WAIT_S
-            while len(forwarder.producer) and time.monotonic() < deadline:  # purged records come back as refusals
-                forwarder.serve(0.1)
+            while len(deliveries) and time.monotonic() < deadline:  # purged records come back as refusals
+                deliveries.poll_acks(0.1)
         except TransactionError as exc:
             # E.g. a broker before 2.5 cannot bump the producer epoch after a failed batch (KIP-360): the producer
             # is done for. A new one fences it, which aborts its transaction, as a task restart would.
@@ -341,15 +342,15 @@ class TransactionalCommitter(Committer):
         their last committed copy at the destination, as at a start; rewinding to the last commit this instance saw
         would write such a transaction's records twice."""
         task = self.task
-        forwarder = task.forwarder
+        deliveries = self.deliveries
         task.on_event(f"transactional producer failed ({reason}); replacing it, every partition rewinds")
         self.aborting = True
         try:
-            forwarder.purge()
+            deliveries.purge()
         finally:
             self.aborting = False
-        forwarder.fatal_error = None
-        forwarder.replace_producers()
+        deliveries.take_failure()
+        deliveries.replace_producers()
         self.start()
         try:
             found = self._committed_copies(list(task.book.states))

@@ -12,6 +12,7 @@ from confluent_kafka import TopicPartition
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import load
 from replicator.engine.committer import UNTOUCHED_RESCAN_S, Committer
+from replicator.engine.deliveries import Deliveries
 from replicator.engine.partitions import RETRY_BACKOFF_S, InFlight, PartitionBook, PartitionState
 from replicator.engine.scheduler import Scheduler
 from replicator.engine.source_reader import SourceReader, TierLimits
@@ -24,6 +25,10 @@ from tests.kafka_helpers import create_topics
 
 def _state(partition: int = 0, start: int | None = 10) -> PartitionState:
     return PartitionState(("t", partition), start, "t.copy", "cluster-a")
+
+
+def _never_refused(state: PartitionState, offset: int, err: object) -> None:
+    raise AssertionError(f"no record is produced here: {state.tp} {offset} {err}")
 
 
 def _produced(state: PartitionState, first: int, count: int) -> InFlight:
@@ -116,7 +121,15 @@ def test_each_committer_writes_what_its_mode_makes_durable(
     task.book.add(untouched)
     acknowledged.position = 40  # acknowledged up to 40 ...
     acknowledged.durable, acknowledged.destination_durable = 25, 7  # ... of which a transaction committed 25
-    part = committer(task)
+    if committer is TransactionalCommitter:
+        config = load(store.get_connector(unique).properties)
+        deliveries = Deliveries(
+            config.producer_settings(0), task.book, task.metrics, _never_refused,
+            ordered_acks=True, grouped=False, idle_close_s=60, name=unique,
+        )  # fmt: skip
+        part: Committer = TransactionalCommitter(task, deliveries)
+    else:
+        part = Committer(task)
     part.commit_now()
     expected = 40 if committer is Committer else 25
     assert store.load_offsets(unique) == {(unique, 0): expected}, "only the partition that moved"

@@ -269,7 +269,7 @@ def test_a_producer_replaced_after_a_commit_whose_answer_was_lost_writes_nothing
 
     # Forwarded in the open transaction (the committer's turn, which would commit it, skipped).
     wait_until(forwarded, timeout=60, interval=0, what="100 records forwarded")
-    task.forwarder.producer.commit_transaction(30)  # committed at the destination; the committer never learns it
+    task.deliveries.producer.commit_transaction(30)  # committed at the destination; the committer never learns it
     task.committer.producer_failed(KafkaError(KafkaError._FATAL, "the producer failed", fatal=True))
     assert sum("resumes at 50 after its last committed copy" in e for e in events) == 2, events
 

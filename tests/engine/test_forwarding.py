@@ -12,7 +12,7 @@ import pytest
 
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
-from replicator.engine import forwarder, partitions, source_reader
+from replicator.engine import deliveries, partitions, source_reader
 from replicator.engine.task import TaskExit
 from replicator.state.records import PartitionHealth
 from replicator.state.store import Store
@@ -213,7 +213,7 @@ class _RecordingConsumer(source_reader.Consumer):
         return msgs
 
 
-class _RecordingProducer(forwarder.Producer):
+class _RecordingProducer(deliveries.Producer):
     log: list[tuple[Any, ...]]
 
     def produce(self, topic: str, value: Any = None, *args: Any, **kwargs: Any) -> None:
@@ -228,7 +228,7 @@ def test_a_single_record_on_an_idle_source_is_forwarded_without_waiting_for_a_ba
     monkeypatch.setattr(_RecordingConsumer, "log", log, raising=False)
     monkeypatch.setattr(_RecordingProducer, "log", log, raising=False)
     monkeypatch.setattr(source_reader, "Consumer", _RecordingConsumer)
-    monkeypatch.setattr(forwarder, "Producer", _RecordingProducer)
+    monkeypatch.setattr(deliveries, "Producer", _RecordingProducer)
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
     create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})

@@ -123,7 +123,7 @@ def test_destination_topics_are_written_by_one_producer_per_group_of_topics_each
 
     runner = TaskThread.start(store, unique)
     copied = {t: consume_all(stack.destination_bootstrap_servers, t, n, expected=100) for t, n in widths.items()}
-    grouping = runner.task.forwarder.producers
+    grouping = runner.task.deliveries.producers
     assert len(grouping.all) == 2
     assert grouping.topics == {f"{unique}-a": 0, f"{unique}-b": 1, f"{unique}-c": 0}
     assert runner.finish() is TaskExit.STOPPED
@@ -251,7 +251,7 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     assert [s.held for s in reader.dormant.shards] == [2, 1]
     # Its producer, idle as long as a partition takes to turn dormant, is closed (an idle client's threads still
     # wake); the next record opens it again.
-    producers = runner.task.forwarder.producers
+    producers = runner.task.deliveries.producers
     wait_until(lambda: producers.all == [None], timeout=30, what="the idle producer closed")
     # Records on dormant partitions flow at once, and their partitions go back to eager fetching from the next offset.
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"b%d" % i} for i in range(50)])
