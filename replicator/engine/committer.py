@@ -69,8 +69,8 @@ class Committer:
         return 0.0
 
     def refusal_counts(self, state: PartitionState, offset: int, err: KafkaError) -> bool:
-        """The destination refused a record of `state` (or the producer failed it): whether the partition is held
-        back for it (`replicator.engine.failures`)."""
+        """The destination refused a record of `state` (or the producer failed it): whether the refusal counts, so
+        that the partition waits for it (`replicator.engine.failures`)."""
         return True
 
     def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> set[SourcePartition]:

@@ -222,7 +222,7 @@ class AssignmentFollower:
         if added:
             task.on_event(
                 f"{describe(sorted(added))}: added to a topic already replicated, started at the beginning "
-                "(auto.offset.reset=latest skips only what a topic held before it was replicated)"
+                "(auto.offset.reset=latest skips only what a topic contained before it was replicated)"
             )
         return starts
 
@@ -233,7 +233,7 @@ class AssignmentFollower:
 
     def destination_admin(self) -> AdminClient:
         """An admin client for one request: a long-lived one's background thread wakes 100 times a second (measured:
-        0.5 % of a core, an idle task of 10,000 partitions held 4.3 % in all), and the task asks every few seconds."""
+        0.5 % of a core, an idle task of 10,000 partitions used 4.3 % in all), and the task asks every few seconds."""
         return ClusterAdmin(self.task.config.admin_settings("destination"))
 
     def check_destination(self, partitions: list[SourcePartition] | None = None) -> None:

@@ -127,11 +127,11 @@ class Forwarder:
         partitions, with_provenance = self.book.states, self.config.provenance_headers
         destination, origin_header, source = self.destination_cluster, self.origin_header, provenance.SOURCE
         # The record seen and not yet produced: it, its partition, offset, outgoing headers and timestamp.
-        held: Record | None = None
-        # Read only while `held` is set: an Optional would cost a check per record.
-        hstate: PartitionState = None  # type: ignore[assignment]
-        hoffset = hts = 0
-        hheaders: Any = None
+        unsent: Record | None = None
+        # Read only while `unsent` is set: an Optional would cost a check per record.
+        ustate: PartitionState = None  # type: ignore[assignment]
+        uoffset = uts = 0
+        uheaders: Any = None
         state: PartitionState | None = None
         for msg in (*msgs, None):
             cycle = False  # the record was first produced on the destination cluster: never written back
@@ -156,55 +156,55 @@ class Forwarder:
                     headers = [origin_header, (source, state.source_prefix + b"%d" % offset)]
             else:
                 state = None
-            if held is not None:  # produce it: it ends its run unless the next record continues the run
-                run = hstate.open_run
+            if unsent is not None:  # produce it: it ends its run unless the next record continues the run
+                run = ustate.open_run
                 if run is None:
-                    run = hstate.open_run = InFlight(hoffset)
-                    hstate.pending.append(run)
-                last = cycle or hstate is not state or not hstate.ordered
-                key, value = held.key(), held.value()
+                    run = ustate.open_run = InFlight(uoffset)
+                    ustate.pending.append(run)
+                last = cycle or ustate is not state or not ustate.ordered
+                key, value = unsent.key(), unsent.value()
                 size = (len(value) if value else 0) + (len(key) if key else 0)
-                callback = partial(acknowledged, hstate, run) if last else None
+                callback = partial(acknowledged, ustate, run) if last else None
                 # Only a record near its destination topic's limit is measured (headers and framing included).
-                if size > hstate.size_check and (why := oversized(hstate, hoffset, key, value, hheaders)):
-                    hstate.refused_against = hstate.size_limit
-                    produced = self._refuse_unsent(hstate, run, hoffset, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), why)
+                if size > ustate.size_check and (why := oversized(ustate, uoffset, key, value, uheaders)):
+                    ustate.refused_against = ustate.size_limit
+                    produced = self._refuse_unsent(ustate, run, uoffset, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), why)
                 else:
                     try:
                         # Positional: confluent-kafka parses keyword arguments at a cost per record (~0.3 µs). The
                         # order is its keyword list's: topic, value, key, partition, callback, on_delivery,
                         # timestamp, headers.
-                        hstate.produce(
-                            hstate.destination_topic,
+                        ustate.produce(
+                            ustate.destination_topic,
                             value,
                             key,
-                            hstate.destination_partition,
+                            ustate.destination_partition,
                             callback,
                             None,
-                            hts,
-                            hheaders,
+                            uts,
+                            uheaders,
                         )
                         produced = True
                     except (BufferError, KafkaException) as exc:
-                        produced = self._produce_again(exc, hstate, run, hoffset, value, key, callback, hts, hheaders)
+                        produced = self._produce_again(exc, ustate, run, uoffset, value, key, callback, uts, uheaders)
                 if produced:
-                    hstate.position = hoffset + 1
-                    hstate.in_flight += 1
+                    ustate.position = uoffset + 1
+                    ustate.in_flight += 1
                     run.count += 1
                     run.size += size
-                    if hts:
-                        run.timestamps.append(hts)
+                    if uts:
+                        run.timestamps.append(uts)
                     if last:
                         run.tail_sent = True
-                        hstate.open_run = None
-                held = None
+                        ustate.open_run = None
+                unsent = None
             if msg is None or state is None or state.paused_reason is not None:
                 continue  # the end, or the record before it was refused: it is re-read from its offset later
             if cycle:
                 state.position = offset + 1
                 continue
             ts_type, ts = msg.timestamp()
-            held, hstate, hoffset, hheaders, hts = msg, state, offset, headers, ts if ts_type else 0
+            unsent, ustate, uoffset, uheaders, uts = msg, state, offset, headers, ts if ts_type else 0
 
     def _produce_again(
         self,

@@ -204,15 +204,15 @@ def run_owned(
     stale_after = timedelta(milliseconds=load(record.properties).lease_timeout_ms)
     with TaskOwnership(
         task.store.engine, task.connector, task.task_id, task.owner, stale_after, task.on_event, lock_watch
-    ) as held:
+    ) as ownership:
         task.prepare()  # connected while standing by
         lease = None
         try:
-            lease = held.acquire(should_stop)
+            lease = ownership.acquire(should_stop)
         finally:
             if lease is None:  # stopped, terminated or deleted while standing by: the run's last event says so
                 task.discard()
                 task.on_event("stopped: standing by, the task was never taken over")
         if lease is None:
             return None
-        return task.run(should_stop, lease, held.waited_s)
+        return task.run(should_stop, lease, ownership.waited_s)

@@ -13,7 +13,7 @@ A partition writes through its topic's producer only (`PartitionState.produce`),
 one acknowledgement still stands for a run. Exactly-once mode keeps one producer: a transaction spans the task's
 partitions, and a transactional id belongs to one producer.
 
-A producer that holds nothing and served no acknowledgement for as long as a partition takes to turn dormant is
+A producer that holds nothing and delivered no acknowledgement for as long as a partition takes to turn dormant is
 closed (`close_idle`) and made again at its topics' next record (`open`): an idle producer's threads still wake
 several times a second and visit its topics' partitions (measured on Apache Kafka: twenty idle producers of 500
 partitions each, 0.43 % of a core, a fifth of an idle task of 10,000 partitions). The record that reopens one waits
@@ -74,7 +74,7 @@ class DestinationProducers:
         self.limit = PARTITIONS_PER_PRODUCER if grouped else None
         self.idle_close_s = idle_close_s if grouped else None  # exactly-once: its one producer stays
         self.all: list[Producer | None] = [make()]  # None: closed while idle
-        self.served_at = [time.monotonic()]  # when each last served an acknowledgement (or was made)
+        self.acked_at = [time.monotonic()]  # when each last delivered an acknowledgement (or was made)
         self.loads = [0]  # destination partitions of the topics given to each producer
         self.topics: dict[str, int] = {}  # destination topic -> its producer's index
 
@@ -91,13 +91,13 @@ class DestinationProducers:
             index = next((i for i, load in enumerate(self.loads) if self._fits(load, partitions)), None)
             if index is None:
                 self.all.append(self.make())
-                self.served_at.append(time.monotonic())
+                self.acked_at.append(time.monotonic())
                 self.loads.append(0)
                 index = len(self.all) - 1
             self.loads[index] += partitions
             self.topics[topic] = index
             # About to be written: a producer made long before (a standby's, warmed up while it waited) is not idle.
-            self.served_at[index] = time.monotonic()
+            self.acked_at[index] = time.monotonic()
         return index
 
     def open(self, index: int) -> Producer:
@@ -105,17 +105,17 @@ class DestinationProducers:
         producer = self.all[index]
         if producer is None:
             producer = self.all[index] = self.make()
-            self.served_at[index] = time.monotonic()
+            self.acked_at[index] = time.monotonic()
         return producer
 
     def close_idle(self, now: float) -> list[int]:
-        """Close every producer that holds no record and served no acknowledgement for `idle_close_s`; their
+        """Close every producer that holds no record and delivered no acknowledgement for `idle_close_s`; their
         groups. Whatever still refers to one must stop using it (`Forwarder.close_idle_producers`)."""
         if self.idle_close_s is None:
             return []
         closed = []
         for index, producer in enumerate(self.all):
-            if producer is not None and not len(producer) and now - self.served_at[index] > self.idle_close_s:
+            if producer is not None and not len(producer) and now - self.acked_at[index] > self.idle_close_s:
                 producer.close()
                 self.all[index] = None
                 closed.append(index)
@@ -129,19 +129,19 @@ class DestinationProducers:
         return sum(len(producer) for producer in self.all if producer is not None)
 
     def poll(self, timeout: float) -> None:
-        """Serve every producer's acknowledgements; wait up to `timeout` only when none had any (on the one with the
+        """Poll every producer for acknowledgements; wait up to `timeout` only when none had any (on the one with the
         most records outstanding)."""
-        served = False
+        acked = False
         for index, producer in enumerate(self.all):
             if producer is not None and producer.poll(0):
-                self.served_at[index] = time.monotonic()
-                served = True
-        if not served and timeout > 0:
+                self.acked_at[index] = time.monotonic()
+                acked = True
+        if not acked and timeout > 0:
             busiest = max((p for p in self.all if p is not None), key=len, default=None)
             if busiest is None:
                 time.sleep(timeout)  # all closed: nothing can be acknowledged; the caller waits as it asked
             elif busiest.poll(timeout):
-                self.served_at[self.all.index(busiest)] = time.monotonic()
+                self.acked_at[self.all.index(busiest)] = time.monotonic()
 
     def purge(self) -> None:
         for producer in self.all:

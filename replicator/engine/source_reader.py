@@ -2,7 +2,7 @@
 
 librdkafka fixes a consumer's fetch wait when it is created, and every fetch request names every partition the
 consumer holds (neither librdkafka nor Apache Kafka before 1.1 has incremental fetch sessions). One setting cannot
-serve every partition, so partitions live in three tiers:
+read every partition, so partitions live in three tiers:
 - flowing (the connector's consumer settings; by default `fetch.wait.max.ms` 3 with `fetch.min.bytes` 1 MB): the
   broker answers within 3 ms, so a record waits at most that long, at up to ~330 fetches a second per broker;
 - quiet (no record for `quiet_after_s`): `fetch.wait.max.ms` 500 with `fetch.min.bytes` 1, as MirrorMaker's Java
@@ -18,13 +18,13 @@ answered there at once, and a start of 10,000 partitions no longer begins with 1
 A few (`EAGER_START_PARTITIONS`: a new topic, a grown one) start in the flowing tier instead: the quiet consumer's
 fetch in flight holds every other request on its connection for up to 500 ms, so their metadata and their first
 fetch would wait that long behind it (measured: 0.43 s of each new topic's 1.4-2.5 s to its first copy, in a task
-holding 1,000 idle partitions). Silent, they go quiet at `settle` like any flowing partition. A quiet or dormant
+holding 1,000 idle partitions). Silent, they go quiet at `retier` like any flowing partition. A quiet or dormant
 partition that yields records keeps being read where it is (answered at the first byte) and moves to the flowing
-tier at the next `settle` if it has a backlog or yielded records at an earlier settle less than `quiet_after_s`
+tier at the next `retier` if it has a backlog or yielded records at an earlier `retier` less than `quiet_after_s`
 before: one record, or a start's few, is no traffic. A flowing partition counts as stopped only while the task keeps
 up with the flowing consumers (they returned less than was asked after the partition's last record): records waiting
 behind a busy or stalled loop do not make a partition quiet. (Measured before that rule, 5,000 partitions at 2,000
-records/s: after the loop stalled for 9 s, ~1,900 partitions moved to the quiet tier in one `settle` and back a few
+records/s: after the loop stalled for 9 s, ~1,900 partitions moved to the quiet tier in one `retier` and back a few
 seconds later.) A partition is in exactly one consumer; moving it is an unassign from one and an assign at an
 explicit offset on the other (librdkafka drops what the first had prefetched).
 
@@ -83,12 +83,12 @@ DEFAULT_LIMITS = TierLimits()
 class Shard:
     """One consumer of a tier and how many partitions it holds."""
 
-    __slots__ = ("consumer", "held", "tier")
+    __slots__ = ("assigned", "consumer", "tier")
 
     def __init__(self, tier: Tier) -> None:
         self.tier = tier
         self.consumer = Consumer({"queued.max.messages.kbytes": SHARD_QUEUE_KBYTES, **tier.settings})
-        self.held = 0
+        self.assigned = 0  # partitions given to its consumer
 
 
 class Tier:
@@ -104,7 +104,7 @@ class Tier:
         for shard in self.shards:
             if count <= 0:
                 return
-            if (room := self.shard_partitions - shard.held) > 0:
+            if (room := self.shard_partitions - shard.assigned) > 0:
                 yield shard, min(room, count)
                 count -= room
         while count > 0:
@@ -127,7 +127,7 @@ class SourceReader:
         self.eager_start_partitions = limits.eager_start_partitions
         self.shard: dict[SourcePartition, Shard] = {}
         self.paused: set[SourcePartition] = set()
-        self.waking: set[SourcePartition] = set()  # quiet or dormant partitions that yielded records since `settle`
+        self.waking: set[SourcePartition] = set()  # quiet or dormant partitions that yielded records since `retier`
         self.woke: dict[SourcePartition, float] = {}  # ... when those of them that stayed where they were last did
         # Per flowing partition: its position when last checked, and since when it has not moved; per quiet one,
         # since when it is there.
@@ -135,8 +135,8 @@ class SourceReader:
         self.drained_at = time.monotonic()  # when the flowing consumers last returned less than was asked
         self.behind = False  # a flowing consumer returned all that was asked in this `consume`
 
-    def held_in(self, tier: Tier) -> int:
-        return sum(shard.held for shard in tier.shards)
+    def assigned_in(self, tier: Tier) -> int:
+        return sum(shard.assigned for shard in tier.shards)
 
     # -- fetch --------------------------------------------------------------------------------------------
 
@@ -144,7 +144,7 @@ class SourceReader:
         """Records from every consumer holding partitions (flowing first); waits up to `timeout` for the first, or
         while several consumers are waited on in slices, until `until()` says to stop waiting.
         Error events come among them (see `Record`)."""
-        active = [shard for tier in self.tiers for shard in tier.shards if shard.held]
+        active = [shard for tier in self.tiers for shard in tier.shards if shard.assigned]
         self.behind = False
         if len(active) <= 1:
             if not active:
@@ -171,11 +171,11 @@ class SourceReader:
         if shard.tier is self.flowing:
             self.behind = self.behind or len(msgs) == count
         elif msgs:
-            for msg in msgs:  # they flow again at the next `settle`: one move for all, not one per batch
+            for msg in msgs:  # they flow again at the next `retier`: one move for all, not one per batch
                 self.waking.add((msg.topic(), msg.partition()))
         return msgs
 
-    def settle(self, positions: Callable[[SourcePartition], int | None]) -> None:
+    def retier(self, positions: Callable[[SourcePartition], int | None]) -> None:
         """Move quiet and dormant partitions that yielded records back to the flowing tier, flowing partitions whose
         position has not changed for `quiet_after_s` to the quiet tier, and quiet ones silent for `dormant_after_s`
         to the dormant tier, each at the task's next offset to read (`positions`; None if unknown). Called about once
@@ -253,7 +253,7 @@ class SourceReader:
             if metadata_timeout is not None:
                 self._read_metadata(shard, sorted({tp.topic for tp in mine}), metadata_timeout)
             shard.consumer.incremental_assign(mine)
-            shard.held += count
+            shard.assigned += count
             for tp in mine:
                 self.shard[(tp.topic, tp.partition)] = shard
 
@@ -264,7 +264,7 @@ class SourceReader:
     ) -> None:
         """Start reading `partitions` at their offsets: a few, or those known to be flowing (`eager`: written to
         after the last commit, as a takeover finds them), in the flowing tier; the others in the quiet tier (a backlog
-        is answered there at once, and only the partitions that keep flowing move to eager fetching at `settle`).
+        is answered there at once, and only the partitions that keep flowing move to eager fetching at `retier`).
         A quiet consumer given many partitions at once sends its first fetch before it holds them all and waits out
         that fetch (500 ms when those are idle) before the others join (measured: a partition with records among
         1,000 idle ones, its first record after 0.51 s; assigned to a consumer of its own, 0.013 s).
@@ -332,8 +332,8 @@ class SourceReader:
         an idle librdkafka client still wakes its threads (measured: 14 clients of a task, ~0.25 % of a core each)."""
         for shard, mine in self._by_shard(partitions):
             shard.consumer.incremental_unassign(mine)
-            shard.held -= len(mine)
-            if not shard.held and shard is not self.flowing.shards[0]:
+            shard.assigned -= len(mine)
+            if not shard.assigned and shard is not self.flowing.shards[0]:
                 shard.consumer.close()
                 shard.tier.shards.remove(shard)
 

@@ -304,7 +304,7 @@ class TransactionalCommitter(Committer):
         self._abort_and_rewind(reopen)
 
     def _made_durable(self) -> None:
-        """The transaction committed: what it held is at the destination for good, and its offsets may be stored."""
+        """The transaction committed: its records are at the destination for good, and their offsets may be stored."""
         self.due = False
         for state in self.task.book.states.values():
             state.durable = state.committable()

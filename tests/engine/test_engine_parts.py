@@ -182,7 +182,7 @@ def test_the_source_reader_fetches_eagerly_a_few_partitions_and_those_known_to_f
     try:
         reader.assign([TopicPartition(unique, p, 0) for p in range(6)], eager={(unique, 4)})
         assert reader.shard[(unique, 4)].tier is reader.flowing
-        assert reader.held_in(reader.quiet) == 5
+        assert reader.assigned_in(reader.quiet) == 5
         reader.assign([TopicPartition(f"{unique}-new", 0, 0)])  # no more than eager_start_partitions
         assert reader.shard[(f"{unique}-new", 0)].tier is reader.flowing
     finally:

@@ -242,13 +242,13 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     reader = runner.task.reader
     # A task starts more than `eager_start_partitions` (here 0) in the quiet tier (answered at a record's first
     # byte): a start or a takeover of thousands of partitions does not begin with thousands of eager fetches.
-    assert [s.held for s in reader.quiet.shards] == [2, 1]
-    assert reader.held_in(reader.flowing) == 0
+    assert [s.assigned for s in reader.quiet.shards] == [2, 1]
+    assert reader.assigned_in(reader.flowing) == 0
     consume_all(stack.destination_bootstrap_servers, unique, 3, expected=2)
     # Partitions 0 and 1 were read and stopped; partition 2 never had a record (its empty log's end is its place).
     # Each goes quiet, then dormant (a fetch every 10 s when idle).
-    wait_until(lambda: reader.held_in(reader.dormant) == 3, timeout=30, what="every partition in the dormant tier")
-    assert [s.held for s in reader.dormant.shards] == [2, 1]
+    wait_until(lambda: reader.assigned_in(reader.dormant) == 3, timeout=30, what="every partition in the dormant tier")
+    assert [s.assigned for s in reader.dormant.shards] == [2, 1]
     # Its producer, idle as long as a partition takes to turn dormant, is closed (an idle client's threads still
     # wake); the next record opens it again.
     producers = runner.task.deliveries.producers
@@ -260,7 +260,7 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"d%d" % i} for i in range(50)])
     copied = consume_all(stack.destination_bootstrap_servers, unique, 3, expected=107)
     wait_until(
-        lambda: reader.held_in(reader.quiet) + reader.held_in(reader.dormant) == 3,
+        lambda: reader.assigned_in(reader.quiet) + reader.assigned_in(reader.dormant) == 3,
         timeout=30,
         what="every partition quiet again",
     )
@@ -326,14 +326,14 @@ def test_a_few_partitions_started_beside_many_quiet_ones_are_fetched_eagerly_unt
     runner = TaskThread.start(store, unique, reader_limits=limits)
     wait_until(lambda: any(e.startswith("replicating 3") for e in runner.events), what="the task replicating")
     reader = runner.task.reader
-    assert reader.held_in(reader.quiet) == 3  # more than eager_start_partitions: quiet from the start
+    assert reader.assigned_in(reader.quiet) == 3  # more than eager_start_partitions: quiet from the start
     produce(stack.source_bootstrap_servers, [{"topic": new, "value": b"first"}])
     store.write_assignment(unique, {0: [*((held, p) for p in range(3)), (new, 0)]})
     wait_until(lambda: (new, 0) in reader.shard, what="the new partition started")
     assert reader.shard[(new, 0)].tier is reader.flowing
     assert [r.value for r in consume_all(stack.destination_bootstrap_servers, new, 1, expected=1)] == [b"first"]
     # Silent after its record, it joins the others.
-    wait_until(lambda: reader.held_in(reader.quiet) == 4, timeout=30, what="the new partition quiet")
+    wait_until(lambda: reader.assigned_in(reader.quiet) == 4, timeout=30, what="the new partition quiet")
     runner.finish()
     assert _committed(store, unique)[(new, 0)] == 1
 
