@@ -25,6 +25,7 @@ from replicator.assignment import SourcePartition
 from replicator.clusters import log_offsets
 from replicator.engine.context import TaskContext
 from replicator.engine.destination_copies import DestinationReadError, ResumePoint, copies_end
+from replicator.engine.destinations import Destinations
 from replicator.engine.partitions import PartitionState, describe
 from replicator.engine.scheduler import COMMITTING, HEARTBEATING
 
@@ -47,8 +48,9 @@ class CommitWatchdogError(RuntimeError):
 class Committer:
     skips_untouched = True  # whether an untouched book means no offset to commit moved (`commit_in_background`)
 
-    def __init__(self, task: TaskContext) -> None:
+    def __init__(self, task: TaskContext, destinations: Destinations) -> None:
         self.task = task
+        self.destinations = destinations  # where a start looks for the copies made since the last commit
         self.in_flight: tuple[Future[None], dict[SourcePartition, int]] | None = None  # the background commit
         self.started = 0.0  # when the background commit was sent
         self.uncommitted = False  # acknowledged progress that the last commit attempt could not store
@@ -92,7 +94,7 @@ class Committer:
             # A partition whose destination log ends where its last commit left it (a clean stop) holds no copy to
             # find. One ListOffsets request per broker; where the answer is missing the partition is not read: a
             # re-send then goes uncounted, but nothing is skipped that is not known to be there.
-            admin = task.follower.destination_admin()
+            admin = self.destinations.admin()
             ends = log_offsets(admin, {(p.topic, p.partition) for p in points.values()}, latest=True)
             unknown = [tp for tp, p in points.items() if (p.topic, p.partition) not in ends]
             if unknown:
@@ -139,7 +141,7 @@ class Committer:
         with the last commit), for those written to the destination partition with their number."""
         task = self.task
         destinations = {tp: task.config.namer.destination_topic(tp[0]) for tp in partitions}
-        layouts = task.follower.destination_layouts(set(destinations.values()))
+        layouts = self.destinations.layouts(set(destinations.values()))
         return {
             tp: ResumePoint(destination, tp[1], kept.get(tp))
             for tp, destination in destinations.items()

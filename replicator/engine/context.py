@@ -1,8 +1,10 @@
-"""How a task's parts see the task and each other: what each part asks of the others, and what they share.
+"""What a task's parts share: `TaskContext`, which `ReplicationTask` is.
 
-`ReplicationTask` is the one `TaskContext`; the forwarder, the committers and the assignment follower know it, and
-each other, only by these protocols: none of them imports the task, and only exactly-once mode's committer
-(`transactions.py`) imports another part (it extends `Committer` and shares the forwarder's wait bounds).
+Parts are built with the parts they use (`ReplicationTask.__init__` and `rebuild` wire them) and never reach another
+through the task, but for one reason: `rebuild` makes the clients again for a new configuration version (the source
+reader, the deliveries, the forwarder and the committer around them) while the parts that outlive it (the assignment
+follower, the destinations, the partition pauses) must use the current ones. Those reach them here, each by the few
+methods they use (`Forwarding`, `Committing`, `Deliveries`).
 """
 
 from __future__ import annotations
@@ -12,10 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from confluent_kafka.admin import AdminClient
-
 from replicator.assignment import SourcePartition
-from replicator.clusters import TopicPartitions
 from replicator.configuration.connector import ConnectorConfig
 from replicator.engine.deliveries import Deliveries
 from replicator.engine.metrics import TaskMetrics
@@ -41,17 +40,9 @@ class Committing(Protocol):
     def commit_now(self, final: bool = False) -> None: ...
 
 
-class Following(Protocol):
-    """The assignment follower (`replicator.engine.follower`), as the committers use it."""
-
-    def destination_layouts(self, topics: set[str]) -> dict[str, TopicPartitions]: ...
-    def destination_admin(self) -> AdminClient: ...
-    def reset_offsets(self, partitions: list[SourcePartition]) -> dict[SourcePartition, int]: ...
-
-
 class TaskContext(Protocol):
-    """What the parts share: the task's identity, store and lease, its configuration and clients, the partition
-    book, the scheduler and the background thread, and the other parts."""
+    """What the parts share: the task's identity, store and lease, its configuration and current clients, the
+    partition book, the scheduler and the background thread."""
 
     connector: str
     task_id: int
@@ -70,17 +61,13 @@ class TaskContext(Protocol):
     on_event: Callable[[str], None]
     should_stop: Callable[[], bool]  # the process or run is stopping: long waits of a start give up
     source_cluster: str
-    destination_cluster: str
-    origin_header: tuple[str, bytes]
     clients_open: bool
     version: int
     restart_marker: object
 
     @property
-    def forwarder(self) -> Forwarding: ...
+    def forwarder(self) -> Forwarding: ...  # the current clients (`rebuild`), as the follower uses them
     @property
     def committer(self) -> Committing: ...
-    @property
-    def follower(self) -> Following: ...
 
     def rebuild(self, version: int, restart_marker: object, why: str | None = None) -> None: ...

@@ -1,7 +1,7 @@
 """What a refused record or a failed producer does, decided here alone.
 
   a refused record   `refused`: the destination refused it (or the task did, before sending): its partition alone
-                     pauses with the reason and waits for its backoff (`AssignmentFollower.pause`), from that offset;
+                     pauses with the reason and waits for its backoff (`PartitionPauses.pause`), from that offset;
                      exactly-once mode's committer is told first (its transaction must be aborted), and a record purged
                      by an abort is not a refusal
   a failed producer  a refusal that says the producer failed (every partition would see the same) pauses no
@@ -17,13 +17,13 @@ forwarder a failed producer (`Forwarder.poll_once`); nothing here calls them bac
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, Protocol
 
 from confluent_kafka import KafkaError
 
 from replicator.engine.committer import Committer
 from replicator.engine.deliveries import Deliveries
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, UNASSIGNED_PARTITION, PartitionBook, PartitionState
+from replicator.engine.pauses import PartitionPauses
 from replicator.engine.record_limits import broker_refusal_hint
 from replicator.engine.transactions import TransactionalCommitter
 
@@ -41,16 +41,6 @@ PRODUCER_BROKEN = {
 PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
 
 
-class Pausing(Protocol):
-    """One partition alone, as a refusal moves it (`replicator.engine.follower.AssignmentFollower`)."""
-
-    def pause(self, state: PartitionState, reason: str) -> None: ...
-    def read_again(self, state: PartitionState) -> int | None: ...
-    def refused_by(
-        self, cluster: Literal["source", "destination"], doing: str, err: KafkaError, needed: tuple[str, str]
-    ) -> str: ...
-
-
 class DeliveryFailures:
     """Decides what a refused record and a failed producer do (see the module)."""
 
@@ -58,7 +48,7 @@ class DeliveryFailures:
         self,
         deliveries: Deliveries,
         book: PartitionBook,
-        partitions: Pausing,
+        partitions: PartitionPauses,
         committer: Committer,
         on_event: Callable[[str], None],
     ) -> None:

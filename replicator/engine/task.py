@@ -2,18 +2,22 @@
 source partitions of one connector.
 
 A record's path, top to bottom, is the loop in `ReplicationTask.run`:
-  fetch, map, produce, acknowledge   `Forwarder.poll_once` (`replicator.engine.forwarder`): records from the source
-                                     reader (`replicator.engine.source_reader`) to the destination producer, and the
-                                     destination's acknowledgements into the partition book
-                                     (`replicator.engine.partitions`)
-  commit                             `Committer.tick` (`replicator.engine.committer`): every
-                                     `offset.flush.interval.ms`, each partition's first unacknowledged offset to
-                                     Postgres under the lease epoch, on a background thread; exactly-once mode's
-                                     `TransactionalCommitter` (`replicator.engine.transactions`) commits a
-                                     destination transaction first
+  fetch, map, produce   `Forwarder.poll_once` (`replicator.engine.forwarder`): records from the source reader
+                        (`replicator.engine.source_reader`) to the destination producers
+  acknowledge           `Deliveries.acknowledged` (`replicator.engine.deliveries`): the destination's
+                        acknowledgements into the partition book (`replicator.engine.partitions`); a refusal or a
+                        failed producer goes to `DeliveryFailures` (`replicator.engine.failures`), which decides
+  commit                `Committer.tick` (`replicator.engine.committer`): every `offset.flush.interval.ms`, each
+                        partition's first unacknowledged offset to Postgres under the lease epoch, on a background
+                        thread; exactly-once mode's `TransactionalCommitter` (`replicator.engine.transactions`)
+                        commits a destination transaction first
 and beside it `AssignmentFollower.tick` (`replicator.engine.follower`): the connector's pause, delete, restart,
-configuration versions and assignment generations, destination partitions, paused partitions' retries. Periodic
-duties are named in one `Scheduler` (`replicator.engine.scheduler`).
+configuration versions and assignment generations, paused partitions' retries; destination partitions
+(`replicator.engine.destinations`) and single partitions' pauses (`replicator.engine.pauses`). Periodic duties are
+named in one `Scheduler` (`replicator.engine.scheduler`).
+
+The parts are wired here, each given the parts it uses: those that live as long as the task in `__init__`, the
+clients and the parts around them in `rebuild` (made again for a new configuration version).
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ from replicator.clusters import ClusterAdmin, cluster_id
 from replicator.configuration.connector import ConnectorConfig, load
 from replicator.engine.committer import Committer, CommitWatchdogError
 from replicator.engine.deliveries import Deliveries
+from replicator.engine.destinations import Destinations
 from replicator.engine.failures import DeliveryFailures
 from replicator.engine.follower import AssignmentFollower, TaskExit
 from replicator.engine.forwarder import Forwarder
 from replicator.engine.metrics import TaskMetrics
 from replicator.engine.partitions import PartitionBook
+from replicator.engine.pauses import PartitionPauses
 from replicator.engine.record_limits import LIMITS_REFRESH_S, RecordLimits
 from replicator.engine.scheduler import READING_SIZE_LIMITS, RECORDING_METRICS, RESTING, Scheduler
 from replicator.engine.source_reader import DEFAULT_LIMITS, SourceReader, TierLimits
@@ -91,8 +97,12 @@ class ReplicationTask:
         self.head_changed = threading.Event()
         self.notices = notices
         self.scheduler.ran(RECORDING_METRICS, metrics_interval_s)  # the first interval ends one interval from now
-        self.follower = AssignmentFollower(self)
-        self.committer = Committer(self)  # until the configuration is read (`rebuild`): commits nothing but heartbeats
+        # The parts that live as long as the task; the clients and the parts around them are made by `rebuild`.
+        self.pauses = PartitionPauses(self)
+        self.destinations = Destinations(self, self.pauses)
+        self.follower = AssignmentFollower(self, self.pauses, self.destinations)
+        # Until the configuration is read (`rebuild`): commits nothing but heartbeats.
+        self.committer: Committer = Committer(self, self.destinations)
         # Set by `run` (lease) and `rebuild` (configuration and clients) before anything uses them.
         self.lease: Lease
         self.config: ConnectorConfig
@@ -218,7 +228,7 @@ class ReplicationTask:
         # cluster that refuses the connection fails the start here at once, naming the refusal, before any other
         # request waits out its timeout against it.
         self.source_cluster = cluster_id(ClusterAdmin(config.admin_settings("source")), "source", config.source_alias)
-        self.destination_cluster = cluster_id(self.follower.destination_admin(), "destination", config.target_alias)
+        self.destination_cluster = cluster_id(self.destinations.admin(), "destination", config.target_alias)
         self.origin_header = (provenance.ORIGIN, self.source_cluster.encode())
         # Clients sized for the topics the task serves: those it owns and those assigned to it (a first start owns
         # none yet), their limits read first (only those never read: one request per cluster).
@@ -242,9 +252,12 @@ class ReplicationTask:
             name=f"{self.connector}-{self.task_id}",
         )
         last = self.committer
-        self.committer = TransactionalCommitter(self, deliveries) if config.exactly_once else Committer(self)
+        if config.exactly_once:
+            self.committer = TransactionalCommitter(self, self.destinations, deliveries, self.follower.reset_offsets)
+        else:
+            self.committer = Committer(self, self.destinations)
         self.committer.uncommitted, self.committer.last_ok = last.uncommitted, last.last_ok  # the watchdog goes on
-        failures = DeliveryFailures(deliveries, self.book, self.follower, self.committer, self.on_event)
+        failures = DeliveryFailures(deliveries, self.book, self.pauses, self.committer, self.on_event)
         self.forwarder = Forwarder(
             config,
             self.reader,
@@ -252,7 +265,7 @@ class ReplicationTask:
             deliveries,
             failures,
             self.committer,
-            source_error=self.follower.source_error,
+            source_error=self.pauses.source_error,
             head_changed=self.head_changed,
             destination_cluster=self.destination_cluster,
             origin_header=self.origin_header,
@@ -264,7 +277,7 @@ class ReplicationTask:
         was_paused = list(self.book.paused)
         self.book.clear()
         self.follower.start(owned)
-        self.follower.restarted(was_paused)
+        self.pauses.restarted(was_paused)
 
     def _shutdown(self, outcome: TaskExit | None, error: BaseException | None) -> None:
         fenced = outcome is TaskExit.FENCED

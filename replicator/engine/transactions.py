@@ -30,6 +30,7 @@ from replicator.engine.committer import COMMIT_WAIT_S, Committer
 from replicator.engine.context import TaskContext
 from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Deliveries
 from replicator.engine.destination_copies import DestinationReadError, copies_end
+from replicator.engine.destinations import Destinations
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, PartitionState
 from replicator.engine.producers import close_producer
 from replicator.state.records import FencedError
@@ -148,9 +149,16 @@ class TransactionalCommitter(Committer):
 
     skips_untouched = False  # a transaction's commit moves what may be committed without touching the book
 
-    def __init__(self, task: TaskContext, deliveries: Deliveries) -> None:
-        super().__init__(task)
+    def __init__(
+        self,
+        task: TaskContext,
+        destinations: Destinations,
+        deliveries: Deliveries,
+        reset_offsets: Callable[[list[SourcePartition]], dict[SourcePartition, int]],
+    ) -> None:
+        super().__init__(task, destinations)
         self.deliveries = deliveries  # its one producer, what it holds, and its failure
+        self.reset_offsets = reset_offsets  # where a partition never committed starts (`AssignmentFollower`)
         self.transactions: Transactions | None = None  # once the task is owned (a standby's must not fence the owner)
         self.due = False  # the transaction commits once its records are acknowledged; intake waits
         self.abort_reason: str | None = None  # a record of the transaction failed: it must be aborted
@@ -370,7 +378,7 @@ class TransactionalCommitter(Committer):
         """Read every partition again from its last committed position (nothing after it is visible)."""
         task = self.task
         book = task.book
-        resets = task.follower.reset_offsets([tp for tp, state in book.states.items() if state.durable is None])
+        resets = self.reset_offsets([tp for tp, state in book.states.items() if state.durable is None])
         positions = []
         for state in book.states.values():
             if state.paused_reason is AWAITING_NEW_PRODUCER:

@@ -127,9 +127,9 @@ def test_each_committer_writes_what_its_mode_makes_durable(
             config.producer_settings(0), task.book, task.metrics, _never_refused,
             ordered_acks=True, grouped=False, idle_close_s=60, name=unique,
         )  # fmt: skip
-        part: Committer = TransactionalCommitter(task, deliveries)
+        part: Committer = TransactionalCommitter(task, task.destinations, deliveries, task.follower.reset_offsets)
     else:
-        part = Committer(task)
+        part = Committer(task, task.destinations)
     part.commit_now()
     expected = 40 if committer is Committer else 25
     assert store.load_offsets(unique) == {(unique, 0): expected}, "only the partition that moved"
@@ -148,7 +148,7 @@ def test_an_idle_tasks_commit_visits_its_partitions_only_after_a_read_or_an_ackn
     task.config = load(store.get_connector(unique).properties)
     state = PartitionState((unique, 0), 0, unique, "a")
     task.book.add(state)
-    part = Committer(task)
+    part = Committer(task, task.destinations)
 
     def commit() -> dict[tuple[str, int], int]:
         part.commit_in_background()
