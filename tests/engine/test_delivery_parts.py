@@ -1,0 +1,239 @@
+"""The record path's parts on their own, each built with real small collaborators (a partition book, a source reader
+and producers on the session's clusters, the store): the deliveries' acknowledgements, what `DeliveryFailures`
+decides for a refused record and a failed producer, the forwarder's batch, and a partition whose destination topic
+is missing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+
+import pytest
+from confluent_kafka import KafkaError, TopicPartition
+
+from mirus_dagster.settings import StackEndpoints
+from replicator.configuration.connector import ConnectorConfig, load
+from replicator.engine.committer import Committer
+from replicator.engine.deliveries import Deliveries
+from replicator.engine.failures import DeliveryFailures
+from replicator.engine.forwarder import Forwarder
+from replicator.engine.partitions import AWAITING_NEW_PRODUCER, InFlight, PartitionState
+from replicator.engine.source_reader import SourceReader
+from replicator.engine.task import ReplicationTask
+from replicator.engine.transactions import TransactionalCommitter
+from replicator.state.records import OPERATOR_PAUSE, PartitionHealth
+from replicator.state.store import Store
+from replicator.topics import provenance
+from tests.engine_helpers import connector_properties, create_connector
+from tests.kafka_helpers import cluster_id, consume_all, create_topics, produce
+
+
+@dataclass
+class Parts:
+    """A task's shared context (the real `ReplicationTask`, never run) and the parts under test, wired by hand."""
+
+    task: ReplicationTask
+    config: ConnectorConfig
+    deliveries: Deliveries
+    failures: DeliveryFailures
+    events: list[str]
+
+    def state(self, partition: int) -> PartitionState:
+        return self.task.book.states[(self.config.name, partition)]
+
+
+@pytest.fixture
+def parts(stack: StackEndpoints, store: Store, unique: str, request: pytest.FixtureRequest) -> Iterator[Parts]:
+    """Two source partitions of `unique`, owned and routed to the destination topic of the same name; at least once
+    unless the test asks for exactly once (`indirect` parametrization)."""
+    exactly_once = bool(getattr(request, "param", False))
+    create_topics(stack.source_bootstrap_servers, {unique: 2})
+    create_topics(stack.destination_bootstrap_servers, {unique: 2})
+    extra = {"exactly.once.support": "required"} if exactly_once else {}
+    create_connector(
+        store,
+        connector_properties(stack, unique, **{"topics.whitelist": unique, **extra}),
+        {0: [(unique, 0), (unique, 1)]},
+    )
+    task = ReplicationTask(store, unique, 0, "test")
+    events: list[str] = []
+    task.on_event = events.append
+    task.lease = store.claim_task(unique, 0, "test")
+    task.config = config = load(store.get_connector(unique).properties)
+    task.reader = SourceReader(config.consumer_settings())
+    task.reader.assign([TopicPartition(unique, p, 0) for p in range(2)])
+    failures: DeliveryFailures
+    deliveries = Deliveries(
+        config.producer_settings(0),
+        task.book,
+        task.metrics,
+        lambda state, offset, err: failures.refused(state, offset, err),
+        ordered_acks=config.ordered_acks,
+        grouped=not exactly_once,
+        idle_close_s=60.0,
+        name=unique,
+    )
+    task.deliveries = deliveries
+    if exactly_once:
+        committer: Committer = TransactionalCommitter(task, task.destinations, deliveries, task.follower.reset_offsets)
+    else:
+        committer = Committer(task, task.destinations)
+    task.committer = committer
+    failures = DeliveryFailures(deliveries, task.book, task.pauses, committer, task.on_event)
+    for p in range(2):
+        state = PartitionState((unique, p), 0, unique, "source-cluster")
+        task.book.add(state)
+        deliveries.route(state, p, 2)
+    try:
+        yield Parts(task, config, deliveries, failures, events)
+    finally:
+        task.reader.close()
+        task.background.shutdown()
+
+
+def _produce_run(parts: Parts, state: PartitionState, values: list[bytes], callback: bool = True) -> InFlight:
+    """Produce `values` as one run of `state`, as the forwarder does: only the last record carries the callback."""
+    run = InFlight(state.position or 0)
+    state.pending.append(run)
+    for i, value in enumerate(values):
+        last = callback and i == len(values) - 1
+        ack = partial(parts.deliveries.acknowledged, state, run) if last else None
+        state.produce(state.destination_topic, value, None, state.destination_partition, ack, None, 0, None)
+        run.count += 1
+        run.size += len(value)
+    run.tail_sent = callback
+    state.position = run.first + len(values)
+    state.in_flight += len(values)
+    return run
+
+
+def test_one_acknowledgement_stands_for_a_run_and_a_run_cut_short_is_acknowledged_once_all_was_delivered(
+    parts: Parts, unique: str
+) -> None:
+    state = parts.state(0)
+    _produce_run(parts, state, [b"a", b"b", b"c"])
+    parts.deliveries.drain(30)
+    assert state.committable() == 3 and not state.pending and state.in_flight == 0
+    assert state.destination_next == 3, "where the next copy goes at the destination"
+    assert parts.task.metrics.counters_for(unique).records == 3
+    _produce_run(parts, state, [b"d", b"e"], callback=False)  # cut short: no record carries its callback
+    assert state.committable() == 3
+    parts.deliveries.drain(30)
+    assert state.committable() == 5 and not state.pending and not parts.deliveries.cut_runs
+    assert parts.task.metrics.counters_for(unique).records == 5
+
+
+def test_a_refused_record_pauses_its_partition_alone_from_the_refused_offset(
+    parts: Parts, store: Store, unique: str
+) -> None:
+    refused, other = parts.state(0), parts.state(1)
+    refused.position = other.position = 10
+    err = KafkaError(KafkaError.INVALID_RECORD)
+    parts.failures.refused(refused, 7, err)
+    assert refused.committable() == 7, "re-read from the refused offset"
+    assert parts.task.book.paused == {refused.tp: refused} and refused.tp in parts.task.reader.paused
+    assert refused.paused_reason == f"destination refused offset 7: {err.str()} (INVALID_RECORD)"
+    status = store.partition_statuses(unique)[refused.tp]
+    assert (status.state, status.reason) == (PartitionHealth.PAUSED, refused.paused_reason)
+    assert other.paused_reason is None and other.committable() == 10
+    assert parts.deliveries.failure is None, "the producer goes on"
+
+
+def test_a_failed_producer_pauses_no_partition_and_its_replacement_reads_the_others_again(
+    parts: Parts, unique: str
+) -> None:
+    refused, failed = parts.state(0), parts.state(1)
+    refused.position = failed.position = 10
+    parts.failures.refused(refused, 4, KafkaError(KafkaError.INVALID_RECORD))
+    # A purged record was not refused: it neither pauses its partition for long nor fails the producer again.
+    parts.failures.refused(failed, 9, KafkaError(KafkaError._PURGE_QUEUE))
+    assert parts.deliveries.failure is None and failed.paused_reason is AWAITING_NEW_PRODUCER
+    parts.failures.refused(failed, 6, KafkaError(KafkaError.UNKNOWN_PRODUCER_ID))
+    assert failed.paused_reason is AWAITING_NEW_PRODUCER and failed.tp not in parts.task.book.paused
+    err = parts.deliveries.take_failure()
+    assert err is not None and err.code() == KafkaError.UNKNOWN_PRODUCER_ID
+    old = parts.deliveries.producers.all[0]
+    parts.failures.producer_failed(err)
+    assert parts.deliveries.producers.all[0] is not old, "a new producer"
+    assert failed.paused_reason is None and failed.position == 6, "read again from its first unacknowledged record"
+    assert refused.paused_reason is not None and refused.committable() == 4, "the refused one waits for its backoff"
+    assert parts.events[-1] == "new producer: 1 partition(s) read again from their first unacknowledged offset"
+    _produce_run(parts, failed, [b"again"])  # the partition writes through the new producer
+    parts.deliveries.drain(30)
+    assert failed.committable() == 7
+
+
+@pytest.mark.parametrize("parts", [True], indirect=True, ids=["exactly-once"])
+def test_exactly_once_a_refusal_aborts_the_transaction_and_an_aborts_purge_is_no_refusal(parts: Parts) -> None:
+    committer = parts.task.committer
+    assert isinstance(committer, TransactionalCommitter)
+    purged, refused = parts.state(0), parts.state(1)
+    committer.aborting = True  # an abort purges what the transaction held: those records are written again
+    parts.failures.refused(purged, 3, KafkaError(KafkaError._PURGE_INFLIGHT))
+    assert purged.failed_at is None and purged.paused_reason is None and committer.abort_reason is None
+    committer.aborting = False
+    parts.failures.refused(refused, 5, KafkaError(KafkaError.INVALID_RECORD))
+    assert committer.abort_reason == f"{refused.topic}[1] offset 5: INVALID_RECORD"
+    assert refused.tp in parts.task.book.paused
+
+
+def test_the_forwarder_copies_a_batch_in_order_with_provenance_and_skips_copies_of_the_destinations_records(
+    parts: Parts, stack: StackEndpoints, unique: str
+) -> None:
+    destination = cluster_id(stack.destination_bootstrap_servers)
+    records = [{"topic": unique, "partition": 0, "value": b"%d" % i, "key": b"k"} for i in range(5)]
+    records.insert(
+        2, {"topic": unique, "partition": 0, "value": b"cycle", "headers": [(provenance.ORIGIN, destination)]}
+    )
+    produce(stack.source_bootstrap_servers, records)
+    forwarder = Forwarder(
+        parts.config,
+        parts.task.reader,
+        parts.task.book,
+        parts.deliveries,
+        parts.failures,
+        parts.task.committer,
+        source_error=parts.task.pauses.source_error,
+        head_changed=parts.task.head_changed,
+        destination_cluster=destination,
+        origin_header=(provenance.ORIGIN, b"source-cluster"),
+        tasks=1,
+    )
+    state = parts.state(0)
+    for _ in range(50):
+        forwarder.poll_once()
+        if state.committable() == 6 and not len(parts.deliveries):
+            break
+    assert state.committable() == 6, "the five records and the one skipped"
+    copied = consume_all(stack.destination_bootstrap_servers, unique, 2, expected=5)
+    assert [r.value for r in copied] == [b"%d" % i for i in range(5)]
+    assert [(r.partition, r.key) for r in copied] == [(0, b"k")] * 5
+    assert dict(copied[3].headers)[provenance.SOURCE] == state.source_prefix + b"4"
+
+
+def test_a_partition_whose_destination_topic_is_missing_pauses_until_metadata_names_it(
+    parts: Parts, stack: StackEndpoints, unique: str
+) -> None:
+    missing = PartitionState((unique, 5), 0, f"{unique}-missing", "source-cluster")
+    parts.task.book.add(missing)
+    parts.task.destinations.check([missing.tp])
+    assert missing.paused_reason == f"destination topic '{unique}-missing' does not exist"
+    assert not missing.routed
+    create_topics(stack.destination_bootstrap_servers, {f"{unique}-missing": 6})
+    parts.task.book.unpause(missing)
+    parts.task.destinations.check([missing.tp])
+    assert missing.routed and missing.destination_partition == 5 and missing.paused_reason is None
+
+
+def test_an_operators_hold_stops_a_partition_until_released_and_its_retry_then_comes_at_once(
+    parts: Parts, unique: str
+) -> None:
+    pauses, state = parts.task.pauses, parts.state(0)
+    pauses.follow_pauses({state.tp: "maintenance"})
+    assert state.paused_reason == f"{OPERATOR_PAUSE}: maintenance"
+    assert state.tp in parts.task.book.paused and state.tp in parts.task.reader.paused
+    assert parts.task.book.due_for_retry(1e12) == [], "never retried by time"
+    pauses.follow_pauses({})
+    assert pauses.held == {} and parts.task.book.due_for_retry(0.0) == [state], "retried at the follower's next tick"
+    assert parts.state(1).paused_reason is None
