@@ -57,6 +57,11 @@ class Committer:
         self.last_ok = time.monotonic()
         self.scanned: tuple[int, float] | None = None  # `PartitionBook.touched` and the time at the last scan
 
+    def watch_on(self, last: Committer) -> None:
+        """Take over the commit watchdog of the committer this one replaces (`ReplicationTask.rebuild`): a new
+        configuration version must not reset the time since the last successful commit."""
+        self.uncommitted, self.last_ok = last.uncommitted, last.last_ok
+
     # -- what the task loop asks ------------------------------------------------------------------------------
 
     def start(self) -> None:

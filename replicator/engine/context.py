@@ -3,8 +3,8 @@
 Parts are built with the parts they use (`ReplicationTask.__init__` and `rebuild` wire them) and never reach another
 through the task, but for one reason: `rebuild` makes the clients again for a new configuration version (the source
 reader, the deliveries, the forwarder and the committer around them) while the parts that outlive it (the assignment
-follower, the destinations, the partition pauses) must use the current ones. Those reach them here, each by the few
-methods they use (`Forwarding`, `Committing`, `Deliveries`).
+follower, the destinations, the partition pauses) must use the current ones. Those reach them here: the reader, the
+deliveries, and the committer by the few methods the follower uses (`Committing`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,6 @@ from replicator.engine.scheduler import Scheduler
 from replicator.engine.source_reader import SourceReader
 from replicator.state.records import Lease
 from replicator.state.store import Store
-
-
-class Forwarding(Protocol):
-    """The forwarder (`replicator.engine.forwarder`), as the follower uses it."""
-
-    def rethrottle(self, config: ConnectorConfig, tasks: int) -> None: ...
 
 
 class Committing(Protocol):
@@ -66,8 +60,6 @@ class TaskContext(Protocol):
     restart_marker: object
 
     @property
-    def forwarder(self) -> Forwarding: ...  # the current clients (`rebuild`), as the follower uses them
-    @property
-    def committer(self) -> Committing: ...
+    def committer(self) -> Committing: ...  # the current one (`rebuild`), as the follower uses it
 
     def rebuild(self, version: int, restart_marker: object, why: str | None = None) -> None: ...

@@ -59,7 +59,7 @@ class Deliveries:
         self.producers = DestinationProducers(self._new_producer, grouped=grouped, idle_close_s=idle_close_s)
         self.failure: KafkaError | None = None  # a producer is done for: the task replaces them
         self.cut_runs = False  # runs cut short await the producer's emptying (`acknowledge_cut_runs`)
-        self.now_ms = 0  # acknowledgement time of what the next poll serves (`acknowledged`)
+        self.now_ms = 0  # acknowledgement time of what the polls bring until it is set again (`acknowledged`)
 
     def _new_producer(self) -> Producer:
         return Producer({**self.settings, "error_cb": self._producer_error})

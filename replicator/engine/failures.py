@@ -11,7 +11,8 @@
                      partition to its last committed record (`TransactionalCommitter.producer_failed`)
 
 The forwarder and the deliveries hand refusals here (`Forwarder.forward`, `Deliveries.acknowledged`), and the
-forwarder a failed producer (`Forwarder.poll_once`); nothing here calls them back.
+forwarder a failed producer (`Forwarder.poll_once`); what follows runs from here in one direction, to the deliveries'
+producers, the partition pauses and the committer, never back to the forwarder.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from replicator.engine.partitions import PartitionState, describe
 from replicator.engine.pauses import PartitionPauses
 from replicator.engine.record_limits import LIMITS_REFRESH_S, Readings, read_limits
 from replicator.engine.scheduler import READING_SIZE_LIMITS, REFRESHING
+from replicator.engine.throttle import ThrottleShare
 from replicator.state.records import ConnectorHead, ConnectorState, PartitionHealth
 
 log = logging.getLogger(__name__)
@@ -40,10 +41,13 @@ class TaskExit(enum.Enum):
 class AssignmentFollower:
     """The connector's row and the task's assignment, followed; paused partitions retried."""
 
-    def __init__(self, task: TaskContext, pauses: PartitionPauses, destinations: Destinations) -> None:
+    def __init__(
+        self, task: TaskContext, pauses: PartitionPauses, destinations: Destinations, throttle: ThrottleShare
+    ) -> None:
         self.task = task
         self.pauses = pauses
         self.destinations = destinations
+        self.throttle = throttle  # shared among the connector's tasks: made again when their number changes
         self.generation = 0
         self.tasks = 1  # in the connector's current assignment
         self.pauses_version = -1  # of the connector's operator pauses, as last read (`PartitionPauses.follow_pauses`)
@@ -108,7 +112,7 @@ class AssignmentFollower:
                 return TaskExit.REMOVED
             if len(assignment) != self.tasks and assignment:
                 self.tasks = len(assignment)
-                task.forwarder.rethrottle(task.config, self.tasks)
+                self.throttle.share(task.config, self.tasks)
             self.apply_assignment(set(assignment.get(task.task_id, ())))
         if task.book.waiting:
             self.claim(sorted(task.book.waiting))

@@ -30,7 +30,7 @@ from replicator.engine.failures import DeliveryFailures
 from replicator.engine.partitions import InFlight, PartitionBook, PartitionState
 from replicator.engine.record_limits import oversized, producer_refusal_reason
 from replicator.engine.source_reader import SourceReader
-from replicator.engine.throttle import Throttle
+from replicator.engine.throttle import ThrottleShare
 from replicator.partition_reader import Record
 from replicator.topics import provenance
 
@@ -54,7 +54,7 @@ class Forwarder:
         head_changed: threading.Event,
         destination_cluster: str,
         origin_header: tuple[str, bytes],
-        tasks: int,
+        throttle: ThrottleShare,
     ) -> None:
         self.config = config
         self.reader = reader
@@ -68,12 +68,7 @@ class Forwarder:
         self.origin_header = origin_header
         queue_limit = int(deliveries.settings["queue.buffering.max.messages"])
         self.intake_limit = max(queue_limit - BATCH, queue_limit // 2)  # records waiting above which none are read
-        self.throttle: Throttle | None = None
-        self.rethrottle(config, tasks)
-
-    def rethrottle(self, config: ConnectorConfig, tasks: int) -> None:
-        """This task's share (of `tasks`) of the connector's throttle, from the configuration."""
-        self.throttle = Throttle.of(config.throttle_records_per_second, config.throttle_bytes_per_second, tasks)
+        self.throttle = throttle  # this task's share of the connector's throttle, asked before each batch
 
     # -- fetch, map, produce ----------------------------------------------------------------------------
 
@@ -94,7 +89,7 @@ class Forwarder:
             msgs = []
             producer.poll_acks(ACK_POLL_S)
         else:
-            throttle = self.throttle
+            throttle = self.throttle.current
             allowed = BATCH if throttle is None else throttle.allowance(BATCH)
             if throttle is not None and not allowed:
                 # Over the connector's throttle: read nothing (the backlog waits in Kafka) until the budget allows.

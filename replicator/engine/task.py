@@ -45,7 +45,7 @@ from replicator.engine.pauses import PartitionPauses
 from replicator.engine.record_limits import LIMITS_REFRESH_S, RecordLimits
 from replicator.engine.scheduler import READING_SIZE_LIMITS, RECORDING_METRICS, RESTING, Scheduler
 from replicator.engine.source_reader import DEFAULT_LIMITS, SourceReader, TierLimits
-from replicator.engine.throttle import only_throttle_changed
+from replicator.engine.throttle import ThrottleShare, only_throttle_changed
 from replicator.engine.transactions import TransactionalCommitter
 from replicator.state.head_notices import HeadNotices
 from replicator.state.records import FencedError, Lease, MetricInterval
@@ -98,9 +98,10 @@ class ReplicationTask:
         self.notices = notices
         self.scheduler.ran(RECORDING_METRICS, metrics_interval_s)  # the first interval ends one interval from now
         # The parts that live as long as the task; the clients and the parts around them are made by `rebuild`.
+        self.throttle = ThrottleShare()
         self.pauses = PartitionPauses(self)
         self.destinations = Destinations(self, self.pauses)
-        self.follower = AssignmentFollower(self, self.pauses, self.destinations)
+        self.follower = AssignmentFollower(self, self.pauses, self.destinations, self.throttle)
         # Until the configuration is read (`rebuild`): commits nothing but heartbeats.
         self.committer: Committer = Committer(self, self.destinations)
         # Set by `run` (lease) and `rebuild` (configuration and clients) before anything uses them.
@@ -213,7 +214,7 @@ class ReplicationTask:
             and only_throttle_changed(self.config, config)
         ):
             self.config, self.version = config, record.version
-            self.forwarder.rethrottle(config, self.follower.tasks)
+            self.throttle.share(config, self.follower.tasks)
             self.on_event(f"configuration version {record.version}: throttle changed, clients kept")
             return
         owned = sorted(self.book.states)
@@ -256,7 +257,7 @@ class ReplicationTask:
             self.committer = TransactionalCommitter(self, self.destinations, deliveries, self.follower.reset_offsets)
         else:
             self.committer = Committer(self, self.destinations)
-        self.committer.uncommitted, self.committer.last_ok = last.uncommitted, last.last_ok  # the watchdog goes on
+        self.committer.watch_on(last)
         failures = DeliveryFailures(deliveries, self.book, self.pauses, self.committer, self.on_event)
         self.forwarder = Forwarder(
             config,
@@ -269,8 +270,9 @@ class ReplicationTask:
             head_changed=self.head_changed,
             destination_cluster=self.destination_cluster,
             origin_header=self.origin_header,
-            tasks=self.follower.tasks,
+            throttle=self.throttle,
         )
+        self.throttle.share(config, self.follower.tasks)
         if self.owning:
             self.committer.start()
         self.clients_open = True

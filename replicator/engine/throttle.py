@@ -93,6 +93,19 @@ class Throttle:
                 self.record_size = max(1.0, size / len(msgs))
 
 
+class ThrottleShare:
+    """This task's share of the connector's throttle, as the forwarder asks it before each batch (`current`): made
+    again by whoever learns that the configuration (`ReplicationTask.rebuild`) or the number of the connector's tasks
+    (`AssignmentFollower.refresh`) changed. It outlives the clients, so neither reaches the other."""
+
+    def __init__(self) -> None:
+        self.current: Throttle | None = None
+
+    def share(self, config: ConnectorConfig, tasks: int) -> None:
+        """One of `tasks` tasks' share of `config`'s limits, with buckets that start full."""
+        self.current = Throttle.of(config.throttle_records_per_second, config.throttle_bytes_per_second, tasks)
+
+
 def only_throttle_changed(old: ConnectorConfig, new: ConnectorConfig) -> bool:
     """Whether a new version of a configuration changes its throttle and nothing else: the task then keeps its
     clients. (The same configuration stored again rebuilds them, as before: it may be meant to re-read secrets.)"""

@@ -284,7 +284,7 @@ class TransactionalCommitter(Committer):
         while len(deliveries) and self.abort_reason is None and deliveries.failure is None:
             if time.monotonic() >= deadline:
                 if not wait_s:
-                    return  # acknowledgements still due: the loop serves them and calls again
+                    return  # acknowledgements still due: the loop polls for them and calls again
                 self.abort_reason = f"records not acknowledged within {wait_s:.0f}s"
                 break
             deliveries.poll_acks(0.1)

@@ -21,6 +21,7 @@ from replicator.engine.forwarder import Forwarder
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, InFlight, PartitionState
 from replicator.engine.source_reader import SourceReader
 from replicator.engine.task import ReplicationTask
+from replicator.engine.throttle import ThrottleShare
 from replicator.engine.transactions import TransactionalCommitter
 from replicator.state.records import OPERATOR_PAUSE, PartitionHealth
 from replicator.state.store import Store
@@ -198,7 +199,7 @@ def test_the_forwarder_copies_a_batch_in_order_with_provenance_and_skips_copies_
         head_changed=parts.task.head_changed,
         destination_cluster=destination,
         origin_header=(provenance.ORIGIN, b"source-cluster"),
-        tasks=1,
+        throttle=ThrottleShare(),
     )
     state = parts.state(0)
     for _ in range(50):
