@@ -112,6 +112,7 @@ class ReplicationTask:
         self.forwarder: Forwarder
         self.clients_open = False
         self.source_cluster = self.destination_cluster = ""  # Kafka cluster ids, read by `rebuild`
+        self.identified: tuple[object, ...] = ()  # the cluster settings those ids were read with
         self.origin_header = (provenance.ORIGIN, b"")
         self.version = 0
         self.restart_marker: object = None
@@ -227,9 +228,18 @@ class ReplicationTask:
         self.version, self.restart_marker = record.version, restart_marker
         # Clusters are known by their Kafka cluster id (aliases are display names that may coincide). Asked first: a
         # cluster that refuses the connection fails the start here at once, naming the refusal, before any other
-        # request waits out its timeout against it.
-        self.source_cluster = cluster_id(ClusterAdmin(config.admin_settings("source")), "source", config.source_alias)
-        self.destination_cluster = cluster_id(self.destinations.admin(), "destination", config.target_alias)
+        # request waits out its timeout against it. Clients made again for the same clusters (a restart, new size
+        # limits, another setting) keep the ids they have: one metadata time-out must not end a replicating task.
+        clusters = (
+            config.admin_settings("source"),
+            config.source_alias,
+            config.admin_settings("destination"),
+            config.target_alias,
+        )
+        if clusters != self.identified:
+            self.source_cluster = cluster_id(ClusterAdmin(clusters[0]), "source", config.source_alias)
+            self.destination_cluster = cluster_id(self.destinations.admin(), "destination", config.target_alias)
+            self.identified = clusters
         self.origin_header = (provenance.ORIGIN, self.source_cluster.encode())
         # Clients sized for the topics the task serves: those it owns and those assigned to it (a first start owns
         # none yet), their limits read first (only those never read: one request per cluster).

@@ -9,14 +9,12 @@ import gc
 import signal
 import time
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from mirus.faults.brokers import BrokerProcess, tansu_broker
-from mirus.local.stack import free_port
+from mirus.faults.brokers import BrokerProcess
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.clusters import ClusterAdmin
@@ -121,19 +119,6 @@ def test_a_standby_that_just_took_over_stops_at_once(
         traffic.stop()
         owner.stop()
         standby.stop()
-
-
-@pytest.fixture
-def destination_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A destination cluster of this test's own, to hang (SIGSTOP) or take down without touching the suite's."""
-    broker = tansu_broker("destination-stopping", port := free_port(), port, tmp_path / "tansu.log")
-    broker.start()
-    try:
-        yield broker
-    finally:
-        if broker.proc is not None:
-            broker.proc.send_signal(signal.SIGCONT)
-        broker.stop(signal.SIGKILL)
 
 
 @pytest.mark.parametrize("fault", ["hung", "down"])

@@ -14,6 +14,7 @@ from confluent_kafka import Producer
 from sqlalchemy import text
 
 from mirus.api.metrics import StoreCollector
+from mirus.faults.brokers import BrokerProcess
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.engine import follower, producers
@@ -527,6 +528,42 @@ def test_a_new_config_version_and_a_restart_apply_in_place(stack: StackEndpoints
     produce(stack.source_bootstrap_servers, [{"topic": unique, "value": b"c"}])
     wait_until(lambda: sum(_committed(store, unique).values()) == 31, what="replicating after the restart")
     assert runner.thread.is_alive() and sum("claimed" in e for e in runner.events) == 1
+    assert runner.finish() is TaskExit.STOPPED
+
+
+def test_clients_made_again_while_the_destination_hangs_keep_the_cluster_ids_and_replicate_on(
+    stack: StackEndpoints, store: Store, destination_broker: BrokerProcess, unique: str
+) -> None:
+    # Seen with overloaded brokers: a task that made its clients again (new size limits) read both clusters' ids again,
+    # and one metadata time-out ended it (ClusterIdentityError). Clients made again for the same clusters keep the ids.
+    endpoints = StackEndpoints(stack.source_bootstrap_servers, destination_broker.bootstrap, stack.database_url)
+    create_topics(endpoints.source_bootstrap_servers, {unique: 2})
+    create_topics(endpoints.destination_bootstrap_servers, {unique: 2})
+    create_connector(
+        store, connector_properties(endpoints, unique, **{"topics.whitelist": unique}), {0: [(unique, 0), (unique, 1)]}
+    )
+    produce(
+        endpoints.source_bootstrap_servers,
+        [{"topic": unique, "partition": i % 2, "value": b"a%d" % i} for i in range(20)],
+    )
+    runner = TaskThread.start(store, unique)
+    assert destination_broker.proc is not None
+    try:
+        wait_until(lambda: sum(_committed(store, unique).values()) == 20, what="replicating")
+        destination_broker.proc.send_signal(signal.SIGSTOP)  # connections stay open; nothing is answered
+        store.request_restart(unique)
+        started = lambda: sum(e.startswith("replicating") for e in runner.events) == 2  # noqa: E731
+        wait_until(lambda: started() or not runner.thread.is_alive(), timeout=90, what="the clients made again")
+        assert runner.thread.is_alive(), f"the task ended: {runner.error!r}"
+    finally:
+        destination_broker.proc.send_signal(signal.SIGCONT)
+    produce(
+        endpoints.source_bootstrap_servers,
+        [{"topic": unique, "partition": i % 2, "value": b"b%d" % i} for i in range(10)],
+    )
+    wait_until(lambda: sum(_committed(store, unique).values()) == 30, timeout=90, what="replicating after the hang")
+    copied = consume_all(endpoints.destination_bootstrap_servers, unique, 2, expected=30)
+    assert sorted(r.value for r in copied) == sorted([b"a%d" % i for i in range(20)] + [b"b%d" % i for i in range(10)])
     assert runner.finish() is TaskExit.STOPPED
 
 
