@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -47,3 +48,29 @@ def test_dagster_definitions_validate_from_the_workspace() -> None:
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+# Names the map gives that are not the project's: Kafka Connect's and Dagster's.
+OTHER_PROJECTS_NAMES = {"WorkerSourceTask", "K8sRunLauncher"}
+
+
+def test_the_architecture_map_is_short_and_every_part_it_names_is_where_it_says() -> None:
+    text = ARCHITECTURE.read_text()
+    assert len(text.splitlines()) <= 300, "the map stays short: figures belong in benchmarks/README.md"
+    sources = [p for p in ROOT.rglob("*.py") if ".venv" not in p.parts and "build" not in p.parts]
+    files = {p.relative_to(ROOT).as_posix() for p in sources} | {
+        p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.yaml") if ".venv" not in p.parts
+    }
+    named = set(re.findall(r"`([\w/]+\.(?:py|yaml))`", text))
+    missing = sorted(path for path in named if not any(f == path or f.endswith("/" + path) for f in files))
+    assert not missing, f"files the map names that do not exist: {missing}"
+    code = "\n".join(p.read_text() for p in sources)
+    defined = set(re.findall(r"^\s*(?:class|def) (\w+)", code, re.MULTILINE)) | set(
+        re.findall(r"^\s*([A-Z][A-Z0-9_]+)\s*[:=]", code, re.MULTILINE)
+    )
+    # Classes (CamelCase) and the methods named on them (`Store.commit`).
+    named_code = re.findall(r"`([A-Z][a-z0-9]+[A-Z]\w*|[A-Z]\w*\.\w+)`", text)
+    parts = {name.split(".")[-1] for name in named_code}
+    unknown = sorted(parts - defined - OTHER_PROJECTS_NAMES)
+    assert not unknown, f"classes and functions the map names that the code does not define: {unknown}"
