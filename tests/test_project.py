@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -74,3 +75,23 @@ def test_the_architecture_map_is_short_and_every_part_it_names_is_where_it_says(
     parts = {name.split(".")[-1] for name in named_code}
     unknown = sorted(parts - defined - OTHER_PROJECTS_NAMES)
     assert not unknown, f"classes and functions the map names that the code does not define: {unknown}"
+
+
+PRODUCT_PACKAGES = ["replicator", "reports", "mirus_dagster", "assets", "sensors", "mirus"]
+
+
+def test_no_product_file_is_over_500_lines_nor_a_class_over_300() -> None:
+    # Rooms sized by what they hold: a larger one says why in its docstring ("sized: ...").
+    too_large = []
+    for package in PRODUCT_PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            source = path.read_text()
+            tree = ast.parse(source)
+            if len(source.splitlines()) > 500 and "sized:" not in (ast.get_docstring(tree) or ""):
+                too_large.append(f"{path.relative_to(ROOT)}: {len(source.splitlines())} lines")
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                    length = node.end_lineno - node.lineno + 1
+                    if length > 300 and "sized:" not in (ast.get_docstring(node) or ""):
+                        too_large.append(f"{path.relative_to(ROOT)}: class {node.name}, {length} lines")
+    assert not too_large, too_large
