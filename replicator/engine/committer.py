@@ -16,18 +16,23 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
 from replicator.clusters import log_offsets
-from replicator.engine.context import TaskContext
+from replicator.configuration.connector import ConnectorConfig
 from replicator.engine.destination_copies import DestinationReadError, ResumePoint, copies_end
 from replicator.engine.destinations import Destinations
-from replicator.engine.partitions import PartitionState, describe
-from replicator.engine.scheduler import COMMITTING, HEARTBEATING
+from replicator.engine.metrics import TaskMetrics
+from replicator.engine.partitions import PartitionBook, PartitionState, describe
+from replicator.engine.scheduler import COMMITTING, HEARTBEATING, Scheduler
+from replicator.state.records import Lease
+from replicator.state.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +50,29 @@ class CommitWatchdogError(RuntimeError):
     """Records flowed but no offset commit succeeded for `commit.failure.restart.ms`."""
 
 
+class CommitterTask(Protocol):
+    """What a committer reads of its task (`ReplicationTask`). Read through it, for the lease and `should_stop` come
+    later (`ReplicationTask.run`: a warm standby makes its committer before it claims the task), and the first
+    committer is made before the configuration is read."""
+
+    connector: str
+    task_id: int
+    store: Store
+    lease: Lease
+    config: ConnectorConfig
+    source_cluster: str
+    book: PartitionBook
+    metrics: TaskMetrics
+    scheduler: Scheduler
+    background: ThreadPoolExecutor
+    on_event: Callable[[str], None]
+    should_stop: Callable[[], bool]  # the process or run is stopping: long waits of a start give up
+
+
 class Committer:
     skips_untouched = True  # whether an untouched book means no offset to commit moved (`commit_in_background`)
 
-    def __init__(self, task: TaskContext, destinations: Destinations) -> None:
+    def __init__(self, task: CommitterTask, destinations: Destinations) -> None:
         self.task = task
         self.destinations = destinations  # where a start looks for the copies made since the last commit
         self.in_flight: tuple[Future[None], dict[SourcePartition, int]] | None = None  # the background commit

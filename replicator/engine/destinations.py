@@ -6,16 +6,18 @@ Checked when partitions start and every `DESTINATION_CHECK_INTERVAL_S` per `DEST
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 from confluent_kafka.admin import AdminClient
 
 from replicator.assignment import SourcePartition
 from replicator.clusters import ClusterAdmin, TopicPartitions, topic_partitions
-from replicator.engine.context import TaskContext
-from replicator.engine.partitions import UNASSIGNED_PARTITION, PartitionState
+from replicator.configuration.connector import ConnectorConfig
+from replicator.engine.deliveries import Deliveries
+from replicator.engine.partitions import UNASSIGNED_PARTITION, PartitionBook, PartitionState
 from replicator.engine.pauses import PartitionPauses
-from replicator.engine.scheduler import CHECKING_DESTINATIONS
+from replicator.engine.scheduler import CHECKING_DESTINATIONS, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +27,23 @@ DESTINATION_CHECK_INTERVAL_S = 5.0  # route or pause partitions by destination m
 DESTINATION_CHECK_PARTITIONS = 1_000
 
 
+class DestinationsTask(Protocol):
+    """What `Destinations` reads of its task (`ReplicationTask`): through it, the configuration and the deliveries that
+    `ReplicationTask.rebuild` replaces are the current ones."""
+
+    connector: str
+    task_id: int
+    config: ConnectorConfig
+    deliveries: Deliveries
+    book: PartitionBook
+    scheduler: Scheduler
+    background: ThreadPoolExecutor
+
+
 class Destinations:
     """The destination's metadata as the task reads it, and each partition routed (or paused) by it."""
 
-    def __init__(self, task: TaskContext, pauses: PartitionPauses) -> None:
+    def __init__(self, task: DestinationsTask, pauses: PartitionPauses) -> None:
         self.task = task
         self.pauses = pauses
         self.metadata_in_flight: Future[dict[str, TopicPartitions]] | None = None

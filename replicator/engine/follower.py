@@ -7,22 +7,28 @@ from __future__ import annotations
 
 import enum
 import logging
-from concurrent.futures import Future
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
+from typing import Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicPartition
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
 from replicator.clusters import ClusterAdmin, log_offsets
-from replicator.engine.context import TaskContext
+from replicator.configuration.connector import ConnectorConfig
+from replicator.engine.deliveries import Deliveries
 from replicator.engine.destinations import Destinations
-from replicator.engine.partitions import PartitionState, describe
+from replicator.engine.partitions import PartitionBook, PartitionState, describe
 from replicator.engine.pauses import PartitionPauses
-from replicator.engine.record_limits import LIMITS_REFRESH_S, Readings, read_limits
-from replicator.engine.scheduler import READING_SIZE_LIMITS, REFRESHING
+from replicator.engine.record_limits import LIMITS_REFRESH_S, Readings, RecordLimits, read_limits
+from replicator.engine.scheduler import READING_SIZE_LIMITS, REFRESHING, Scheduler
+from replicator.engine.source_reader import SourceReader
 from replicator.engine.throttle import ThrottleShare
-from replicator.state.records import ConnectorHead, ConnectorState, PartitionHealth
+from replicator.state.records import ConnectorHead, ConnectorState, Lease, PartitionHealth
+from replicator.state.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +44,48 @@ class TaskExit(enum.Enum):
     FENCED = "FENCED"  # a newer instance of this task took over
 
 
+class Committing(Protocol):
+    """A committer (`replicator.engine.committer`), as the follower uses it."""
+
+    def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> set[SourcePartition]: ...
+    def claimed_from(self, silent_tasks: set[int]) -> None: ...
+    def commit_now(self, final: bool = False) -> None: ...
+
+
+class FollowedTask(Protocol):
+    """What the follower reads of its task (`ReplicationTask`): it outlives the clients, asks the task to make them
+    again (`rebuild`), and uses the current ones, with the configuration and the committer made with them."""
+
+    connector: str
+    task_id: int
+    store: Store
+    lease: Lease
+    config: ConnectorConfig
+    source_cluster: str
+    reader: SourceReader
+    deliveries: Deliveries
+    clients_open: bool
+    version: int  # of the configuration the clients were made with
+    restart_marker: object  # the connector's last restart request the clients were made after
+    sized_for: tuple[object, ...]  # the size settings the clients were made with (`RecordLimits.sizes_of`)
+    limits: RecordLimits  # the record size limits of the topics served
+    book: PartitionBook
+    scheduler: Scheduler
+    background: ThreadPoolExecutor
+    head_changed: threading.Event  # Postgres said the connector's row changed: read it at the loop's next turn
+    on_event: Callable[[str], None]
+
+    @property
+    def committer(self) -> Committing: ...
+
+    def rebuild(self, version: int, restart_marker: object, why: str | None = None) -> None: ...
+
+
 class AssignmentFollower:
     """The connector's row and the task's assignment, followed; paused partitions retried."""
 
     def __init__(
-        self, task: TaskContext, pauses: PartitionPauses, destinations: Destinations, throttle: ThrottleShare
+        self, task: FollowedTask, pauses: PartitionPauses, destinations: Destinations, throttle: ThrottleShare
     ) -> None:
         self.task = task
         self.pauses = pauses

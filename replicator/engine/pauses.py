@@ -7,26 +7,43 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Literal
+from collections.abc import Callable
+from typing import Literal, Protocol
 
 from confluent_kafka import KafkaError, Message
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
 from replicator.clusters import connection_identity
-from replicator.engine.context import TaskContext
-from replicator.engine.partitions import PartitionState
-from replicator.state.records import OPERATOR_PAUSE, PartitionHealth
+from replicator.configuration.connector import ConnectorConfig
+from replicator.engine.partitions import PartitionBook, PartitionState
+from replicator.engine.source_reader import SourceReader
+from replicator.state.records import OPERATOR_PAUSE, Lease, PartitionHealth
+from replicator.state.store import Store
 
 log = logging.getLogger(__name__)
 
 SOURCE_GONE = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 
 
+class PausesTask(Protocol):
+    """What `PartitionPauses` reads of its task (`ReplicationTask`): through it, the configuration and the reader that
+    `ReplicationTask.rebuild` replaces, and the lease that `run` claims, are the current ones."""
+
+    connector: str
+    task_id: int
+    store: Store
+    lease: Lease
+    config: ConnectorConfig
+    reader: SourceReader
+    book: PartitionBook
+    on_event: Callable[[str], None]
+
+
 class PartitionPauses:
     """Pauses, holds, re-reads and drops of single partitions, in the book, the reader and `partition_status`."""
 
-    def __init__(self, task: TaskContext) -> None:
+    def __init__(self, task: PausesTask) -> None:
         self.task = task
         self.held: dict[SourcePartition, str] = {}  # partitions an operator paused, owned or not -> the reason
 

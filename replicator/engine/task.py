@@ -17,7 +17,10 @@ configuration versions and assignment generations, paused partitions' retries; d
 named in one `Scheduler` (`replicator.engine.scheduler`).
 
 The parts are wired here, each given the parts it uses: those that live as long as the task in `__init__`, the
-clients and the parts around them in `rebuild` (made again for a new configuration version).
+clients and the parts around them in `rebuild` (made again for a new configuration version). The follower, the
+destinations, the partition pauses and the committers are given the task too, each through a protocol of its own that
+lists what it reads (`FollowedTask`, `DestinationsTask`, `PausesTask`, `CommitterTask`, `TransactionalTask`): the
+clients `rebuild` replaces under them, the lease `run` claims after they are made.
 """
 
 from __future__ import annotations

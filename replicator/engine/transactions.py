@@ -21,18 +21,18 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from replicator.assignment import SourcePartition
-from replicator.engine.committer import COMMIT_WAIT_S, Committer
-from replicator.engine.context import TaskContext
+from replicator.engine.committer import COMMIT_WAIT_S, Committer, CommitterTask
 from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Deliveries
 from replicator.engine.destination_copies import DestinationReadError, copies_end
 from replicator.engine.destinations import Destinations
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, PartitionState
 from replicator.engine.producers import close_producer
+from replicator.engine.source_reader import SourceReader
 from replicator.state.records import FencedError
 
 # A newer producer with the same transactional.id exists: this instance must stop (as a fenced Postgres write).
@@ -143,15 +143,22 @@ def fence(settings: dict[str, Any], timeout_s: float) -> None:
         close_producer(producer)
 
 
+class TransactionalTask(CommitterTask, Protocol):
+    """What the transactional committer reads of its task: a committer's, and the reader, to rewind partitions."""
+
+    reader: SourceReader
+
+
 class TransactionalCommitter(Committer):
     """Exactly-once: every commit is a destination transaction's, and what Postgres stores is only ever what a
     committed transaction holds (`PartitionState.durable`)."""
 
     skips_untouched = False  # a transaction's commit moves what may be committed without touching the book
+    task: TransactionalTask
 
     def __init__(
         self,
-        task: TaskContext,
+        task: TransactionalTask,
         destinations: Destinations,
         deliveries: Deliveries,
         reset_offsets: Callable[[list[SourcePartition]], dict[SourcePartition, int]],
