@@ -59,7 +59,7 @@ class Deliveries:
         self.producers = DestinationProducers(self._new_producer, grouped=grouped, idle_close_s=idle_close_s)
         self.failure: KafkaError | None = None  # a producer is done for: the task replaces them
         self.cut_runs = False  # runs cut short await the producer's emptying (`acknowledge_cut_runs`)
-        self.now_ms = 0  # acknowledgement time of what the polls bring until it is set again (`acknowledged`)
+        self.now_ms = 0  # acknowledgement time (`acknowledged`) of what the polls bring, given to `poll_acks`
 
     def _new_producer(self) -> Producer:
         return Producer({**self.settings, "error_cb": self._producer_error})
@@ -136,8 +136,12 @@ class Deliveries:
         if msg is not None and state.ordered and (offset := msg.offset()) is not None:
             state.destination_next = offset + 1
 
-    def poll_acks(self, timeout: float) -> None:
-        """Poll the producers for acknowledgements; a fatal producer error (raised by poll()) is kept in `failure`."""
+    def poll_acks(self, timeout: float, now_ms: int | None = None) -> None:
+        """Poll the producers for acknowledgements; a fatal producer error (raised by poll()) is kept in `failure`.
+        `now_ms` (ms since the epoch) is the acknowledgement time of what this poll and the next ones bring, taken
+        once a loop rather than per acknowledgement (`Forwarder.poll_once`)."""
+        if now_ms is not None:
+            self.now_ms = now_ms
         try:
             self.producers.poll(timeout)
         except KafkaException as exc:

@@ -73,7 +73,7 @@ class Forwarder:
     # -- fetch, map, produce ----------------------------------------------------------------------------
 
     def poll_once(self) -> None:
-        producer, reader = self.deliveries, self.reader
+        deliveries, reader = self.deliveries, self.reader
         timeout = min(self.config.poll_timeout_ms / 1000, MAX_BLOCK_S)
         if not self.book.states:
             time.sleep(min(timeout, 0.2))  # nothing assigned yet; housekeeping will pick work up
@@ -83,33 +83,32 @@ class Forwarder:
         msgs: list[Record]
         if not self.committer.accepting():  # exactly-once: until the transaction's records are acknowledged
             msgs = []
-        elif len(producer) > self.intake_limit:
+        elif len(deliveries) > self.intake_limit:
             # The destination is behind (e.g. thousands of partitions catching up, each sent as a request of its
             # own): read no more until a batch fits, so the backlog waits in Kafka, not in this process's memory.
             msgs = []
-            producer.poll_acks(ACK_POLL_S)
+            deliveries.poll_acks(ACK_POLL_S)
         else:
             throttle = self.throttle.current
             allowed = BATCH if throttle is None else throttle.allowance(BATCH)
             if throttle is not None and not allowed:
                 # Over the connector's throttle: read nothing (the backlog waits in Kafka) until the budget allows.
                 msgs = []
-                producer.poll_acks(min(throttle.wait_s(), timeout))
+                deliveries.poll_acks(min(throttle.wait_s(), timeout))
             else:
                 msgs = reader.consume(allowed, 0)
                 if not msgs:
-                    msgs = reader.consume(1, ACK_POLL_S if len(producer) else timeout, until=self.head_changed.is_set)
+                    msgs = reader.consume(1, ACK_POLL_S if len(deliveries) else timeout, until=self.head_changed.is_set)
                 if throttle is not None:
                     throttle.take(msgs)
         if msgs:
             self.forward(msgs)
-        producer.now_ms = time.time_ns() // 1_000_000  # acknowledgement time of everything this poll brings
-        producer.poll_acks(self.committer.ack_wait_s())
-        if (failure := producer.failure) is not None:
-            producer.take_failure()
+        deliveries.poll_acks(self.committer.ack_wait_s(), now_ms=time.time_ns() // 1_000_000)
+        if (failure := deliveries.failure) is not None:
+            deliveries.take_failure()
             self.failures.producer_failed(failure)
-        elif producer.cut_runs and not len(producer):
-            producer.conclude_cut_runs(delivered=True)
+        elif deliveries.cut_runs and not len(deliveries):
+            deliveries.conclude_cut_runs(delivered=True)
 
     def forward(self, msgs: list[Record]) -> None:
         """Map and produce a batch of records, in order. This loop runs once per record: it stays flat, and the
