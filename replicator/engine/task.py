@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from replicator.clusters import ClusterAdmin, cluster_id
+from replicator.clusters import ClusterAdmin, ClusterIdentityError, cluster_id
 from replicator.configuration.connector import ConnectorConfig, load
 from replicator.engine.committer import Committer, CommitWatchdogError
 from replicator.engine.deliveries import Deliveries
@@ -115,7 +115,7 @@ class ReplicationTask:
         self.forwarder: Forwarder
         self.clients_open = False
         self.source_cluster = self.destination_cluster = ""  # Kafka cluster ids, read by `rebuild`
-        self.identified: tuple[object, ...] = ()  # the cluster settings those ids were read with
+        self.identified: tuple[object, ...] = ()  # the cluster settings those ids were last read with
         self.origin_header = (provenance.ORIGIN, b"")
         self.version = 0
         self.restart_marker: object = None
@@ -231,17 +231,24 @@ class ReplicationTask:
         self.version, self.restart_marker = record.version, restart_marker
         # Clusters are known by their Kafka cluster id (aliases are display names that may coincide). Asked first: a
         # cluster that refuses the connection fails the start here at once, naming the refusal, before any other
-        # request waits out its timeout against it. Clients made again for the same clusters (a restart, new size
-        # limits, another setting) keep the ids they have: one metadata time-out must not end a replicating task.
+        # request waits out its timeout against it. Asked again whenever clients are made (a cluster may have been
+        # replaced behind the same address), but clients made again for the same clusters keep the ids they have
+        # when the clusters do not answer: one metadata time-out must not end a replicating task.
         clusters = (
             config.admin_settings("source"),
             config.source_alias,
             config.admin_settings("destination"),
             config.target_alias,
         )
-        if clusters != self.identified:
-            self.source_cluster = cluster_id(ClusterAdmin(clusters[0]), "source", config.source_alias)
-            self.destination_cluster = cluster_id(self.destinations.admin(), "destination", config.target_alias)
+        try:
+            source_cluster = cluster_id(ClusterAdmin(clusters[0]), "source", config.source_alias)
+            destination_cluster = cluster_id(self.destinations.admin(), "destination", config.target_alias)
+        except ClusterIdentityError as exc:
+            if clusters != self.identified:
+                raise
+            self.on_event(f"{exc}: the ids read before for the same clusters are kept")
+        else:
+            self.source_cluster, self.destination_cluster = source_cluster, destination_cluster
             self.identified = clusters
         self.origin_header = (provenance.ORIGIN, self.source_cluster.encode())
         # Clients sized for the topics the task serves: those it owns and those assigned to it (a first start owns

@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 from sqlalchemy import text
 
 from mirus.api.metrics import StoreCollector
-from mirus.faults.brokers import BrokerProcess
+from mirus.faults.brokers import BrokerProcess, tansu_broker
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.engine import follower, producers
@@ -535,7 +535,8 @@ def test_clients_made_again_while_the_destination_hangs_keep_the_cluster_ids_and
     stack: StackEndpoints, store: Store, destination_broker: BrokerProcess, unique: str
 ) -> None:
     # Seen with overloaded brokers: a task that made its clients again (new size limits) read both clusters' ids again,
-    # and one metadata time-out ended it (ClusterIdentityError). Clients made again for the same clusters keep the ids.
+    # and one metadata time-out ended it (ClusterIdentityError). Clients made again for the same clusters keep the ids
+    # they have when the clusters do not answer.
     endpoints = StackEndpoints(stack.source_bootstrap_servers, destination_broker.bootstrap, stack.database_url)
     create_topics(endpoints.source_bootstrap_servers, {unique: 2})
     create_topics(endpoints.destination_bootstrap_servers, {unique: 2})
@@ -555,6 +556,7 @@ def test_clients_made_again_while_the_destination_hangs_keep_the_cluster_ids_and
         started = lambda: sum(e.startswith("replicating") for e in runner.events) == 2  # noqa: E731
         wait_until(lambda: started() or not runner.thread.is_alive(), timeout=90, what="the clients made again")
         assert runner.thread.is_alive(), f"the task ended: {runner.error!r}"
+        assert any("the ids read before for the same clusters are kept" in e for e in runner.events)
     finally:
         destination_broker.proc.send_signal(signal.SIGCONT)
     produce(
@@ -565,6 +567,39 @@ def test_clients_made_again_while_the_destination_hangs_keep_the_cluster_ids_and
     copied = consume_all(endpoints.destination_bootstrap_servers, unique, 2, expected=30)
     assert sorted(r.value for r in copied) == sorted([b"a%d" % i for i in range(20)] + [b"b%d" % i for i in range(10)])
     assert runner.finish() is TaskExit.STOPPED
+
+
+def test_a_restart_after_the_destination_cluster_was_replaced_at_its_address_guards_cycles_with_the_new_id(
+    stack: StackEndpoints, store: Store, destination_broker: BrokerProcess, unique: str, tmp_path: Path
+) -> None:
+    endpoints = StackEndpoints(stack.source_bootstrap_servers, destination_broker.bootstrap, stack.database_url)
+    create_topics(endpoints.source_bootstrap_servers, {unique: 1})
+    create_topics(endpoints.destination_bootstrap_servers, {unique: 1})
+    create_connector(store, connector_properties(endpoints, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
+    produce(endpoints.source_bootstrap_servers, [{"topic": unique, "value": b"a"}])
+    runner = TaskThread.start(store, unique)
+    wait_until(lambda: sum(_committed(store, unique).values()) == 1, what="replicating")
+    # Another cluster, with another id, at the same address: what was read of the old one must not stand.
+    destination_broker.stop(signal.SIGKILL)
+    port = destination_broker.listen_port
+    replaced = tansu_broker("destination-replaced", port, port, tmp_path / "replaced.log")
+    replaced.start()
+    try:
+        create_topics(endpoints.destination_bootstrap_servers, {unique: 1})
+        store.request_restart(unique)
+        wait_until(lambda: sum(e.startswith("replicating") for e in runner.events) == 2, what="clients made again")
+        looped = (provenance.ORIGIN, cluster_id(endpoints.destination_bootstrap_servers).encode())
+        produce(
+            endpoints.source_bootstrap_servers,
+            [{"topic": unique, "value": b"looped", "headers": [looped]}, {"topic": unique, "value": b"b"}],
+        )
+        wait_until(lambda: sum(_committed(store, unique).values()) == 3, what="both records handled")
+        # The record that came from the new destination cluster is never written back to it.
+        copied = consume_all(endpoints.destination_bootstrap_servers, unique, 1, expected=1)
+        assert [r.value for r in copied] == [b"b"]
+        assert runner.finish() is TaskExit.STOPPED
+    finally:
+        replaced.stop(signal.SIGKILL)
 
 
 @pytest.mark.parametrize("skipping", [False, True], ids=["re-sent-and-counted", "resumed-after-the-copies"])
