@@ -66,6 +66,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "engine-inflight2": {"producer.max.in.flight.requests.per.connection": "2"},
     "engine-linger0": {"producer.linger.ms": "0"},
     "engine-linger50": {"producer.linger.ms": "50"},
+    "engine-linger100": {"producer.linger.ms": "100"},
     "engine-none": {"producer.compression.type": "none"},
     "engine-lz4": {"producer.compression.type": "lz4"},
     "engine-zstd": {"producer.compression.type": "zstd"},
