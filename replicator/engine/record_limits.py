@@ -259,9 +259,21 @@ class RecordLimits:
         )
 
     def sizes_of(self, config: ConnectorConfig, task_id: int) -> tuple[object, ...]:
-        """The size settings the clients would be made with now: clients made with others no longer fit."""
+        """The size settings the clients would be made with now, as librdkafka applies them (one left unset counts
+        as librdkafka's own value): clients made with others no longer fit. So a limit read late at the value the
+        clients already have (a source topic at Kafka's default, unread at the start) makes nothing again."""
         consumer, producer = self.client_settings(config, task_id)
-        return tuple(consumer.get(k) for k in CONSUMER_SIZES) + tuple(producer.get(k) for k in PRODUCER_SIZES)
+        queue = int(config.source_client.get("queued.max.messages.kbytes", SHARD_QUEUE_KBYTES)) * 1024
+        fetch = int(consumer.get("fetch.max.bytes", max(min(FETCH_MAX_DEFAULT, queue), LIBRDKAFKA_MESSAGE_MAX)))
+        unset = {
+            "max.partition.fetch.bytes": PARTITION_FETCH_DEFAULT,
+            "fetch.max.bytes": fetch,
+            "receive.message.max.bytes": max(RECEIVE_MAX_DEFAULT, fetch + RECEIVE_FRAMING),
+            "message.max.bytes": LIBRDKAFKA_MESSAGE_MAX,
+        }
+        return tuple(consumer.get(k, unset.get(k)) for k in CONSUMER_SIZES) + tuple(
+            producer.get(k, unset.get(k)) for k in PRODUCER_SIZES
+        )
 
     def fit(self, state: PartitionState, config: ConnectorConfig) -> None:
         """Measure `state`'s records against its destination topic's limit from now on (not while it is unknown, nor

@@ -26,6 +26,9 @@ from assets.connectors import connectors_markdown
 from mirus.api.auth import ApiSettings
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
+from replicator.clusters import SizeLimit
+from replicator.configuration.connector import load
+from replicator.engine.record_limits import Readings, RecordLimits
 from replicator.engine.task import TaskExit
 from replicator.state.records import PartitionHealth
 from replicator.state.store import Store
@@ -203,3 +206,23 @@ def test_the_connectors_own_size_settings_win(apache_kafka: StackEndpoints, stor
     assert (producer["message.max.bytes"], producer["batch.size"]) == ("5000000", MIB)
     assert runner.finish() is TaskExit.STOPPED
     assert store.load_offsets(unique).get((unique, 0), 0) == 0
+
+
+def test_a_limit_read_late_at_the_value_the_clients_already_have_makes_nothing_again() -> None:
+    # A task that took over under load read its topics' limits only later, and made every client again for them
+    # although librdkafka's own sizes already fitted (a source topic at Kafka's default, 1,000,012 bytes).
+    config = load(
+        {"name": "late", "consumer.bootstrap.servers": "a:9092", "producer.bootstrap.servers": "b:9092"}
+        | {"topics.whitelist": "t"}
+    )
+    limits = RecordLimits()
+    limits.serve(config, ["t"], only=True)
+    made_with = limits.sizes_of(config, 0)
+    limits.apply(Readings(source={"t": SizeLimit(1_000_012, False)}, asked_source={"t"}))
+    assert limits.sizes_of(config, 0) == made_with
+    # A source topic of 10 MiB needs larger fetches, and a destination limit above the producer's own, a larger one.
+    limits.apply(Readings(source={"t": SizeLimit(TOPIC_LIMIT, True)}, asked_source={"t"}))
+    assert limits.sizes_of(config, 0) != made_with
+    made_with = limits.sizes_of(config, 0)
+    limits.apply(Readings(destination={"t": SizeLimit(TOPIC_LIMIT, True)}, asked_destination={"t"}))
+    assert limits.sizes_of(config, 0) != made_with
