@@ -124,14 +124,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def platform_database() -> Iterator[Store]:
+def platform_database(migrate: bool = True, name: str = "bench") -> Iterator[Store]:
+    """A private embedded Postgres (or `MIRUS_DATABASE_URL`), at this checkout's schema unless `migrate` is False."""
     settings = PlatformSettings.from_env()
     if settings.database_url:
         engine = make_engine(settings.database_url)
         upgrade(engine)
         yield Store(engine)
         return
-    state = Path(os.environ.get("TMPDIR", "/tmp")) / f"mirus-bench-{os.getpid()}"
+    state = Path(os.environ.get("TMPDIR", "/tmp")) / f"mirus-{name}-{os.getpid()}"
     stack = LocalStack(
         settings.model_copy(
             update={
@@ -145,7 +146,8 @@ def platform_database() -> Iterator[Store]:
     endpoints = stack.up()
     try:
         engine = make_engine(endpoints.database_url)
-        upgrade(engine)
+        if migrate:
+            upgrade(engine)
         yield Store(engine)
         engine.dispose()
     finally:
@@ -169,6 +171,31 @@ def put_engine_connector(
     )
     store.put_connector(name, config.raw, tasks)
     store.write_assignment(name, {t: [(topic, p) for p in range(partitions) if p % tasks == t] for t in range(tasks)})
+
+
+@contextmanager
+def baseline_database(name: str) -> Iterator[str]:
+    """A database of its own for the engine of another checkout (`engine-baseline`): its schema may be older than
+    this checkout's, so that checkout's own code migrates it and stores its connectors (`put_baseline_connector`).
+    Yields its URL."""
+    with platform_database(migrate=False, name=f"baseline-{name}") as store:
+        yield store.engine.url.render_as_string(hide_password=False)
+
+
+def put_baseline_connector(checkout: str, url: str, *args: object) -> None:
+    """`put_engine_connector` run by `checkout`'s own benchmark helpers against its database at `url`."""
+    program = (
+        f"import sys; sys.path.insert(0, {str(Path(checkout) / 'benchmarks')!r}); import apache_kafka as kit; "
+        f"engine = kit.make_engine({url!r}); kit.upgrade(engine); "
+        f"kit.put_engine_connector(kit.Store(engine), *{args!r})"
+    )
+    subprocess.run(["env", f"PYTHONPATH={checkout}", sys.executable, "-P", "-c", program], check=True)
+
+
+def baseline_argvs(checkout: str, argvs: list[list[str]], url: str) -> list[list[str]]:
+    """`argvs` run on `checkout`'s engine and database (-P: `python -c` would put the working directory, this
+    checkout, ahead of PYTHONPATH)."""
+    return [["env", f"PYTHONPATH={checkout}", f"MIRUS_DATABASE_URL={url}", a[0], "-P", *a[1:]] for a in argvs]
 
 
 def engine_argv(name: str, tasks: int) -> list[list[str]]:

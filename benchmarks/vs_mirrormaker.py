@@ -10,9 +10,12 @@ that rotates from round to round. Figures are medians over the rounds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 
 import apache_kafka as kit
 from apache_kafka import DESTINATION, SOURCE, Run
@@ -32,8 +35,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--baseline",
-        help="another checkout of the project (a commit to compare with, side by side): "
-        "engine-baseline runs the engine from there",
+        help="other checkouts of the project (commits to compare with, side by side), comma-separated: "
+        "engine-baseline runs the engine from there (one copier per checkout, named after its folder, when several)",
     )
     parser.add_argument(
         "--until",
@@ -42,17 +45,31 @@ def main() -> None:
         help="an engine run ends when the destination holds every record, or when Postgres holds "
         "every offset (engine-eos always: commit markers count in high watermarks)",
     )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="this many processes spin on the CPU throughout, as other work on a shared machine would",
+    )
     args = kit.parse_args(parser)
 
     copiers = []
     for name in args.copiers.split(","):
         if name in ("engine", "engine-eos"):
             copiers += [f"{name} x{t}" if t != "1" else name for t in args.tasks.split(",")]
+        elif name == "engine-baseline" and args.baseline and "," in args.baseline:
+            copiers += [f"engine-baseline:{Path(b).name}" for b in args.baseline.split(",")]
         else:
             copiers.append(name)
+    checkouts = {Path(b).name: b for b in (args.baseline or "").split(",") if b}
     n, parts = args.records, args.partitions
     runs: dict[str, list[Run]] = {c: [] for c in copiers}
-    with kit.platform_database() as store:
+    with kit.platform_database() as store, contextlib.ExitStack() as stack:
+        for _ in range(args.busy):
+            spinner = kit.start_process([sys.executable, "-c", "while True: pass"], os.environ.copy())
+            stack.callback(spinner.kill)
+        # Each checkout's engine runs on a database of its own, at that checkout's schema.
+        baseline_urls = {path: stack.enter_context(kit.baseline_database(n)) for n, path in checkouts.items()}
         env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
         for r in range(args.rounds):
             topic = f"copy-{int(time.time())}-{r}"
@@ -67,17 +84,22 @@ def main() -> None:
                     argvs = kit.naive_argv(topic, target, n, parts)
                 else:
                     tasks = int(copier.partition("x")[2] or 1)
-                    kind = copier.split()[0].removeprefix("engine-") if "-" in copier else "engine"
-                    name, target = f"{topic}-{kind}{tasks}", f"{topic}.{kind}{tasks}"
+                    kind, _, checkout = copier.split()[0].removeprefix("engine-").partition(":")
+                    kind = kind if "-" in copier else "engine"
+                    checkout = checkouts.get(checkout) or args.baseline
+                    label = kind + (f"-{Path(checkout).name}" if kind == "baseline" and len(checkouts) > 1 else "")
+                    name, target = f"{topic}-{label}{tasks}", f"{topic}.{label}{tasks}"
                     extra = {
                         "plain": {"provenance.headers.enabled": "false"},
                         "eos": {"exactly.once.support": "required"},
                     }.get(kind, {})
-                    kit.put_engine_connector(store, name, topic, target.removeprefix(topic), parts, tasks, **extra)
                     argvs, stop = kit.engine_argv(name, tasks), signal.SIGINT
                     if kind == "baseline":
-                        # -P: `python -c` would put the working directory (this checkout) ahead of PYTHONPATH.
-                        argvs = [["env", f"PYTHONPATH={args.baseline}", argv[0], "-P", *argv[1:]] for argv in argvs]
+                        suffix = target.removeprefix(topic)
+                        kit.put_baseline_connector(checkout, baseline_urls[checkout], name, topic, suffix, parts, tasks)
+                        argvs = kit.baseline_argvs(checkout, argvs, baseline_urls[checkout])
+                    else:
+                        kit.put_engine_connector(store, name, topic, target.removeprefix(topic), parts, tasks, **extra)
                 kit.create_topic(DESTINATION, target, parts)
                 targets.append(target)
                 # Exactly-once: commit markers count in high watermarks; its copies are all there (visible to
@@ -87,7 +109,7 @@ def main() -> None:
                 run = kit.timed_copy(copier, argvs, target, parts, n, env, stop, copied=committed)
                 runs[copier].append(run)
                 print(
-                    f"round {r + 1} {copier:<12} {run.wall_s:6.2f} s wall {run.cpu_s:6.2f} CPU-s "
+                    f"round {r + 1} {copier:<24} {run.wall_s:6.2f} s wall {run.cpu_s:6.2f} CPU-s "
                     f"(load average {run.load:.2f})",
                     flush=True,
                 )
@@ -95,7 +117,7 @@ def main() -> None:
             kit.delete_topics(SOURCE, [topic])
 
     print(f"\n{n:,} records x 100 B over {parts} partitions; median of {args.rounds} alternating runs")
-    print(f"{'copier':<14}{'wall s':>8}{'CPU-s':>8}{'records/s':>12}{'wall/MM1':>10}{'CPU/MM1':>9}  load avg")
+    print(f"{'copier':<24}{'wall s':>8}{'CPU-s':>8}{'records/s':>12}{'wall/MM1':>10}{'CPU/MM1':>9}  load avg")
     mm = runs.get("mirrormaker")
     mm_wall = kit.median([x.wall_s for x in mm]) if mm else None
     mm_cpu = kit.median([x.cpu_s for x in mm]) if mm else None
@@ -103,7 +125,7 @@ def main() -> None:
         wall, cpu = kit.median([x.wall_s for x in rs]), kit.median([x.cpu_s for x in rs])
         ratios = f"{wall / mm_wall:>10.2f}{cpu / mm_cpu:>9.2f}" if mm_wall and mm_cpu else f"{'':>19}"
         loads = "/".join(f"{x.load:.1f}" for x in rs)
-        print(f"{copier:<14}{wall:>8.2f}{cpu:>8.2f}{n / wall:>12,.0f}{ratios}  {loads}")
+        print(f"{copier:<24}{wall:>8.2f}{cpu:>8.2f}{n / wall:>12,.0f}{ratios}  {loads}")
 
 
 if __name__ == "__main__":
