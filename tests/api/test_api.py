@@ -24,9 +24,9 @@ from replicator.configuration.secrets import ENV_ALLOWED_PATHS
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.engine.task import TaskExit
 from replicator.state.store import Store
-from tests.api_helpers import serve_api
-from tests.engine_helpers import TaskThread, connector_properties, private_database
-from tests.kafka_helpers import consume_all, create_topics, produce
+from tests.fixtures.api_helpers import serve_api
+from tests.fixtures.engine_helpers import TaskThread, connector_properties, private_database
+from tests.fixtures.kafka_helpers import consume_all, create_topics, produce
 
 
 @pytest.fixture(scope="module")

@@ -27,13 +27,13 @@ from schemathesis.checks import not_a_server_error, response_schema_conformance
 from sqlalchemy import Engine
 
 from mirus.api.app import ENV_COMMIT
+from mirus.local.stack import free_port
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration import administration
 from replicator.state.records import ConnectorState
 from replicator.state.store import Store
-from tests.conftest import free_port
-from tests.engine_helpers import connector_properties
+from tests.fixtures.engine_helpers import connector_properties
 
 DESCRIPTION = Path(__file__).parents[1] / "contract" / "connect_rest_3.7.yaml"
 TOKEN = "contract-test-token"

@@ -16,14 +16,14 @@ from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy import Engine
 
 from mirus.cli.main import main
+from mirus.local.stack import free_port
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.engine.task import TaskExit
 from replicator.state.store import Store
-from tests.conftest import free_port
-from tests.engine_helpers import TaskThread, connector_properties
-from tests.kafka_helpers import consume_all, create_topics, produce
+from tests.fixtures.engine_helpers import TaskThread, connector_properties
+from tests.fixtures.kafka_helpers import consume_all, create_topics, produce
 
 
 @pytest.fixture

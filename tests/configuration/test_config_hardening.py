@@ -1,8 +1,8 @@
 """Configs that used to be accepted although invalid are refused, with the property named and nothing stored.
 
 Each case from the issue has its own test through the `put_connector` job (the launchpad); then hundreds of
-generated invalid configs (`tests/invalid_configs.py`) go through the entry points: `validate_submission` and the
-`put_connector` job, the REST API (create and update) and `mirus connectors put`.
+generated invalid configs (`tests/fixtures/invalid_configs.py`) go through the entry points: `validate_submission`
+and the `put_connector` job, the REST API (create and update) and `mirus connectors put`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import ConnectorConfigError, validate_submission
 from replicator.configuration.masking import mask_properties
 from replicator.state.store import Store
-from tests.api_helpers import serve_api
-from tests.engine_helpers import connector_properties, step_failure_message
-from tests.invalid_configs import SECRET_IN_URL, InvalidCase, invalid_cases
+from tests.fixtures.api_helpers import serve_api
+from tests.fixtures.engine_helpers import connector_properties, step_failure_message
+from tests.fixtures.invalid_configs import SECRET_IN_URL, InvalidCase, invalid_cases
 
 JOBS = {job.name: job for job in admin_jobs}
 

@@ -17,9 +17,9 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.state.records import ConnectorRecord
 from replicator.state.store import Store
 from sensors.monitor import MonitorCursor
-from tests.dagster.test_sensors import InProcessRun, admin, evaluate, put, requests_for, watched
-from tests.engine_helpers import connector_properties
-from tests.kafka_helpers import create_topics
+from tests.fixtures.dagster_runs import InProcessRun, admin, evaluate, put, requests_for, watched
+from tests.fixtures.engine_helpers import connector_properties
+from tests.fixtures.kafka_helpers import create_topics
 
 
 def connectors_view(result: dg.SensorResult) -> str:

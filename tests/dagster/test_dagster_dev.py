@@ -51,9 +51,9 @@ from replicator.discovery.heartbeats import HEARTBEATS_TOPIC
 from replicator.state.records import ConnectorState
 from replicator.state.store import Store
 from replicator.topics import provenance
-from tests.engine_helpers import connector_properties
-from tests.kafka_helpers import Traffic, create_topics, produce
-from tests.replica_check import check_replica
+from tests.fixtures.engine_helpers import connector_properties
+from tests.fixtures.kafka_helpers import Traffic, create_topics, produce
+from tests.fixtures.replica_check import check_replica
 
 LIVE = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
 

@@ -32,10 +32,10 @@ from mirus_dagster.definitions import admin_jobs, kafka_monitor
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import load
 from replicator.state.store import Store
-from tests.api_helpers import serve_api
-from tests.dagster.test_sensors import InProcessRun, evaluate, requests_for, watched
-from tests.engine_helpers import connector_properties, step_failure_message
-from tests.kafka_helpers import consume_all, create_topics, produce
+from tests.fixtures.api_helpers import serve_api
+from tests.fixtures.dagster_runs import InProcessRun, evaluate, files_containing, requests_for, watched
+from tests.fixtures.engine_helpers import connector_properties, step_failure_message
+from tests.fixtures.kafka_helpers import consume_all, create_topics, produce
 
 JOBS = {job.name: job for job in admin_jobs}
 SECRET_ENV = "MIRUS_TEST_LEAK_SENTINEL"
@@ -72,10 +72,6 @@ def database_rows(engine: Engine) -> str:
     metadata.reflect(engine)
     with engine.connect() as conn:
         return "\n".join(str(row) for table in metadata.sorted_tables for row in conn.execute(select(table)))
-
-
-def files_containing(root: Path, needle: bytes) -> list[str]:
-    return [str(p) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
 
 
 def test_a_referenced_secret_reaches_the_clients_and_no_output(

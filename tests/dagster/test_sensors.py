@@ -2,7 +2,6 @@
 
 import socket
 import sys
-import threading
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict, Unpack
@@ -22,11 +21,10 @@ from mirus_dagster.constants import (
     TAG_TASK,
     WATCHER_JOB,
 )
-from mirus_dagster.definitions import admin_jobs, kafka_monitor, task_supervisor
-from mirus_dagster.jobs import replicator
+from mirus_dagster.definitions import kafka_monitor, task_supervisor
 from mirus_dagster.resources import FailureWebhook, SupervisorPolicy
 from mirus_dagster.settings import StackEndpoints
-from replicator.discovery.watcher import MetadataWatcher, WatchRound
+from replicator.discovery.watcher import MetadataWatcher
 from replicator.state.store import Store
 from sensors.decisions import (
     HEALTHY_RUN_S,
@@ -40,10 +38,19 @@ from sensors.decisions import (
 )
 from sensors.failures import post_webhook
 from sensors.task_runs import PRIORITY_TAG, STANDBY_PRIORITY, task_run_requests
-from tests.engine_helpers import connector_properties, step_failure_message
-from tests.kafka_helpers import consume_all, create_topics, produce
-
-JOBS = {job.name: job for job in admin_jobs}
+from tests.fixtures.dagster_runs import (
+    InProcessRun,
+    a_requested_run,
+    admin,
+    evaluate,
+    evaluated,
+    put,
+    requests_for,
+    watch,
+    watched,
+)
+from tests.fixtures.engine_helpers import connector_properties, step_failure_message
+from tests.fixtures.kafka_helpers import consume_all, create_topics, produce
 
 # -- failure alerts ----------------------------------------------------------------------------------------
 
@@ -176,88 +183,6 @@ def test_the_supervisor_replaces_a_live_run_that_stopped_heartbeating() -> None:
 
 
 # -- the platform on a real Dagster instance ---------------------------------------------------------------
-
-
-def put(instance: dg.DagsterInstance, resources: dict, properties: dict) -> dg.ExecuteInProcessResult:
-    return JOBS["put_connector"].execute_in_process(
-        run_config={"ops": {"store_connector": {"config": {"properties": properties}}}},
-        instance=instance,
-        resources=resources,
-        raise_on_error=False,
-    )
-
-
-def admin(instance: dg.DagsterInstance, resources: dict, action: str, name: str) -> dg.ExecuteInProcessResult:
-    return JOBS[f"{action}_connector"].execute_in_process(
-        run_config={"ops": {f"{action}_connector_op": {"config": {"name": name}}}},
-        instance=instance,
-        resources=resources,
-        raise_on_error=False,
-    )
-
-
-def evaluate(
-    sensor: dg.SensorDefinition, instance: dg.DagsterInstance, resources: dict, cursor: str | None
-) -> dg.SensorResult | dg.SkipReason:
-    """One evaluation of `sensor`: the platform's sensors return a `SensorResult`, or a `SkipReason`."""
-    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
-    result = sensor(context)
-    assert isinstance(result, dg.SensorResult | dg.SkipReason), result
-    return result
-
-
-def evaluated(
-    sensor: dg.SensorDefinition, instance: dg.DagsterInstance, resources: dict, cursor: str | None
-) -> dg.SensorResult:
-    """One evaluation of `sensor` that did not skip."""
-    result = evaluate(sensor, instance, resources, cursor)
-    assert isinstance(result, dg.SensorResult), result
-    return result
-
-
-def requests_for(result: dg.SensorResult | dg.SkipReason, connector: str) -> list[dg.RunRequest]:
-    """This test's replicator run requests: connectors of other tests share the database."""
-    assert isinstance(result, dg.SensorResult), result
-    return [r for r in result.run_requests or () if r.tags.get(TAG_CONNECTOR) == connector]
-
-
-def watch(store: Store) -> WatchRound:
-    """One round of the metadata watcher (the `metadata_watcher` run does this twice a second)."""
-    return MetadataWatcher(store).watch_once()
-
-
-def watched(store: Store, connector: str) -> WatchRound:
-    """A watcher round that polled `connector` without error: a round that met a slow broker is retried."""
-
-    def polled() -> WatchRound | None:
-        done = watch(store)
-        return done if connector in done.polled and connector not in done.errors else None
-
-    return wait_until(polled, what=f"a watcher round polling {connector}")
-
-
-class InProcessRun:
-    """A replicator run executed in-process in a thread, as the run launcher would execute it."""
-
-    def __init__(self, instance: dg.DagsterInstance, resources: dict, request: dg.RunRequest) -> None:
-        self.result: dg.ExecuteInProcessResult | None = None
-        self.request = request
-        self.thread = threading.Thread(target=self._run, args=(instance, resources), daemon=True)
-        self.thread.start()
-
-    def _run(self, instance: dg.DagsterInstance, resources: dict) -> None:
-        self.result = replicator.execute_in_process(
-            run_config=self.request.run_config,
-            instance=instance,
-            resources=resources,
-            tags=self.request.tags,
-            raise_on_error=False,
-        )
-
-    def join(self, timeout: float = 60) -> dg.ExecuteInProcessResult:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive() and self.result is not None, "the replicator run did not end"
-        return self.result
 
 
 def test_a_rejected_config_fails_the_run_and_changes_nothing(
@@ -432,19 +357,6 @@ def test_a_connector_the_watcher_cannot_load_shows_why_until_it_can(
     watched(store, unique)
     assert "watch" not in store.connector_statuses(unique)[0].flow_problems
     admin(instance, resources, "delete", unique)
-
-
-def a_requested_run(
-    instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
-) -> tuple[Store, dict[str, Any], dg.RunRequest]:
-    """A connector of one task and no standby, assigned, and the run the monitor requests for its task."""
-    store = Store(db_engine)
-    create_topics(stack.source_bootstrap_servers, {unique: 1})
-    create_topics(stack.destination_bootstrap_servers, {unique: 1})
-    properties = connector_properties(stack, unique, **{"topics.whitelist": unique, "task.standby.runs": "0"})
-    assert put(instance, resources, properties).success
-    watched(store, unique)
-    return store, properties, requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
 
 
 def test_a_run_whose_connector_was_deleted_before_it_started_ends_success_saying_so(

@@ -19,7 +19,7 @@ from mirus.local.stack import free_port
 from mirus_dagster.settings import StackEndpoints
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import Store
-from tests.deploy.compose_platform import (
+from tests.fixtures.compose_platform import (
     DOCKER_SOCKET,
     FIXED_VOLUMES,
     ComposePlatform,

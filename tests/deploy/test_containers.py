@@ -39,7 +39,7 @@ from mirus_dagster.report_schedule import hour_key
 from mirus_dagster.settings import StackEndpoints
 from replicator.state.records import LeaseRow
 from replicator.state.store import Store
-from tests.deploy.compose_platform import (
+from tests.fixtures.compose_platform import (
     RUN_LABEL,
     ComposePlatform,
     Container,
@@ -47,8 +47,8 @@ from tests.deploy.compose_platform import (
     docker,
     git_commit,
 )
-from tests.kafka_helpers import Traffic, create_topics, produce
-from tests.replica_check import check_replica
+from tests.fixtures.kafka_helpers import Traffic, create_topics, produce
+from tests.fixtures.replica_check import check_replica
 
 CONNECTOR = f"ct-{uuid.uuid4().hex[:6]}"
 TOPIC = f"{CONNECTOR}-orders"

@@ -40,7 +40,7 @@ from mirus_dagster.docker_launcher import RUNTIME_KINDS, MirusDockerRunLauncher
 from mirus_dagster.jobs import replicator
 from replicator.configuration.secrets import ENV_ALLOWED_PATHS
 from sensors.task_runs import replicator_tags
-from tests.deploy_secrets import assert_documented_references_resolve
+from tests.fixtures.deploy_secrets import assert_documented_references_resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -53,7 +53,7 @@ from mirus_dagster.run_launchers import (
 )
 from replicator.configuration.secrets import ENV_ALLOWED_PATHS
 from sensors.task_runs import run_request
-from tests.deploy_secrets import assert_documented_references_resolve
+from tests.fixtures.deploy_secrets import assert_documented_references_resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = ROOT / "deploy" / "helm" / "values.yaml"

@@ -4,7 +4,7 @@ Every PromQL expression of the dashboard and of the rules names only series that
 a connector replicates real traffic (with a source topic whose destination is missing, and heartbeats) through a
 task, the API serves `/metrics`, and the names are checked against what a scrape returns, with samples. The rules
 pass Debian's `promtool check rules` and `promtool test rules` (deploy/monitoring/mirus-alerts.test.yaml fires
-and clears every alert); promtool is installed like the other Debian tools (tests/debian.py).
+and clears every alert); promtool is installed like the other Debian tools (tests/fixtures/debian.py).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from replicator.configuration.connector import validate_submission
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.state.store import Store
-from tests.api_helpers import serve_api
-from tests.debian import DebianPackageError, ensure_debian_packages
-from tests.engine_helpers import TaskThread, connector_properties
-from tests.kafka_helpers import create_topics, produce
+from tests.fixtures.api_helpers import serve_api
+from tests.fixtures.debian import DebianPackageError, ensure_debian_packages
+from tests.fixtures.engine_helpers import TaskThread, connector_properties
+from tests.fixtures.kafka_helpers import create_topics, produce
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 DASHBOARD = MONITORING / "mirus-dashboard.json"

@@ -13,8 +13,8 @@ from replicator.discovery.heartbeats import HEARTBEATS_TOPIC, flow_liveness_s, l
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.state.store import Store
 from replicator.topics import provenance
-from tests.engine_helpers import TaskThread, connector_properties
-from tests.kafka_helpers import cluster_id, consume_all, create_topics
+from tests.fixtures.engine_helpers import TaskThread, connector_properties
+from tests.fixtures.kafka_helpers import cluster_id, consume_all, create_topics
 
 
 def test_heartbeats_flow_to_the_destination_and_liveness_shows_a_stopped_flow(

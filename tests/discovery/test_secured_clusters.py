@@ -43,12 +43,11 @@ from replicator.discovery.heartbeats import HEARTBEATS_TOPIC, flow_liveness_s
 from replicator.discovery.watcher import MetadataWatcher
 from replicator.state.records import ConnectorStatus, PartitionHealth
 from replicator.state.store import Store
-from tests.api_helpers import serve_api
-from tests.dagster.test_secret_outputs import files_containing
-from tests.dagster.test_sensors import InProcessRun, evaluate, requests_for
-from tests.engine_helpers import TaskThread, create_connector, step_failure_message
-from tests.kafka_helpers import consume_all, create_topics, produce
-from tests.replica_check import check_replica
+from tests.fixtures.api_helpers import serve_api
+from tests.fixtures.dagster_runs import InProcessRun, evaluate, files_containing, requests_for
+from tests.fixtures.engine_helpers import TaskThread, create_connector, step_failure_message
+from tests.fixtures.kafka_helpers import consume_all, create_topics, produce
+from tests.fixtures.replica_check import check_replica
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "SECURITY.md"
 PRINCIPAL = "User:replicator"

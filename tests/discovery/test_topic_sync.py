@@ -35,8 +35,8 @@ from replicator.discovery.watcher import MetadataWatcher
 from replicator.state.records import PartitionHealth
 from replicator.state.store import Store
 from replicator.topics import provenance
-from tests.engine_helpers import TaskThread, connector_properties
-from tests.kafka_helpers import consume_all, create_topics, produce
+from tests.fixtures.engine_helpers import TaskThread, connector_properties
+from tests.fixtures.kafka_helpers import consume_all, create_topics, produce
 
 CONFIGS = {"retention.ms": "3600000", "max.message.bytes": "200000", "cleanup.policy": "delete"}
 

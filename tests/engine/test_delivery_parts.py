@@ -26,8 +26,8 @@ from replicator.engine.transactions import TransactionalCommitter
 from replicator.state.records import OPERATOR_PAUSE, PartitionHealth
 from replicator.state.store import Store
 from replicator.topics import provenance
-from tests.engine_helpers import connector_properties, create_connector
-from tests.kafka_helpers import cluster_id, consume_all, create_topics, produce
+from tests.fixtures.engine_helpers import connector_properties, create_connector
+from tests.fixtures.kafka_helpers import cluster_id, consume_all, create_topics, produce
 
 
 @dataclass

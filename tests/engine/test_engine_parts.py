@@ -19,8 +19,8 @@ from replicator.engine.source_reader import SourceReader, TierLimits
 from replicator.engine.task import ReplicationTask
 from replicator.engine.transactions import TransactionalCommitter
 from replicator.state.store import Store
-from tests.engine_helpers import connector_properties, create_connector
-from tests.kafka_helpers import create_topics
+from tests.fixtures.engine_helpers import connector_properties, create_connector
+from tests.fixtures.kafka_helpers import create_topics
 
 
 def _state(partition: int = 0, start: int | None = 10) -> PartitionState:

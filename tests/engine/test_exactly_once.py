@@ -23,9 +23,9 @@ from replicator.configuration.connector import transactional_id
 from replicator.engine.task import CommitWatchdogError, ReplicationTask, TaskExit
 from replicator.state.store import Store
 from replicator.topics import provenance
-from tests.engine_helpers import TaskThread, connector_properties, create_connector, private_database
-from tests.kafka_helpers import consume_all, create_topics, produce
-from tests.replica_check import check_replica
+from tests.fixtures.engine_helpers import TaskThread, connector_properties, create_connector, private_database
+from tests.fixtures.kafka_helpers import consume_all, create_topics, produce
+from tests.fixtures.replica_check import check_replica
 
 EXACTLY_ONCE = {"exactly.once.support": "required"}
 

@@ -21,8 +21,8 @@ from replicator.engine.task import ReplicationTask
 from replicator.engine.throttle import ThrottleShare
 from replicator.state.records import PartitionHealth
 from replicator.state.store import Store
-from tests.engine_helpers import connector_properties, create_connector
-from tests.kafka_helpers import cluster_id, create_topics, produce
+from tests.fixtures.engine_helpers import connector_properties, create_connector
+from tests.fixtures.kafka_helpers import cluster_id, create_topics, produce
 
 
 def _never_refused(state: PartitionState, offset: int, err: KafkaError) -> None:

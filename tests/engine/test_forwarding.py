@@ -17,9 +17,9 @@ from replicator.engine.task import TaskExit
 from replicator.state.records import PartitionHealth
 from replicator.state.store import Store
 from replicator.topics import provenance
-from tests.engine_helpers import TaskThread, connector_properties, create_connector
-from tests.kafka_helpers import consume_all, create_topics, produce
-from tests.replica_check import check_replica
+from tests.fixtures.engine_helpers import TaskThread, connector_properties, create_connector
+from tests.fixtures.kafka_helpers import consume_all, create_topics, produce
+from tests.fixtures.replica_check import check_replica
 
 
 def _paused_on(store: Store, connector: str, tp: tuple[str, int]) -> str | None:

@@ -20,10 +20,10 @@ from replicator.engine.ownership import LockWatch, TaskOwnership
 from replicator.state.epoch_locks import epoch_lock_key
 from replicator.state.records import FencedError, Lease
 from replicator.state.store import Store
-from tests.engine_helpers import connector_properties, create_connector
-from tests.kafka_helpers import Traffic, create_topics
-from tests.processes import ReplicatorProcess
-from tests.replica_check import ReplicaReport, check_replica
+from tests.fixtures.engine_helpers import connector_properties, create_connector
+from tests.fixtures.kafka_helpers import Traffic, create_topics
+from tests.fixtures.processes import ReplicatorProcess
+from tests.fixtures.replica_check import ReplicaReport, check_replica
 
 PARTITIONS = 2
 LEASE_TIMEOUT = timedelta(seconds=30)  # the connectors' default (task.lease.timeout.ms)

@@ -25,11 +25,11 @@ from replicator.configuration import administration
 from replicator.engine.task import TaskExit
 from replicator.state.records import OPERATOR_PAUSE, PartitionPauseError
 from replicator.state.store import Store
-from tests.api_helpers import serve_api
-from tests.dagster.test_sensors import evaluate
-from tests.engine_helpers import TaskThread, connector_properties, create_connector
-from tests.kafka_helpers import Traffic, create_topics
-from tests.replica_check import check_replica
+from tests.fixtures.api_helpers import serve_api
+from tests.fixtures.dagster_runs import evaluate
+from tests.fixtures.engine_helpers import TaskThread, connector_properties, create_connector
+from tests.fixtures.kafka_helpers import Traffic, create_topics
+from tests.fixtures.replica_check import check_replica
 
 
 @pytest.fixture(scope="module")

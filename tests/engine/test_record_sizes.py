@@ -32,10 +32,10 @@ from replicator.engine.record_limits import Readings, RecordLimits
 from replicator.engine.task import TaskExit
 from replicator.state.records import PartitionHealth
 from replicator.state.store import Store
-from tests.api_helpers import serve_api
-from tests.engine_helpers import TaskThread, connector_properties, create_connector
-from tests.kafka_helpers import create_topics, produce
-from tests.replica_check import check_replica
+from tests.fixtures.api_helpers import serve_api
+from tests.fixtures.engine_helpers import TaskThread, connector_properties, create_connector
+from tests.fixtures.kafka_helpers import create_topics, produce
+from tests.fixtures.replica_check import check_replica
 
 MIB = 1024 * 1024
 TOPIC_LIMIT = 10 * MIB  # 10,485,760

@@ -20,8 +20,8 @@ from replicator.discovery.heartbeats import HEARTBEATS_TOPIC
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.engine.task import TaskExit
 from replicator.state.store import Store
-from tests.engine_helpers import TaskThread, connector_properties
-from tests.kafka_helpers import consume_all, create_topics, produce
+from tests.fixtures.engine_helpers import TaskThread, connector_properties
+from tests.fixtures.kafka_helpers import consume_all, create_topics, produce
 
 POLICIES = pytest.mark.parametrize("policy", ["earliest", "latest"])
 

@@ -21,9 +21,9 @@ from replicator.clusters import ClusterAdmin
 from replicator.engine.task import ReplicationTask, TaskExit
 from replicator.state.store import Store
 from replicator.topics import provenance
-from tests.engine_helpers import TaskThread, connector_properties, create_connector
-from tests.kafka_helpers import Traffic, consume_all, create_topics, produce
-from tests.processes import STOP_WITHIN_S, ReplicatorProcess
+from tests.fixtures.engine_helpers import TaskThread, connector_properties, create_connector
+from tests.fixtures.kafka_helpers import Traffic, consume_all, create_topics, produce
+from tests.fixtures.processes import STOP_WITHIN_S, ReplicatorProcess
 
 PARTITIONS = 2
 

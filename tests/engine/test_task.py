@@ -25,9 +25,9 @@ from replicator.state.head_notices import HeadNotices
 from replicator.state.records import ConnectorState
 from replicator.state.store import Store
 from replicator.topics import provenance
-from tests.engine_helpers import TaskThread, connector_properties, create_connector, private_database
-from tests.kafka_helpers import Rec, Traffic, cluster_id, consume_all, create_topics, delete_topics, produce
-from tests.replica_check import check_replica
+from tests.fixtures.engine_helpers import TaskThread, connector_properties, create_connector, private_database
+from tests.fixtures.kafka_helpers import Rec, Traffic, cluster_id, consume_all, create_topics, delete_topics, produce
+from tests.fixtures.replica_check import check_replica
 
 
 def _by_partition(records: list[Rec]) -> dict[int, list[Rec]]:

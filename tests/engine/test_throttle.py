@@ -12,8 +12,8 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.configuration import administration
 from replicator.engine.task import TaskExit
 from replicator.state.store import Store
-from tests.engine_helpers import TaskThread, connector_properties, create_connector
-from tests.kafka_helpers import create_topics, produce
+from tests.fixtures.engine_helpers import TaskThread, connector_properties, create_connector
+from tests.fixtures.kafka_helpers import create_topics, produce
 
 VALUE_BYTES = 1000
 

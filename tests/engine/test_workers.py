@@ -37,9 +37,9 @@ from replicator.state.records import LEASE_HELD, ConnectorState, ConnectorStatus
 from replicator.state.store import Store
 from sensors.monitor import build_kafka_monitor
 from sensors.supervisor import build_task_supervisor
-from tests.engine_helpers import connector_properties, create_connector, private_database
-from tests.kafka_helpers import create_topics, produce
-from tests.replica_check import check_replica
+from tests.fixtures.engine_helpers import connector_properties, create_connector, private_database
+from tests.fixtures.kafka_helpers import create_topics, produce
+from tests.fixtures.replica_check import check_replica
 
 
 def test_every_task_is_hosted_by_distinct_workers_that_stay_put_as_the_estate_changes() -> None:

@@ -25,8 +25,8 @@ from mirus.local.stack import free_port
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.state.store import Store
-from tests.engine_helpers import TaskThread, connector_properties, create_connector
-from tests.kafka_helpers import consume_all, create_topics, produce
+from tests.fixtures.engine_helpers import TaskThread, connector_properties, create_connector
+from tests.fixtures.kafka_helpers import consume_all, create_topics, produce
 
 
 def test_a_cut_proxy_stops_every_client_because_the_broker_advertises_it(tmp_path: Path, unique: str) -> None:

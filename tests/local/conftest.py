@@ -9,6 +9,6 @@ import pytest
 def chromium() -> None:
     """Debian's headless Chromium and its driver, installed with apt-get on a machine that lacks them. Raises (a
     test error, never a skip) when that is impossible."""
-    from tests.browser import ensure_chromium
+    from tests.fixtures.browser import ensure_chromium
 
     ensure_chromium()

@@ -37,7 +37,7 @@ from mirus_dagster.settings import (
 from replicator.state.database import make_engine
 from replicator.state.records import LEASE_HELD
 from replicator.state.store import Store
-from tests.browser import Browser, start_chromium
+from tests.fixtures.browser import Browser, start_chromium
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

@@ -22,7 +22,7 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.state.database import current_revision, head_revision, upgrade
 from replicator.state.schema import Base
 from replicator.state.store import Store
-from tests.kafka_helpers import consume_all, create_topics, produce
+from tests.fixtures.kafka_helpers import consume_all, create_topics, produce
 
 
 def test_clusters_are_separate_and_carry_records(stack: StackEndpoints, unique: str) -> None:

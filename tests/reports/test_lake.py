@@ -20,7 +20,7 @@ from replicator.state.database import alembic_config, upgrade
 from replicator.state.records import MetricInterval, MetricRow
 from replicator.state.store import Store
 from reports.lake import PART_FILE, PART_GLOB, export_hour, hour_dir, hour_floor, prune, state_path
-from tests.engine_helpers import connector_properties, insert_partition_sample, metric_row, private_database
+from tests.fixtures.engine_helpers import connector_properties, insert_partition_sample, metric_row, private_database
 
 
 def _interval(*samples: MetricRow, lags: dict[SourcePartition, int] | None = None) -> MetricInterval:

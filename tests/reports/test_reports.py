@@ -36,8 +36,8 @@ from replicator.state.records import MetricInterval
 from replicator.state.store import Store
 from reports.lake import BUCKET_COLUMNS, PART_FILE, SCHEMAS, export_hour, hour_dir, state_path
 from reports.replication import latency_report, missing_partitions_report, throughput_lag_report
-from tests.engine_helpers import TaskThread, connector_properties, metric_row
-from tests.kafka_helpers import create_topics, produce
+from tests.fixtures.engine_helpers import TaskThread, connector_properties, metric_row
+from tests.fixtures.kafka_helpers import create_topics, produce
 
 MINUTE = 60_000
 HOUR_MS = 60 * MINUTE

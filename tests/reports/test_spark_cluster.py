@@ -4,7 +4,7 @@ on loopback from the `pyspark` distribution in the virtualenv. On the same Parqu
 checks come out exactly as in local mode.
 
 A process holds one SparkSession and the suite's is local, so each cluster's report run is a subprocess
-(`tests/reports/spark_driver.py`) with the settings a deployment gives the run: `MIRUS_SPARK_MASTER` and a
+(`tests/fixtures/spark_driver.py`) with the settings a deployment gives the run: `MIRUS_SPARK_MASTER` and a
 `spark-defaults.conf` in `SPARK_CONF_DIR`. Both run while the local reference is computed: the three share the
 machine's cores instead of queueing for them."""
 
@@ -38,7 +38,7 @@ from mirus.waiting import wait_until
 from mirus_dagster.reporting import spark_config
 from replicator.engine.metrics import BUCKET_LABELS, TopicCounters
 from reports.lake import BUCKET_COLUMNS, PART_FILE, SCHEMAS, hour_dir, hour_floor, state_path
-from tests.reports.spark_driver import materialize_reports
+from tests.fixtures.spark_driver import materialize_reports
 
 ROOT = Path(__file__).resolve().parents[2]
 SPARK_HOME = Path(pyspark.__file__).parent
@@ -396,7 +396,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCl
 
 
 class ReportRun:
-    """`python -m tests.reports.spark_driver` against a cluster, on a copy of the lake of its own."""
+    """`python -m tests.fixtures.spark_driver` against a cluster, on a copy of the lake of its own."""
 
     def __init__(self, cluster: SparkCluster, lake: Path) -> None:
         self.cluster = cluster
@@ -404,7 +404,7 @@ class ReportRun:
         shutil.copytree(lake, self.lake)
         # The deployment's settings: the master, and spark-defaults.conf (SPARK_CONF_DIR, in the cluster's env).
         env = {**self.cluster.env, "MIRUS_SPARK_MASTER": cluster.url}
-        argv = [sys.executable, "-m", "tests.reports.spark_driver", str(self.lake), str(self.out)]
+        argv = [sys.executable, "-m", "tests.fixtures.spark_driver", str(self.lake), str(self.out)]
         self.driver = SparkProcess(f"the report run on {cluster.url}", argv, env, cluster.work / "report-run.log", ROOT)
 
     def reports(self) -> dict[str, Any]:

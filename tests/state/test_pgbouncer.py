@@ -1,8 +1,8 @@
-"""Through PgBouncer in transaction pooling mode (`tests/pgbouncer.py`), on the real clusters: concurrent upgrades
-migrate a new database, and a task replicates and commits while its standby waits, then the owner's process is
-killed and the standby takes over at once, fences the old epoch and resumes from the last commit — the same
-scenario as on a direct connection (`tests/engine/test_ownership.py`, `kill_9_hands_over`); and the same for two workers
-(`tests/engine/test_workers.py`, `workers_hand_over`)."""
+"""Through PgBouncer in transaction pooling mode (`tests/fixtures/pgbouncer.py`), on the real clusters: concurrent
+upgrades migrate a new database, and a task replicates and commits while its standby waits, then the owner's process
+is killed and the standby takes over at once, fences the old epoch and resumes from the last commit — the same
+scenario as on a direct connection (`tests/engine/test_ownership.py`, `kill_9_hands_over`); and the same for two
+workers (`tests/engine/test_workers.py`, `workers_hand_over`)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from replicator.state.database import head_revision
 from replicator.state.store import Store
 from tests.engine.test_ownership import kill_9_hands_over
 from tests.engine.test_workers import workers_hand_over
-from tests.engine_helpers import private_database
-from tests.pgbouncer import PgBouncer, start_pgbouncer
+from tests.fixtures.engine_helpers import private_database
+from tests.fixtures.pgbouncer import PgBouncer, start_pgbouncer
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from replicator.assignment import SourcePartition
 from replicator.state.database import alembic_config, upgrade
 from replicator.state.records import ConnectorState, FencedError, MetricInterval, PartitionHealth, UnknownConnectorError
 from replicator.state.store import Store
-from tests.engine_helpers import insert_partition_sample, metric_row, private_database
+from tests.fixtures.engine_helpers import insert_partition_sample, metric_row, private_database
 
 
 def test_each_put_is_a_new_version_and_delete_keeps_offsets(store: Store, unique: str) -> None:

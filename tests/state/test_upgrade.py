@@ -31,9 +31,9 @@ from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.state.database import current_revision, head_revision, make_engine, upgrade
 from replicator.state.store import Store
-from tests.engine_helpers import TaskThread, connector_properties
-from tests.kafka_helpers import create_topics, produce
-from tests.replica_check import check_replica
+from tests.fixtures.engine_helpers import TaskThread, connector_properties
+from tests.fixtures.kafka_helpers import create_topics, produce
+from tests.fixtures.replica_check import check_replica
 
 ROOT = Path(__file__).resolve().parents[2]
 # The commit before the one that added migration 0007: the release whose schema head is 0006.

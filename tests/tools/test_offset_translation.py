@@ -17,8 +17,8 @@ from replicator.configuration.connector import ConnectorConfig, validate_submiss
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.discovery.offset_translation import sync_groups
 from replicator.state.store import Store
-from tests.engine_helpers import TaskThread, connector_properties
-from tests.kafka_helpers import cluster_id, consume_all, create_topics, produce
+from tests.fixtures.engine_helpers import TaskThread, connector_properties
+from tests.fixtures.kafka_helpers import cluster_id, consume_all, create_topics, produce
 
 
 def _put(store: Store, properties: dict[str, object]) -> ConnectorConfig:

@@ -15,8 +15,8 @@ from replicator.tools.verify import verify_replication
 from replicator.tools.verify_reader import BATCH_SIZE
 from replicator.tools.verify_report import Mismatch, PartitionResult, Replay, VerifyReport
 from replicator.topics import provenance
-from tests.kafka_helpers import Rec, consume_all, create_topics, produce
-from tests.replica_check import check_replica
+from tests.fixtures.kafka_helpers import Rec, consume_all, create_topics, produce
+from tests.fixtures.replica_check import check_replica
 
 IDLE_S = 1.5
 PER_PARTITION = 6
@@ -381,7 +381,8 @@ def _end_offset(bootstrap: str, topic: str) -> int:
 
 
 def test_verify_finds_what_the_suites_replica_checker_finds(stack: StackEndpoints, unique: str) -> None:
-    # `mirus verify` is product code; the suite's oracle (tests/replica_check.py) reads the same clusters on its own.
+    # `mirus verify` is product code; the suite's oracle (tests/fixtures/replica_check.py) reads the same clusters on
+    # its own.
     # One destination holds every kind of fault; both must name the same records.
     src, dst = source_records(stack, unique), f"{unique}.copy"
     p0 = [copy(r, dst) for r in src[0] if r.offset != 1] + [copy(r, dst) for r in src[0][3:]]  # 1 lost; 3-5 replayed

@@ -7,8 +7,8 @@ from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.state.store import Store
 from replicator.topics import provenance
-from tests.engine_helpers import TaskThread, create_connector
-from tests.kafka_helpers import cluster_id, consume_all, create_topics, produce
+from tests.fixtures.engine_helpers import TaskThread, create_connector
+from tests.fixtures.kafka_helpers import cluster_id, consume_all, create_topics, produce
 
 
 def _identity_connector(name: str, source: str, destination: str, topic: str) -> dict[str, str]:
