@@ -1,4 +1,4 @@
-"""The REST API against Kafka Connect 3.7's own OpenAPI description (tests/contract/connect_rest_3.7.yaml).
+"""The REST API against Kafka Connect 3.7's own OpenAPI description (tests/data/connect_rest_3.7.yaml).
 
 One `mirus api` process, with authentication on, over the test stack's Postgres. The conformance test calls every
 operation of the description with a valid request and checks status and body against it; the fuzzing run lets
@@ -35,7 +35,7 @@ from replicator.state.records import ConnectorState
 from replicator.state.store import Store
 from tests.fixtures.engine_helpers import connector_properties
 
-DESCRIPTION = Path(__file__).parents[1] / "contract" / "connect_rest_3.7.yaml"
+DESCRIPTION = Path(__file__).parents[1] / "data" / "connect_rest_3.7.yaml"
 TOKEN = "contract-test-token"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"  # as deploy/Dockerfile's build argument sets it
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -357,8 +357,8 @@ def test_a_run_canceled_in_the_queue_as_it_was_launched_is_asked_to_terminate_ag
 
 def test_ctrl_c_ends_replicator_runs_canceled_after_committing_and_says_what_it_stopped(demo: Demo) -> None:
     """Last in the module: it stops the demo. Each run's last event is written after its final flush and offset
-    commit (that termination commits everything delivered is proven in tests/dagster/test_dagster_dev.py; here the
-    embedded stack holding the offsets stops too)."""
+    commit (that termination commits everything delivered is proven in tests/mirus_dagster/test_dagster_dev.py;
+    here the embedded stack holding the offsets stops too)."""
     # The worker runs hosting both demo tasks (and whatever else replicates).
     tasks_held(demo, DEMO_CONNECTOR, 2)
     running = worker_runs(demo)

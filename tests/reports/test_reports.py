@@ -20,14 +20,13 @@ from dagster_pyspark import PySparkResource
 from pyspark.sql import SparkSession
 from sqlalchemy import Engine, text
 
-from assets.lake import METRIC_SAMPLES_LAKE as METRIC_SAMPLES
-from assets.lake import latest_complete_hour, platform_lake
+from assets.lake import platform_lake
 from assets.reports import report_assets, report_path
 from assets.topology import destination_topics, source_topics
 from mirus.waiting import wait_until
 from mirus_dagster.constants import LATENCY_REPORT_ASSET, MISSING_CHECK, MISSING_REPORT_ASSET, P99_CHECK
-from mirus_dagster.report_schedule import hour_key, report_run_requests
-from mirus_dagster.reporting import Reporting, spark_config, spark_master_from_env
+from mirus_dagster.report_schedule import hour_key
+from mirus_dagster.reporting import Reporting, spark_config
 from mirus_dagster.resources import PlatformDatabase
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import validate_submission
@@ -363,51 +362,6 @@ def test_report_materializations_carry_tables_and_charts(estate: Estate) -> None
         materializations["lake/metric_samples"]
     )
     assert materializations["throughput_lag_report"]["lag"].value.startswith("![lag](data:image/png;base64,")
-
-
-def test_schedule_reexports_the_previous_hour_until_it_is_sealed() -> None:
-    early = report_run_requests(datetime(2026, 11, 22, 7, 15, tzinfo=UTC))
-    assert [r.partition_key for r in early] == ["2026-11-22-07:00", "2026-11-22-06:00"]
-    assert early[0].asset_selection is None  # everything: export and reports
-    assert {k.to_user_string() for k in early[1].asset_selection} == {
-        "lake/metric_samples",
-        "lake/metadata_snapshots",
-        "lake/platform_state",
-    }
-    late = report_run_requests(datetime(2026, 11, 22, 7, 45, tzinfo=UTC))
-    assert [r.partition_key for r in late] == ["2026-11-22-07:00"]
-
-
-def test_the_lake_export_launched_without_an_hour_exports_the_latest_complete_one(
-    db_engine: Engine, tmp_path: Path
-) -> None:
-    """`refresh_reports` from the launchpad with no partition chosen: the latest hour that has ended, not an error."""
-    resources = {
-        "platform": PlatformDatabase(database_url=db_engine.url.render_as_string(hide_password=False)),
-        "reporting": Reporting(lake_dir=str(tmp_path)),
-    }
-    before = latest_complete_hour(datetime.now(UTC))
-    result = dg.materialize([platform_lake], resources=resources)
-    after = latest_complete_hour(datetime.now(UTC))
-    assert result.success
-    [samples] = [m for m in result.asset_materializations_for_node("platform_lake") if m.asset_key == METRIC_SAMPLES]
-    assert samples.metadata["hour"].value in {f"{h:%Y-%m-%d %H}:00 UTC" for h in (before, after)}
-
-
-def test_spark_master_is_one_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert spark_config("sc://spark-connect:15002") == {"spark.remote": "sc://spark-connect:15002"}
-    cluster = spark_config("spark://spark-master:7077")
-    assert cluster["spark.master"] == "spark://spark-master:7077" and "spark.sql.shuffle.partitions" not in cluster
-    assert spark_config("local[*]")["spark.master"] == "local[*]"
-    assert not any(key.startswith("spark.jars") for key in {**cluster, **spark_config("local[*]")})
-    monkeypatch.setenv("MIRUS_SPARK_MASTER", "k8s://https://kubernetes:443")
-    assert spark_master_from_env() == "k8s://https://kubernetes:443"
-    monkeypatch.delenv("MIRUS_SPARK_MASTER")
-    assert spark_master_from_env() == "local[*]"
-    monkeypatch.setenv("MIRUS_LAKE_DIR", "/data/lake")
-    monkeypatch.setenv("MIRUS_METRICS_RETENTION_HOURS", "6")
-    reporting = Reporting.from_env()
-    assert (reporting.lake, reporting.retention) == (Path("/data/lake"), timedelta(hours=6))
 
 
 def test_missing_since_starts_at_the_latest_unbroken_run(spark: SparkSession, tmp_path: Path) -> None:

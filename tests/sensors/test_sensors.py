@@ -1,4 +1,5 @@
-"""Sensors, jobs and runs on a real Dagster instance with real clusters and Postgres (runs execute in-process)."""
+"""The sensors (`sensors/`): their decisions as plain functions, the failure webhook, and the monitor and the
+supervisor on a real Dagster instance with real clusters and Postgres (the runs they request execute in-process)."""
 
 import socket
 import sys
@@ -49,7 +50,7 @@ from tests.fixtures.dagster_runs import (
     watch,
     watched,
 )
-from tests.fixtures.engine_helpers import connector_properties, step_failure_message
+from tests.fixtures.engine_helpers import connector_properties
 from tests.fixtures.kafka_helpers import consume_all, create_topics, produce
 
 # -- failure alerts ----------------------------------------------------------------------------------------
@@ -183,36 +184,6 @@ def test_the_supervisor_replaces_a_live_run_that_stopped_heartbeating() -> None:
 
 
 # -- the platform on a real Dagster instance ---------------------------------------------------------------
-
-
-def test_a_rejected_config_fails_the_run_and_changes_nothing(
-    instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
-) -> None:
-    store = Store(db_engine)
-    good = connector_properties(stack, unique, **{"topics.whitelist": unique})
-    assert put(instance, resources, good).success
-
-    bad = {**good, "tasks.max": "zero", "topics.regex": "("}
-    result = put(instance, resources, bad)
-
-    assert not result.success
-    failure = step_failure_message(result)
-    assert "tasks.max" in failure and "topics.regex" in failure and "nothing was stored" in failure
-    record = store.get_connector(unique)
-    assert record.version == 1 and record.properties == good
-
-
-def test_a_literal_secret_is_refused_from_the_launchpad(
-    instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
-) -> None:
-    properties = connector_properties(stack, unique, **{"topics.whitelist": unique, "consumer.sasl.password": "pw1"})
-
-    result = put(instance, resources, properties)
-
-    assert not result.success
-    failure = step_failure_message(result)
-    assert "consumer.sasl.password" in failure and "${env:NAME}" in failure and "pw1" not in failure
-    assert unique not in [c.name for c in Store(db_engine).list_connectors()]
 
 
 def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
@@ -357,18 +328,6 @@ def test_a_connector_the_watcher_cannot_load_shows_why_until_it_can(
     watched(store, unique)
     assert "watch" not in store.connector_statuses(unique)[0].flow_problems
     admin(instance, resources, "delete", unique)
-
-
-def test_a_run_whose_connector_was_deleted_before_it_started_ends_success_saying_so(
-    instance: dg.DagsterInstance, resources: dict, stack: StackEndpoints, db_engine: Engine, unique: str
-) -> None:
-    """A run the monitor requested a moment before the connector was deleted: an operator's action, not red."""
-    *_, request = a_requested_run(instance, resources, stack, db_engine, unique)
-    assert admin(instance, resources, "delete", unique).success
-    result = InProcessRun(instance, resources, request).join()
-    assert result.success
-    messages = [event.user_message for event in instance.all_logs(result.run_id)]
-    assert f"task {unique}-0 ended: connector deleted" in messages, messages[-5:]
 
 
 def test_the_supervisor_restarts_a_failed_task(
