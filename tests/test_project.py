@@ -1,4 +1,5 @@
-"""The project as a whole: lint-clean, type-checked, and its Dagster code location loads."""
+"""The project as a whole: lint-clean, type-checked, its Dagster code location loads, and tests/ mirrors the packages
+(a directory of tests per package, its helpers in tests/fixtures/)."""
 
 from __future__ import annotations
 
@@ -95,3 +96,93 @@ def test_no_product_file_is_over_500_lines_nor_a_class_over_300() -> None:
                     if length > 300 and "sized:" not in (ast.get_docstring(node) or ""):
                         too_large.append(f"{path.relative_to(ROOT)}: class {node.name}, {length} lines")
     assert not too_large, too_large
+
+
+TESTS = ROOT / "tests"
+# Each directory of tests/ and the product code it tests: the engine's rooms and the surfaces a directory each, the
+# Dagster wiring and its parts, the reports, the deployment's files. `replicator` and `mirus` hold the tests of those
+# packages' root modules, which no room or surface owns.
+MIRROR = {
+    "replicator": ("replicator/assignment.py", "replicator/clusters.py", "replicator/partition_reader.py"),
+    "topics": ("replicator/topics",),
+    "state": ("replicator/state",),
+    "configuration": ("replicator/configuration",),
+    "engine": ("replicator/engine",),
+    "discovery": ("replicator/discovery",),
+    "tools": ("replicator/tools",),
+    "reports": ("reports",),
+    "mirus_dagster": ("mirus_dagster",),
+    "assets": ("assets",),
+    "sensors": ("sensors",),
+    "mirus": ("mirus/waiting.py",),
+    "api": ("mirus/api",),
+    "cli": ("mirus/cli",),
+    "local": ("mirus/local",),
+    "faults": ("mirus/faults",),
+    "deploy": ("deploy", "docker-compose.yml", "docker-compose.override.yml", "workspace.yaml"),
+}
+FIXTURES, DATA = "fixtures", "data"  # the helpers (and only they); vendored files (no Python)
+# The tests of the project as a whole, at the root of tests/.
+WHOLE = {"test_layers.py", "test_project.py"}
+# Test modules that import another test module for its helpers, and why. Helpers belong in tests/fixtures/.
+BORROWED = {
+    "tests/state/test_pgbouncer.py": (
+        {"tests.engine.test_ownership", "tests.engine.test_workers"},
+        "reruns two scenarios of the engine's tests through PgBouncer; they move to tests/fixtures/ once tests/engine/ "
+        "is free (issue 46)",
+    ),
+}
+
+
+def test_each_test_directory_mirrors_a_package_and_every_package_has_one() -> None:
+    directories = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert directories == {*MIRROR, FIXTURES, DATA}, "a new directory of tests/: place it in MIRROR"
+    assert not [path for paths in MIRROR.values() for path in paths if not (ROOT / path).exists()]
+    # Every room, surface, module at a package's root and package without rooms has the directory of its tests.
+    covered = {path for paths in MIRROR.values() for path in paths}
+    parts = {
+        part.relative_to(ROOT).as_posix()
+        for package in PRODUCT_PACKAGES
+        for part in (ROOT / package).iterdir()
+        if (part.suffix == ".py" and part.name != "__init__.py") or (part.is_dir() and any(part.glob("*.py")))
+    }
+    unmirrored = {part for part in parts if not any(part == c or part.startswith(c + "/") for c in covered)}
+    assert not unmirrored, f"product code whose tests have no directory of tests/: {sorted(unmirrored)}"
+
+
+def test_test_modules_live_in_their_packages_directory_and_helpers_in_fixtures() -> None:
+    assert {p.name for p in TESTS.glob("*.py")} == {"__init__.py", "conftest.py", *WHOLE}
+    misplaced = []
+    for directory in (*MIRROR, FIXTURES):
+        if not (TESTS / directory / "__init__.py").exists():  # a package: tests.assets.test_lake ≠ tests.reports.…
+            misplaced.append(f"{directory}/ has no __init__.py")
+        misplaced += [
+            f"{p.relative_to(TESTS)}: a directory"
+            for p in (TESTS / directory).iterdir()
+            if p.is_dir() and p.name != "__pycache__"
+        ]
+        for module in (TESTS / directory).glob("*.py"):
+            test = module.name.startswith("test_") or module.name == "conftest.py"
+            if directory == FIXTURES and test:
+                misplaced.append(f"{module.relative_to(TESTS)}: a test module among the helpers")
+            elif directory != FIXTURES and not test and module.name != "__init__.py":
+                misplaced.append(f"{module.relative_to(TESTS)}: a helper outside tests/fixtures/")
+    assert not list((TESTS / DATA).rglob("*.py")), "tests/data/ holds vendored files, no Python"
+    assert not misplaced, misplaced
+
+
+def test_tests_take_their_helpers_from_fixtures_only() -> None:
+    borrowed: dict[str, set[str]] = {}
+    for path in sorted(TESTS.rglob("*.py")):
+        imported: set[str] = set()  # modules, dotted
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module == "tests":
+                imported.update(f"tests.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+        others = {m for m in imported if m.startswith("tests.") and not m.startswith(f"tests.{FIXTURES}")}
+        if others:
+            borrowed[path.relative_to(ROOT).as_posix()] = others
+    assert borrowed == {module: names for module, (names, _why) in BORROWED.items()}
