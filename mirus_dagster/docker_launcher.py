@@ -20,11 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import dagster._check as check
-from dagster import Field, Permissive, StringSource
+from dagster import DagsterInvariantViolationError, DagsterRun, Field, Permissive, StringSource
 from dagster._core.launcher.base import LaunchRunContext, ResumeRunContext
 from dagster._core.origin import JobPythonOrigin
-from dagster._core.storage.dagster_run import DagsterRun
 from dagster._grpc.types import ExecuteRunArgs, ResumeRunArgs
 from dagster_docker import DockerRunLauncher
 from dagster_docker.container_context import DockerContainerContext
@@ -113,7 +111,7 @@ class MirusDockerRunLauncher(DockerRunLauncher):
     # dagster-docker's own launch_run and resume_run, with the image chosen per run.
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
-        origin = check.not_none(context.job_code_origin)
+        origin = _code_origin(context)
         command = ExecuteRunArgs(
             job_origin=origin, run_id=run.run_id, instance_ref=self._instance.get_ref()
         ).get_command_args()
@@ -121,8 +119,16 @@ class MirusDockerRunLauncher(DockerRunLauncher):
 
     def resume_run(self, context: ResumeRunContext) -> None:
         run = context.dagster_run
-        origin = check.not_none(context.job_code_origin)
+        origin = _code_origin(context)
         command = ResumeRunArgs(
             job_origin=origin, run_id=run.run_id, instance_ref=self._instance.get_ref()
         ).get_command_args()
         self._launch_container_with_command(run, self.image_for(run, origin), command)
+
+
+def _code_origin(context: LaunchRunContext | ResumeRunContext) -> JobPythonOrigin:
+    """Where the run's code is, which every run a code location launches has."""
+    origin = context.job_code_origin
+    if origin is None:
+        raise DagsterInvariantViolationError(f"run {context.dagster_run.run_id} has no code origin to launch")
+    return origin
