@@ -5,7 +5,7 @@
 transaction in front of each commit (as Kafka Connect's `WorkerSourceTask` and `ExactlyOnceWorkerSourceTask`
 share `AbstractWorkerSourceTask`). The loop never asks which mode it runs in.
 
-At least once, a partition's committable offset is the first one not yet acknowledged (`PartitionState.committable`):
+At least once, a partition commits its first offset not yet acknowledged (`PartitionState.first_unacknowledged`):
 acknowledgements advance each partition on their own, and every `offset.flush.interval.ms` one transaction writes
 every partition that moved, with where its next copy goes at the destination, on a background thread — consumption
 never waits for a commit. A crash re-sends what was copied after the last commit: a start finds those copies at
@@ -182,13 +182,13 @@ class Committer:
 
     def offset_of(self, state: PartitionState) -> int | None:
         """The offset to commit for `state`: everything before it is at the destination."""
-        return state.committable()
+        return state.first_unacknowledged()
 
     def destination_offsets(self, offsets: dict[SourcePartition, int]) -> dict[SourcePartition, int] | None:
         """Where the next copy of each of `offsets`' partitions goes at the destination (known where one
         acknowledgement stands for a run: `PartitionState.ordered`), so that a start reads from there."""
         states = self.task.book.states
-        ends = {tp: states[tp].destination_next for tp in offsets if tp in states}
+        ends = {tp: states[tp].next_destination_offset for tp in offsets if tp in states}
         return {tp: end for tp, end in ends.items() if end is not None}
 
     # -- committing -------------------------------------------------------------------------------------------

@@ -84,8 +84,8 @@ class Deliveries:
         `destination_partitions` partitions)."""
         if state.routed and state.destination_partition == partition:
             return  # (the periodic destination check finds most partitions where they were)
-        state.route(partition, self.ordered_acks)
-        state.produce = self._produce_through(self.producers.index_for(state.destination_topic, destination_partitions))
+        group = self.producers.index_for(state.destination_topic, destination_partitions)
+        state.route(partition, self.ordered_acks, self._produce_through(group))
 
     def _produce_through(self, group: int) -> Callable[..., None]:
         """`produce` of the group's producer; while it is closed, a function that opens it again first."""
@@ -105,7 +105,7 @@ class Deliveries:
         group_of = self.producers.topics
         for state in self.book.states.values():
             if (group := group_of.get(state.destination_topic)) in produce_by_group:
-                state.produce = produce_by_group[group]
+                state.write_through(produce_by_group[group])
 
     def close_idle_producers(self, now: float) -> None:
         """Close the producers idle for as long as a partition takes to turn dormant (`DestinationProducers`)."""
@@ -117,14 +117,11 @@ class Deliveries:
     def acknowledged(self, state: PartitionState, run: InFlight, err: KafkaError | None, msg: Message | None) -> None:
         """The destination acknowledged (or refused) a run's last record, and with it the whole run."""
         self.book.touched += 1
-        state.in_flight -= run.count
         if err is not None:
-            self.refused(state, run.first, err)  # the run stays in `pending`: nothing is committed past it
+            state.unanswered(run)  # the run stays in `pending`: nothing is committed past it
+            self.refused(state, run.first, err)
             return
-        run.done = True
-        pending = state.pending
-        while pending and pending[0].done:
-            pending.popleft()
+        state.acknowledged(run, msg.offset() if msg is not None else None)
         # Counted into the topic's counters at once: records, bytes and each record's latency (source CreateTime to
         # acknowledgement). Per record, not sampled: a backlog mixes old and new records, and the latency report's
         # buckets (Mirus's 5m … 12h) must count each one where it belongs. A run at a time: no pause to fold a busy
@@ -132,9 +129,6 @@ class Deliveries:
         acknowledged = self.metrics.counters_for(state.topic)
         acknowledged.add(run.count, run.size)
         acknowledged.add_latencies(self.now_ms, run.timestamps)
-        # (A delivered record's offset is None only without acknowledgements, acks=0, which an ordered state rules out.)
-        if msg is not None and state.ordered and (offset := msg.offset()) is not None:
-            state.destination_next = offset + 1
 
     def poll_acks(self, timeout: float, now_ms: int | None = None) -> None:
         """Poll the producers for acknowledgements; a fatal producer error (raised by poll()) is kept in `failure`.
@@ -178,13 +172,11 @@ class Deliveries:
         the head of `pending`, so their partition is re-read from their first offset when it resumes."""
         self.cut_runs = False
         for state in self.book.states.values():
-            state.open_run = None
-            for run in [r for r in state.pending if not r.tail_sent]:
-                run.tail_sent = True
+            for run in state.cut_runs():
                 if delivered:
                     self.acknowledged(state, run, None, None)
                 else:
-                    state.in_flight -= run.count
+                    state.unanswered(run)
 
     # -- a failed producer ----------------------------------------------------------------------------------
 

@@ -66,18 +66,14 @@ class DeliveryFailures:
         it, saying `why`): the partition waits for its backoff, from that offset."""
         if sent and not self.committer.refusal_counts(state, offset, err):
             return
-        if state.failed_at is None or offset < state.failed_at:
-            state.failed_at = offset
-        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-            state.recheck_limit = True  # raised meanwhile, the limit lets the retry through
+        state.refused(offset, too_large=err.code() == KafkaError.MSG_SIZE_TOO_LARGE)
         if err.fatal() or err.code() in PRODUCER_BROKEN or err.code() in PURGED:
             # The producer failed, not this partition's record: every partition would see the same. Pausing it
             # with a backoff would stop partitions the destination accepts whenever another one's refusal stops
             # the producer (a gapless producer stops on any refused batch).
             if err.code() not in PURGED:
                 self.deliveries.failed(err)
-            if state.paused_reason is None:
-                state.paused_reason = AWAITING_NEW_PRODUCER
+            state.awaiting_new_producer()
             return
         # (A record of this partition may have failed with the stopped producer before its refusal was polled.)
         if state.paused_reason is None or state.paused_reason is AWAITING_NEW_PRODUCER:
@@ -110,7 +106,7 @@ class DeliveryFailures:
             # Partitions the destination did not refuse go on at once, from their first unacknowledged record;
             # a refused one waits for its backoff (`AssignmentFollower.resume`).
             if state.paused_reason is None or state.paused_reason is AWAITING_NEW_PRODUCER:
-                state.paused_reason = None
+                state.unpaused()
                 self.partitions.read_again(state)
                 again += 1
         self.on_event(f"new producer: {again} partition(s) read again from their first unacknowledged offset")

@@ -205,7 +205,7 @@ class AssignmentFollower:
             if tp not in stored and resets[tp] >= 0:
                 # Stored at the next commit: a restart before the partition's first record starts here too, instead
                 # of asking auto.offset.reset again (at latest, what was written meanwhile would be skipped).
-                state.position = state.durable = resets[tp]
+                state.starts_at(resets[tp])
             task.limits.fit(state, task.config)
             task.book.add(state)
             assign.append(TopicPartition(tp[0], tp[1], stored[tp] if tp in stored else resets[tp]))
@@ -260,17 +260,17 @@ class AssignmentFollower:
         again = {state.destination_topic for state in due if state.recheck_limit}
         if again or any(task.limits.unread()):
             for state in due:
-                state.recheck_limit = False
+                state.limit_read()
             if self.limits_read(task.limits.learn(task.config, again)):
                 return
         for state in due:
             if state.refused_against is not None and state.refused_against == state.size_limit:
                 # The record it waits with exceeds that same limit still: read again, it would be refused again (and
                 # the partition shown replicating meanwhile). It waits for its next backoff, and a new reading.
-                state.recheck_limit = True
+                state.still_too_large()
                 task.book.pause(state, state.paused_reason or "")
                 continue
-            state.refused_against = None
+            state.within_limit()
             self.resume(state)
 
     def limits_read(self, changed: set[str]) -> bool:

@@ -151,17 +151,14 @@ class Forwarder:
             else:
                 state = None
             if unsent is not None:  # produce it: it ends its run unless the next record continues the run
-                run = ustate.open_run
-                if run is None:
-                    run = ustate.open_run = InFlight(uoffset)
-                    ustate.pending.append(run)
+                run = ustate.open_run or ustate.open(uoffset)
                 last = cycle or ustate is not state or not ustate.ordered
                 key, value = unsent.key(), unsent.value()
                 size = (len(value) if value else 0) + (len(key) if key else 0)
                 callback = partial(acknowledged, ustate, run) if last else None
                 # Only a record near its destination topic's limit is measured (headers and framing included).
                 if size > ustate.size_check and (why := oversized(ustate, uoffset, key, value, uheaders)):
-                    ustate.refused_against = ustate.size_limit
+                    ustate.too_large()
                     produced = self._refuse_unsent(ustate, run, uoffset, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), why)
                 else:
                     try:
@@ -182,20 +179,14 @@ class Forwarder:
                     except (BufferError, KafkaException) as exc:
                         produced = self._produce_again(exc, ustate, run, uoffset, value, key, callback, uts, uheaders)
                 if produced:
-                    ustate.position = uoffset + 1
-                    ustate.in_flight += 1
-                    run.count += 1
-                    run.size += size
-                    if uts:
-                        run.timestamps.append(uts)
+                    run.add(uoffset, size, uts)
                     if last:
-                        run.tail_sent = True
-                        ustate.open_run = None
+                        ustate.sent(run)
                 unsent = None
             if msg is None or state is None or state.paused_reason is not None:
                 continue  # the end, or the record before it was refused: it is re-read from its offset later
             if cycle:
-                state.position = offset + 1
+                state.skipped(offset)
                 continue
             ts_type, ts = msg.timestamp()
             unsent, ustate, uoffset, uheaders, uts = msg, state, offset, headers, ts if ts_type else 0
@@ -229,7 +220,7 @@ class Forwarder:
             settings = self.deliveries.settings
             why = producer_refusal_reason(state, offset, (key, value, headers), settings, self.config, err)
             return self._refuse_unsent(state, run, offset, err, why)
-        self._cut_run(state, run)
+        state.cut(run)
         self.failures.refused(state, offset, err)
         if run.count:  # the run's records so far carry no callback: find out whether they arrived
             self.deliveries.drain(REFUSAL_DRAIN_S)
@@ -239,15 +230,8 @@ class Forwarder:
         """A record too large to be produced: its partition waits with `why` (and its limit is read again before the
         retry); the run's records before it are acknowledged once the producer delivered them. Never produced, so
         no transaction holds it: exactly-once mode goes on without an abort. Returns False (not produced)."""
-        self._cut_run(state, run)
+        state.cut(run)
         self.failures.refused(state, offset, err, why, sent=False)
         if run.count:  # the run's records so far carry no callback: find out whether they arrived
             self.deliveries.drain(REFUSAL_DRAIN_S)
         return False
-
-    @staticmethod
-    def _cut_run(state: PartitionState, run: InFlight) -> None:
-        """End the run before the record just refused (and forget it if it holds nothing yet)."""
-        state.open_run = None
-        if not run.count:
-            state.pending.pop()

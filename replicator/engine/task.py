@@ -329,7 +329,7 @@ class ReplicationTask:
 
     def _rest_and_record(self, now: float) -> None:
         if self.scheduler.due(RESTING, REST_INTERVAL_S, now):
-            self.reader.retier(self.book.position)
+            self.reader.retier(self.book.next_offset)
             self.deliveries.close_idle_producers(now)
         if self.scheduler.due(RECORDING_METRICS, self.metrics.interval_s, now):
             self._record_metrics(now)

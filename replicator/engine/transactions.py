@@ -30,7 +30,7 @@ from replicator.engine.committer import COMMIT_WAIT_S, Committer, CommitterTask
 from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Deliveries
 from replicator.engine.destination_copies import DestinationReadError, copies_end
 from replicator.engine.destinations import Destinations
-from replicator.engine.partitions import AWAITING_NEW_PRODUCER, PartitionState
+from replicator.engine.partitions import PartitionState
 from replicator.engine.producers import close_producer
 from replicator.engine.source_reader import SourceReader
 from replicator.state.records import FencedError
@@ -151,7 +151,7 @@ class TransactionalTask(CommitterTask, Protocol):
 
 class TransactionalCommitter(Committer):
     """Exactly-once: every commit is a destination transaction's, and what Postgres stores is only ever what a
-    committed transaction holds (`PartitionState.durable`)."""
+    committed transaction holds (`PartitionState.durable_offset`)."""
 
     skips_untouched = False  # a transaction's commit moves what may be committed without touching the book
     task: TransactionalTask
@@ -236,11 +236,11 @@ class TransactionalCommitter(Committer):
             task.on_event(f"fenced silent task {silent}'s transactions before taking its partitions over")
 
     def offset_of(self, state: PartitionState) -> int | None:
-        return state.durable
+        return state.durable_offset
 
     def destination_offsets(self, offsets: dict[SourcePartition, int]) -> dict[SourcePartition, int] | None:
         states = self.task.book.states
-        ends = {tp: states[tp].destination_durable for tp in offsets if tp in states}
+        ends = {tp: states[tp].durable_destination_offset for tp in offsets if tp in states}
         return {tp: end for tp, end in ends.items() if end is not None}
 
     def commit_due(self) -> None:
@@ -299,7 +299,7 @@ class TransactionalCommitter(Committer):
             deliveries.take_failure()
             self.producer_failed(failure)  # aborts (fences) the transaction and rewinds
             return
-        deliveries.acknowledge_cut_runs()  # before `committable()` says what the transaction holds
+        deliveries.acknowledge_cut_runs()  # before `first_unacknowledged()` says what the transaction holds
         try:
             while self.abort_reason is None:
                 if self.transactions.commit(MAX_BLOCK_S) is CommitResult.COMMITTED:
@@ -322,8 +322,7 @@ class TransactionalCommitter(Committer):
         """The transaction committed: its records are at the destination for good, and their offsets may be stored."""
         self.due = False
         for state in self.task.book.states.values():
-            state.durable = state.committable()
-            state.destination_durable = state.destination_next
+            state.made_durable()
 
     def _abort_and_rewind(self, reopen: bool = True) -> None:
         assert self.transactions is not None
@@ -373,30 +372,25 @@ class TransactionalCommitter(Committer):
             raise TransactionError(f"after replacing the transactional producer: {exc}") from None
         for tp, offset in found.items():
             state = task.book.states[tp]
-            if state.durable is None or offset > state.durable:
+            if state.durable_offset is None or offset > state.durable_offset:
                 task.on_event(
                     f"{tp[0]}[{tp[1]}] resumes at {offset} after its last committed copy (a commit whose answer "
-                    f"was lost; this task had seen {state.durable})"
+                    f"was lost; this task had seen {state.durable_offset})"
                 )
-                state.durable = offset
+                state.durable_at(offset)
         self._rewind()
 
     def _rewind(self) -> None:
         """Read every partition again from its last committed position (nothing after it is visible)."""
         task = self.task
         book = task.book
-        resets = self.reset_offsets([tp for tp, state in book.states.items() if state.durable is None])
+        resets = self.reset_offsets([tp for tp, state in book.states.items() if state.durable_offset is None])
         positions = []
         for state in book.states.values():
-            if state.paused_reason is AWAITING_NEW_PRODUCER:
-                state.paused_reason = None
-            state.forget_in_flight()
-            state.in_flight = 0
-            state.position = state.durable
-            state.destination_next = state.destination_durable
+            state.rewound()
             if state.routed:
                 state.route(state.destination_partition, task.config.ordered_acks)
-            offset = resets[(state.topic, state.partition)] if state.durable is None else state.durable
+            offset = resets[state.tp] if state.durable_offset is None else state.durable_offset
             positions.append(TopicPartition(state.topic, state.partition, offset))
         if positions:
             task.reader.unassign(list(book.states))

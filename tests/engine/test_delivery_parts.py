@@ -95,17 +95,17 @@ def parts(stack: StackEndpoints, store: Store, unique: str, request: pytest.Fixt
 
 def _produce_run(parts: Parts, state: PartitionState, values: list[bytes], callback: bool = True) -> InFlight:
     """Produce `values` as one run of `state`, as the forwarder does: only the last record carries the callback."""
-    run = InFlight(state.position or 0)
-    state.pending.append(run)
+    first = state.next_offset or 0
+    run = state.open(first)
     for i, value in enumerate(values):
         last = callback and i == len(values) - 1
         ack = partial(parts.deliveries.acknowledged, state, run) if last else None
         state.produce(state.destination_topic, value, None, state.destination_partition, ack, None, 0, None)
-        run.count += 1
-        run.size += len(value)
-    run.tail_sent = callback
-    state.position = run.first + len(values)
-    state.in_flight += len(values)
+        run.add(first + i, len(value), 0)
+    if callback:
+        state.sent(run)
+    else:
+        state.cut(run)
     return run
 
 
@@ -115,13 +115,13 @@ def test_one_acknowledgement_stands_for_a_run_and_a_run_cut_short_is_acknowledge
     state = parts.state(0)
     _produce_run(parts, state, [b"a", b"b", b"c"])
     parts.deliveries.drain(30)
-    assert state.committable() == 3 and not state.pending and state.in_flight == 0
-    assert state.destination_next == 3, "where the next copy goes at the destination"
+    assert state.first_unacknowledged() == 3 and not state.pending and state.in_flight == 0
+    assert state.next_destination_offset == 3, "where the next copy goes at the destination"
     assert parts.task.metrics.counters_for(unique).records == 3
     _produce_run(parts, state, [b"d", b"e"], callback=False)  # cut short: no record carries its callback
-    assert state.committable() == 3
+    assert state.first_unacknowledged() == 3
     parts.deliveries.drain(30)
-    assert state.committable() == 5 and not state.pending and not parts.deliveries.cut_runs
+    assert state.first_unacknowledged() == 5 and not state.pending and not parts.deliveries.cut_runs
     assert parts.task.metrics.counters_for(unique).records == 5
 
 
@@ -129,15 +129,16 @@ def test_a_refused_record_pauses_its_partition_alone_from_the_refused_offset(
     parts: Parts, store: Store, unique: str
 ) -> None:
     refused, other = parts.state(0), parts.state(1)
-    refused.position = other.position = 10
+    refused.skipped(9)
+    other.skipped(9)
     err = KafkaError(KafkaError.INVALID_RECORD)
     parts.failures.refused(refused, 7, err)
-    assert refused.committable() == 7, "re-read from the refused offset"
+    assert refused.first_unacknowledged() == 7, "re-read from the refused offset"
     assert parts.task.book.paused == {refused.tp: refused} and refused.tp in parts.task.reader.paused
     assert refused.paused_reason == f"destination refused offset 7: {err.str()} (INVALID_RECORD)"
     status = store.partition_statuses(unique)[refused.tp]
     assert (status.state, status.reason) == (PartitionHealth.PAUSED, refused.paused_reason)
-    assert other.paused_reason is None and other.committable() == 10
+    assert other.paused_reason is None and other.first_unacknowledged() == 10
     assert parts.deliveries.failure is None, "the producer goes on"
 
 
@@ -145,7 +146,8 @@ def test_a_failed_producer_pauses_no_partition_and_its_replacement_reads_the_oth
     parts: Parts, unique: str
 ) -> None:
     refused, failed = parts.state(0), parts.state(1)
-    refused.position = failed.position = 10
+    refused.skipped(9)
+    failed.skipped(9)
     parts.failures.refused(refused, 4, KafkaError(KafkaError.INVALID_RECORD))
     # A purged record was not refused: it neither pauses its partition for long nor fails the producer again.
     parts.failures.refused(failed, 9, KafkaError(KafkaError._PURGE_QUEUE))
@@ -157,12 +159,13 @@ def test_a_failed_producer_pauses_no_partition_and_its_replacement_reads_the_oth
     old = parts.deliveries.producers.all[0]
     parts.failures.producer_failed(err)
     assert parts.deliveries.producers.all[0] is not old, "a new producer"
-    assert failed.paused_reason is None and failed.position == 6, "read again from its first unacknowledged record"
-    assert refused.paused_reason is not None and refused.committable() == 4, "the refused one waits for its backoff"
+    assert failed.paused_reason is None and failed.next_offset == 6, "read again from its first unacknowledged record"
+    assert refused.paused_reason is not None, "the refused one waits for its backoff"
+    assert refused.first_unacknowledged() == 4
     assert parts.events[-1] == "new producer: 1 partition(s) read again from their first unacknowledged offset"
     _produce_run(parts, failed, [b"again"])  # the partition writes through the new producer
     parts.deliveries.drain(30)
-    assert failed.committable() == 7
+    assert failed.first_unacknowledged() == 7
 
 
 @pytest.mark.parametrize("parts", [True], indirect=True, ids=["exactly-once"])
@@ -172,7 +175,7 @@ def test_exactly_once_a_refusal_aborts_the_transaction_and_an_aborts_purge_is_no
     purged, refused = parts.state(0), parts.state(1)
     committer.aborting = True  # an abort purges what the transaction held: those records are written again
     parts.failures.refused(purged, 3, KafkaError(KafkaError._PURGE_INFLIGHT))
-    assert purged.failed_at is None and purged.paused_reason is None and committer.abort_reason is None
+    assert purged.refused_from is None and purged.paused_reason is None and committer.abort_reason is None
     committer.aborting = False
     parts.failures.refused(refused, 5, KafkaError(KafkaError.INVALID_RECORD))
     assert committer.abort_reason == f"{refused.topic}[1] offset 5: INVALID_RECORD"
@@ -204,9 +207,9 @@ def test_the_forwarder_copies_a_batch_in_order_with_provenance_and_skips_copies_
     state = parts.state(0)
     for _ in range(50):
         forwarder.poll_once()
-        if state.committable() == 6 and not len(parts.deliveries):
+        if state.first_unacknowledged() == 6 and not len(parts.deliveries):
             break
-    assert state.committable() == 6, "the five records and the one skipped"
+    assert state.first_unacknowledged() == 6, "the five records and the one skipped"
     copied = consume_all(stack.destination_bootstrap_servers, unique, 2, expected=5)
     assert [r.value for r in copied] == [b"%d" % i for i in range(5)]
     assert [(r.partition, r.key) for r in copied] == [(0, b"k")] * 5

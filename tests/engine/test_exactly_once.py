@@ -265,7 +265,7 @@ def test_a_producer_replaced_after_a_commit_whose_answer_was_lost_writes_nothing
 
     def forwarded() -> bool:
         task.forwarder.poll_once()
-        return sum(state.position or 0 for state in task.book.states.values()) == 100
+        return sum(state.next_offset or 0 for state in task.book.states.values()) == 100
 
     # Forwarded in the open transaction (the committer's turn, which would commit it, skipped).
     wait_until(forwarded, timeout=60, interval=0, what="100 records forwarded")

@@ -15,7 +15,7 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import load
 from replicator.engine.deliveries import Deliveries
 from replicator.engine.follower import AssignmentFollower, TaskExit
-from replicator.engine.partitions import InFlight, PartitionState
+from replicator.engine.partitions import PartitionState
 from replicator.engine.source_reader import SourceReader
 from replicator.engine.task import ReplicationTask
 from replicator.engine.throttle import ThrottleShare
@@ -92,7 +92,8 @@ def test_a_new_assignment_generation_releases_the_partitions_removed_committed_a
     assert follower.refresh(store.connector_head(unique)) is None
     assert sorted(task.book.states) == [(unique, 0), (unique, 1)]
     assert events[-1] == f"replicating 2 partition(s): {unique}[0], {unique}[1]"
-    task.book.states[(unique, 0)].position = 5  # acknowledged up to 5, not yet committed
+    moved = task.book.states[(unique, 0)]
+    moved.skipped(4)  # acknowledged up to 5, not yet committed
     store.write_assignment(unique, {0: [(unique, 1), (unique, 2)], 1: [(unique, 0)]})
     assert follower.refresh(store.connector_head(unique)) is None
     assert sorted(task.book.states) == [(unique, 1), (unique, 2)]
@@ -117,9 +118,11 @@ def test_a_paused_partition_is_retried_after_its_backoff_from_its_first_unacknow
     tp = (unique, 0)
     assert _read(task.reader, 3) == [0, 1, 2]
     state = task.book.states[tp]
-    run = InFlight(0)  # the three records produced as one run, which the destination refused
-    run.count, state.position = 3, 3
-    state.pending.append(run)
+    run = state.open(0)  # the three records produced as one run, which the destination refused
+    for offset in range(3):
+        run.add(offset, 1, 0)
+    state.sent(run)
+    state.unanswered(run)
     task.pauses.pause(state, "destination refused offset 0")
     assert tp in task.book.paused and tp in task.reader.paused
     follower.tick(state.retry_at - 0.001)
