@@ -9,8 +9,8 @@
               destination topic is refused before that, `replicator.engine.record_limits`)
 
 What is produced is acknowledged by the deliveries (`replicator.engine.deliveries`) and committed by the task's
-committer (`replicator.engine.committer`); what a refusal or a failed producer does is decided by
-`replicator.engine.failures`.
+committer (`replicator.engine.committer`); a record refused before sending is handed to the deliveries as a
+`Refusal`, which the committer decides with the others (`replicator.engine.failures`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 
 from replicator.configuration.connector import ConnectorConfig
 from replicator.engine.committer import Committer
-from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Deliveries
-from replicator.engine.failures import DeliveryFailures
+from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Deliveries, Refusal
 from replicator.engine.partitions import InFlight, PartitionBook, PartitionState
 from replicator.engine.record_limits import oversized, producer_refusal_reason
 from replicator.engine.source_reader import SourceReader
@@ -47,7 +46,6 @@ class Forwarder:
         reader: SourceReader,
         book: PartitionBook,
         deliveries: Deliveries,
-        failures: DeliveryFailures,
         committer: Committer,
         *,
         source_error: Callable[[Message], None],
@@ -60,7 +58,6 @@ class Forwarder:
         self.reader = reader
         self.book = book
         self.deliveries = deliveries
-        self.failures = failures
         self.committer = committer  # asked whether to read (`accepting`) and how long to wait for acknowledgements
         self.source_error = source_error  # an error event among the records: the assignment follower's to handle
         self.head_changed = head_changed  # a long wait for records ends when the connector's row changed
@@ -104,11 +101,6 @@ class Forwarder:
         if msgs:
             self.forward(msgs)
         deliveries.poll_acks(self.committer.ack_wait_s(), now_ms=time.time_ns() // 1_000_000)
-        if (failure := deliveries.failure) is not None:
-            deliveries.take_failure()
-            self.failures.producer_failed(failure)
-        elif deliveries.cut_runs and not len(deliveries):
-            deliveries.conclude_cut_runs(delivered=True)
 
     def forward(self, msgs: list[Record]) -> None:
         """Map and produce a batch of records, in order. This loop runs once per record: it stays flat, and the
@@ -221,7 +213,7 @@ class Forwarder:
             why = producer_refusal_reason(state, offset, (key, value, headers), settings, self.config, err)
             return self._refuse_unsent(state, run, offset, err, why)
         state.cut(run)
-        self.failures.refused(state, offset, err)
+        self.deliveries.refuse(Refusal(state, offset, err))
         if run.count:  # the run's records so far carry no callback: find out whether they arrived
             self.deliveries.drain(REFUSAL_DRAIN_S)
         return False
@@ -231,7 +223,7 @@ class Forwarder:
         retry); the run's records before it are acknowledged once the producer delivered them. Never produced, so
         no transaction holds it: exactly-once mode goes on without an abort. Returns False (not produced)."""
         state.cut(run)
-        self.failures.refused(state, offset, err, why, sent=False)
+        self.deliveries.refuse(Refusal(state, offset, err, why, sent=False))
         if run.count:  # the run's records so far carry no callback: find out whether they arrived
             self.deliveries.drain(REFUSAL_DRAIN_S)
         return False

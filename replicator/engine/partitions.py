@@ -16,9 +16,13 @@ from replicator.topics import provenance
 
 UNASSIGNED_PARTITION = -1  # librdkafka: let the producer's partitioner choose
 RETRY_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 60.0)
+# `paused_reason` of a partition whose record was refused, until the loop decides what the refusal does: the rest of
+# the batch skips the partition.
+AWAITING_DECISION = "a refused record awaits its decision"
 # `paused_reason` of a partition whose record failed because the producer failed, not because the destination
 # refused it: the rest of the batch skips the partition, and the new producer reads it again at once, no backoff.
 AWAITING_NEW_PRODUCER = "awaiting the replacement of a failed producer"
+AWAITING = (AWAITING_DECISION, AWAITING_NEW_PRODUCER)
 NO_SIZE_CHECK = sys.maxsize  # `PartitionState.size_check` of a partition whose records are not measured
 
 
@@ -185,11 +189,18 @@ class PartitionState:
         return cut
 
     def refused(self, offset: int, too_large: bool) -> None:
-        """The destination (or the task, before sending) refused the record at `offset`."""
+        """The destination (or the task, before sending) refused the record at `offset`: skipped until decided."""
         if self.refused_from is None or offset < self.refused_from:
             self.refused_from = offset
         if too_large:
             self.recheck_limit = True  # raised meanwhile, the limit lets the retry through
+        if self.paused_reason is None:
+            self.paused_reason = AWAITING_DECISION
+
+    @property
+    def awaiting(self) -> bool:
+        """Skipped for a refusal not yet decided, or until a new producer: not paused by a decision or a hand."""
+        return self.paused_reason in AWAITING
 
     def too_large(self) -> None:
         """Its waiting record exceeds the topic's limit as the task measured it."""
@@ -199,7 +210,7 @@ class PartitionState:
 
     def awaiting_new_producer(self) -> None:
         """Its record failed because the producer failed: the rest of a batch skips it until the new producer."""
-        if self.paused_reason is None:
+        if self.paused_reason is None or self.paused_reason is AWAITING_DECISION:
             self.paused_reason = AWAITING_NEW_PRODUCER
 
     def paused_for(self, reason: str, now: float) -> None:
@@ -262,7 +273,7 @@ class PartitionState:
 
     def rewound(self) -> None:
         """Exactly once: the transaction was aborted: read again from the last committed one, nothing in flight."""
-        if self.paused_reason is AWAITING_NEW_PRODUCER:
+        if self.awaiting:
             self.paused_reason = None
         self.read_again()
         self.in_flight = 0

@@ -6,7 +6,9 @@ A record's path, top to bottom, is the loop in `ReplicationTask.run`:
                         (`replicator.engine.source_reader`) to the destination producers
   acknowledge           `Deliveries.acknowledged` (`replicator.engine.deliveries`): the destination's
                         acknowledgements into the partition book (`replicator.engine.partitions`); a refusal or a
-                        failed producer goes to `DeliveryFailures` (`replicator.engine.failures`), which decides
+                        failed producer is kept there as data
+  settle                `Committer.settle`, first in `Committer.tick`: the delivery mode's committer decides what
+                        the refusals and a failed producer do, with `DeliveryFailures` (`replicator.engine.failures`)
   commit                `Committer.tick` (`replicator.engine.committer`): every `offset.flush.interval.ms`, each
                         partition's first unacknowledged offset to Postgres under the lease epoch, on a background
                         thread; exactly-once mode's `TransactionalCommitter` (`replicator.engine.transactions`)
@@ -161,7 +163,7 @@ class ReplicationTask:
                     break
                 self.forwarder.poll_once()  # fetch, map, produce, acknowledge
                 now = time.monotonic()
-                self.committer.tick(now)  # commit
+                self.committer.tick(now)  # settle refusals and failures, commit
                 outcome = self.follower.tick(now)  # the connector, its assignment, destinations, paused partitions
                 self._rest_and_record(now)
             return outcome
@@ -260,31 +262,28 @@ class ReplicationTask:
         consumer, producer = self.limits.client_settings(config, self.task_id)
         self.sized_for = self.limits.sizes_of(config, self.task_id)
         self.reader = SourceReader(consumer, self.reader_limits)
-        # What a refusal or a failed producer does is decided in one place (`DeliveryFailures`), which the deliveries'
-        # acknowledgements reach and which replaces their producers: made right after them.
         self.deliveries = deliveries = Deliveries(
             producer,
             self.book,
             self.metrics,
-            lambda state, offset, err: failures.refused(state, offset, err),
             ordered_acks=config.ordered_acks,
             grouped=not config.exactly_once,
             idle_close_s=self.reader.quiet_after_s + self.reader.dormant_after_s,
             name=f"{self.connector}-{self.task_id}",
         )
+        # What refusals and a failed producer do is decided by the delivery mode's committer, with `DeliveryFailures`.
+        failures = DeliveryFailures(deliveries, self.book, self.pauses, self.on_event)
         last = self.committer
         if config.exactly_once:
-            self.committer = TransactionalCommitter(self, self.destinations, deliveries, self.follower.reset_offsets)
+            self.committer = TransactionalCommitter(self, self.destinations, failures, self.follower.reset_offsets)
         else:
-            self.committer = Committer(self, self.destinations)
+            self.committer = Committer(self, self.destinations, failures)
         self.committer.watch_on(last)
-        failures = DeliveryFailures(deliveries, self.book, self.pauses, self.committer, self.on_event)
         self.forwarder = Forwarder(
             config,
             self.reader,
             self.book,
             deliveries,
-            failures,
             self.committer,
             source_error=self.pauses.source_error,
             head_changed=self.head_changed,

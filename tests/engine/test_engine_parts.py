@@ -15,6 +15,7 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import load
 from replicator.engine.committer import UNTOUCHED_RESCAN_S, Committer
 from replicator.engine.deliveries import Deliveries
+from replicator.engine.failures import DeliveryFailures
 from replicator.engine.partitions import RETRY_BACKOFF_S, InFlight, PartitionBook, PartitionState
 from replicator.engine.scheduler import Scheduler
 from replicator.engine.source_reader import SourceReader, TierLimits
@@ -27,10 +28,6 @@ from tests.kafka_helpers import create_topics
 
 def _state(partition: int = 0, start: int | None = 10) -> PartitionState:
     return PartitionState(("t", partition), start, "t.copy", "cluster-a")
-
-
-def _never_refused(state: PartitionState, offset: int, err: object) -> None:
-    raise AssertionError(f"no record is produced here: {state.tp} {offset} {err}")
 
 
 def _produced(state: PartitionState, first: int, count: int) -> InFlight:
@@ -134,10 +131,11 @@ def test_each_committer_writes_what_its_mode_makes_durable(
     if committer is TransactionalCommitter:
         config = load(store.get_connector(unique).properties)
         deliveries = Deliveries(
-            config.producer_settings(0), task.book, task.metrics, _never_refused,
+            config.producer_settings(0), task.book, task.metrics,
             ordered_acks=True, grouped=False, idle_close_s=60, name=unique,
         )  # fmt: skip
-        part: Committer = TransactionalCommitter(task, task.destinations, deliveries, task.follower.reset_offsets)
+        failures = DeliveryFailures(deliveries, task.book, task.pauses, task.on_event)
+        part: Committer = TransactionalCommitter(task, task.destinations, failures, task.follower.reset_offsets)
     else:
         part = Committer(task, task.destinations)
     part.commit_now()

@@ -8,14 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import KafkaError
 
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import load
 from replicator.engine.deliveries import Deliveries
 from replicator.engine.follower import AssignmentFollower, TaskExit
-from replicator.engine.partitions import PartitionState
 from replicator.engine.source_reader import SourceReader
 from replicator.engine.task import ReplicationTask
 from replicator.engine.throttle import ThrottleShare
@@ -23,10 +21,6 @@ from replicator.state.records import PartitionHealth
 from replicator.state.store import Store
 from tests.engine_helpers import connector_properties, create_connector
 from tests.kafka_helpers import cluster_id, create_topics, produce
-
-
-def _never_refused(state: PartitionState, offset: int, err: KafkaError) -> None:
-    raise AssertionError(f"no record is produced here: {state.tp} {offset} {err}")
 
 
 @pytest.fixture
@@ -58,7 +52,7 @@ def task(stack: StackEndpoints, store: Store, unique: str, events: list[str]) ->
     task.sized_for = task.limits.sizes_of(config, 0)
     task.reader = SourceReader(consumer)
     task.deliveries = Deliveries(
-        producer, task.book, task.metrics, _never_refused,
+        producer, task.book, task.metrics,
         ordered_acks=config.ordered_acks, grouped=True, idle_close_s=60.0, name=unique,
     )  # fmt: skip
     task.clients_open = True  # the committer the task was made with serves: it reads the configuration through the task
