@@ -261,7 +261,7 @@ def test_a_producer_replaced_after_a_commit_whose_answer_was_lost_writes_nothing
     task.on_event = events.append
     task.lease = store.claim_task(unique, 0, "test")
     task.owning = True  # as `run` does: the committer's transactions start with the clients
-    task.follower.refresh(store.connector_head(unique), force=True)  # clients, partitions, first transaction
+    task.refresh(force=True)  # clients, partitions, first transaction
 
     def forwarded() -> bool:
         task.forwarder.poll_once()
