@@ -3,9 +3,11 @@
 `Committer` is the at-least-once committer and the interface the task loop talks to; exactly-once mode's
 `TransactionalCommitter` (`replicator.engine.transactions`) implements the same questions with a destination
 transaction in front of each commit (as Kafka Connect's `WorkerSourceTask` and `ExactlyOnceWorkerSourceTask`
-share `AbstractWorkerSourceTask`). The loop never asks which mode it runs in.
+share `AbstractWorkerSourceTask`). The loop never asks which mode it runs in. Each mode also decides what the
+refusals and the failed producer the deliveries kept do (`settle`, first of each `tick`), with
+`replicator.engine.failures`.
 
-At least once, a partition's committable offset is the first one not yet acknowledged (`PartitionState.committable`):
+At least once, a partition commits its first offset not yet acknowledged (`PartitionState.first_unacknowledged`):
 acknowledgements advance each partition on their own, and every `offset.flush.interval.ms` one transaction writes
 every partition that moved, with where its next copy goes at the destination, on a background thread — consumption
 never waits for a commit. A crash re-sends what was copied after the last commit: a start finds those copies at
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
@@ -28,6 +30,7 @@ from replicator.clusters import log_offsets
 from replicator.configuration.connector import ConnectorConfig
 from replicator.engine.destination_copies import DestinationReadError, ResumePoint, copies_end
 from replicator.engine.destinations import Destinations
+from replicator.engine.failures import DeliveryFailures
 from replicator.engine.metrics import TaskMetrics
 from replicator.engine.partitions import PartitionBook, PartitionState, describe
 from replicator.engine.scheduler import COMMITTING, HEARTBEATING, Scheduler
@@ -72,9 +75,14 @@ class CommitterTask(Protocol):
 class Committer:
     skips_untouched = True  # whether an untouched book means no offset to commit moved (`commit_in_background`)
 
-    def __init__(self, task: CommitterTask, destinations: Destinations) -> None:
+    def __init__(
+        self, task: CommitterTask, destinations: Destinations, failures: DeliveryFailures | None = None
+    ) -> None:
         self.task = task
         self.destinations = destinations  # where a start looks for the copies made since the last commit
+        # What refusals and failed producers do to the partitions (None: the committer of a task whose configuration
+        # is not read yet, which has no clients).
+        self.failures = failures
         self.in_flight: tuple[Future[None], dict[SourcePartition, int]] | None = None  # the background commit
         self.started = 0.0  # when the background commit was sent
         self.uncommitted = False  # acknowledged progress that the last commit attempt could not store
@@ -99,10 +107,18 @@ class Committer:
         """How long the loop waits for acknowledgements after a batch."""
         return 0.0
 
-    def refusal_counts(self, state: PartitionState, offset: int, err: KafkaError) -> bool:
-        """The destination refused a record of `state` (or the producer failed it): whether the refusal counts, so
-        that the partition waits for it (`replicator.engine.failures`)."""
-        return True
+    def settle(self) -> None:
+        """Decide what the refusals and the failed producer the deliveries kept do: at least once, a refused
+        partition waits for its backoff and a failed producer is replaced (`replicator.engine.failures`)."""
+        if (failures := self.failures) is None:
+            return
+        deliveries = failures.deliveries
+        for refusal in deliveries.take_refusals():
+            failures.decide(refusal)
+        if (failure := deliveries.take_failure()) is not None:
+            failures.replace_producer(failure)
+        elif deliveries.cut_runs and not len(deliveries):
+            deliveries.conclude_cut_runs(delivered=True)
 
     def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> set[SourcePartition]:
         """Where `partitions` resume, as stored in Postgres (`stored`, updated in place); returns those the last
@@ -182,13 +198,13 @@ class Committer:
 
     def offset_of(self, state: PartitionState) -> int | None:
         """The offset to commit for `state`: everything before it is at the destination."""
-        return state.committable()
+        return state.first_unacknowledged()
 
     def destination_offsets(self, offsets: dict[SourcePartition, int]) -> dict[SourcePartition, int] | None:
         """Where the next copy of each of `offsets`' partitions goes at the destination (known where one
         acknowledgement stands for a run: `PartitionState.ordered`), so that a start reads from there."""
         states = self.task.book.states
-        ends = {tp: states[tp].destination_next for tp in offsets if tp in states}
+        ends = {tp: states[tp].next_destination_offset for tp in offsets if tp in states}
         return {tp: end for tp, end in ends.items() if end is not None}
 
     # -- committing -------------------------------------------------------------------------------------------
@@ -197,6 +213,7 @@ class Committer:
         """The loop's commit duties: collect the last background commit, send the next when due (or a heartbeat
         alone when commits are further apart than task.heartbeat.interval.ms), fail the task when none succeeds."""
         task = self.task
+        self.settle()
         self.collect()
         if task.scheduler.due(COMMITTING, task.config.offset_commit_interval_ms / 1000, now):
             self.commit_due()

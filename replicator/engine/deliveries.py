@@ -6,18 +6,22 @@
                idempotent, gapless producer one acknowledgement stands for every earlier record of the partition
   cut runs     runs whose last record carried no callback (a refusal of the next record cut them short) are
                acknowledged once the producer delivered everything (`drain`, `acknowledge_cut_runs`)
+  refusals     a refused run (or a record the forwarder could not send) is kept as data, a `Refusal` in
+               `refusals`, and its partition skipped until the task loop takes it (`take_refusals`)
   failure      a fatal producer error (raised by poll(), or librdkafka's error callback) is kept in `failure` until
-               the task replaces the producers (`replicator.engine.failures` decides how)
+               the task replaces the producers
 
-A refusal is handed to `refused` (`DeliveryFailures.refused`), which decides what it does.
+What a refusal or a failure does is decided by the committer of the task's delivery mode, once a loop (`settle`,
+`replicator.engine.committer`), with `replicator.engine.failures`: never from inside a poll.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -32,7 +36,23 @@ MAX_BLOCK_S = 1.0  # never block longer: a stop is noticed between two turns of 
 # polled (and their time taken for the latency metric) within a few milliseconds of their arrival.
 ACK_POLL_S = 0.005
 
-Refused = Callable[[PartitionState, int, KafkaError], None]
+# Records the task purged from a producer it is replacing (or from an aborted transaction): they are read again,
+# they were not refused.
+PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
+
+
+class Refusal(NamedTuple):
+    """A record the destination refused (`sent`), or that the task refused before producing it, saying `why`."""
+
+    state: PartitionState
+    offset: int
+    err: KafkaError
+    why: str | None = None
+    sent: bool = True
+
+    @property
+    def purged(self) -> bool:
+        return self.err.code() in PURGED
 
 
 class Deliveries:
@@ -43,7 +63,6 @@ class Deliveries:
         producer_settings: dict[str, Any],
         book: PartitionBook,
         metrics: TaskMetrics,
-        refused: Refused,
         *,
         ordered_acks: bool,
         grouped: bool,
@@ -53,7 +72,7 @@ class Deliveries:
         self.settings = producer_settings  # every producer's, sized for the task's destination topics
         self.book = book
         self.metrics = metrics
-        self.refused = refused  # a record the destination refused: what follows is decided there
+        self.refusals: deque[Refusal] = deque()  # taken and decided by the loop (`take_refusals`)
         self.ordered_acks = ordered_acks
         self.name = name  # the task, in log lines
         self.producers = DestinationProducers(self._new_producer, grouped=grouped, idle_close_s=idle_close_s)
@@ -84,8 +103,8 @@ class Deliveries:
         `destination_partitions` partitions)."""
         if state.routed and state.destination_partition == partition:
             return  # (the periodic destination check finds most partitions where they were)
-        state.route(partition, self.ordered_acks)
-        state.produce = self._produce_through(self.producers.index_for(state.destination_topic, destination_partitions))
+        group = self.producers.index_for(state.destination_topic, destination_partitions)
+        state.route(partition, self.ordered_acks, self._produce_through(group))
 
     def _produce_through(self, group: int) -> Callable[..., None]:
         """`produce` of the group's producer; while it is closed, a function that opens it again first."""
@@ -105,7 +124,7 @@ class Deliveries:
         group_of = self.producers.topics
         for state in self.book.states.values():
             if (group := group_of.get(state.destination_topic)) in produce_by_group:
-                state.produce = produce_by_group[group]
+                state.write_through(produce_by_group[group])
 
     def close_idle_producers(self, now: float) -> None:
         """Close the producers idle for as long as a partition takes to turn dormant (`DestinationProducers`)."""
@@ -117,14 +136,11 @@ class Deliveries:
     def acknowledged(self, state: PartitionState, run: InFlight, err: KafkaError | None, msg: Message | None) -> None:
         """The destination acknowledged (or refused) a run's last record, and with it the whole run."""
         self.book.touched += 1
-        state.in_flight -= run.count
         if err is not None:
-            self.refused(state, run.first, err)  # the run stays in `pending`: nothing is committed past it
+            state.unanswered(run)  # the run stays in `pending`: nothing is committed past it
+            self.refuse(Refusal(state, run.first, err))
             return
-        run.done = True
-        pending = state.pending
-        while pending and pending[0].done:
-            pending.popleft()
+        state.acknowledged(run, msg.offset() if msg is not None else None)
         # Counted into the topic's counters at once: records, bytes and each record's latency (source CreateTime to
         # acknowledgement). Per record, not sampled: a backlog mixes old and new records, and the latency report's
         # buckets (Mirus's 5m … 12h) must count each one where it belongs. A run at a time: no pause to fold a busy
@@ -132,9 +148,19 @@ class Deliveries:
         acknowledged = self.metrics.counters_for(state.topic)
         acknowledged.add(run.count, run.size)
         acknowledged.add_latencies(self.now_ms, run.timestamps)
-        # (A delivered record's offset is None only without acknowledgements, acks=0, which an ordered state rules out.)
-        if msg is not None and state.ordered and (offset := msg.offset()) is not None:
-            state.destination_next = offset + 1
+
+    def refuse(self, refusal: Refusal) -> None:
+        """Keep a refusal for the loop to decide; its partition's records are skipped until then. A record purged
+        from a producer being replaced (or an aborted transaction) was not refused: it leaves the ledger alone."""
+        if not refusal.purged:
+            refusal.state.refused(refusal.offset, too_large=refusal.err.code() == KafkaError.MSG_SIZE_TOO_LARGE)
+        self.refusals.append(refusal)
+
+    def take_refusals(self) -> list[Refusal]:
+        """The refusals kept since the last call, in their order."""
+        taken = list(self.refusals)
+        self.refusals.clear()
+        return taken
 
     def poll_acks(self, timeout: float, now_ms: int | None = None) -> None:
         """Poll the producers for acknowledgements; a fatal producer error (raised by poll()) is kept in `failure`.
@@ -178,13 +204,11 @@ class Deliveries:
         the head of `pending`, so their partition is re-read from their first offset when it resumes."""
         self.cut_runs = False
         for state in self.book.states.values():
-            state.open_run = None
-            for run in [r for r in state.pending if not r.tail_sent]:
-                run.tail_sent = True
+            for run in state.cut_runs():
                 if delivered:
                     self.acknowledged(state, run, None, None)
                 else:
-                    state.in_flight -= run.count
+                    state.unanswered(run)
 
     # -- a failed producer ----------------------------------------------------------------------------------
 
@@ -198,8 +222,8 @@ class Deliveries:
         return err
 
     def purge(self) -> None:
-        """Drop every record not yet sent; purged records come back as refusals (`refused` leaves their partitions
-        to the next producer), polled here for up to 30 s."""
+        """Drop every record not yet sent; purged records come back as refusals (`Refusal` with a _PURGE_ error),
+        polled here for up to 30 s."""
         self.producers.purge()
         deadline = time.monotonic() + 30
         while len(self.producers) and time.monotonic() < deadline:

@@ -1,18 +1,15 @@
-"""What a refused record or a failed producer does, decided here alone.
+"""What a refused record or a failed producer does to the task's partitions, decided here alone.
 
-  a refused record   `refused`: the destination refused it (or the task did, before sending): its partition alone
-                     pauses with the reason and waits for its backoff (`PartitionPauses.pause`), from that offset;
-                     exactly-once mode's committer is told first (its transaction must be aborted), and a record purged
-                     by an abort is not a refusal
+  a refused record   `decide`: the destination refused it (or the task did, before sending): its partition alone
+                     pauses with the reason and waits for its backoff (`PartitionPauses.pause`), from that offset
   a failed producer  a refusal that says the producer failed (every partition would see the same) pauses no
-                     partition: the producer is marked failed (`Deliveries.failure`) and `producer_failed` replaces it,
-                     reading every partition the destination did not refuse again — at least once from its first
-                     unacknowledged record; exactly once, the transactional committer replaces it and rewinds every
-                     partition to its last committed record (`TransactionalCommitter.producer_failed`)
+                     partition: the producer is marked failed (`Deliveries.failure`) and `replace_producer` replaces
+                     it, reading every partition the destination did not refuse again from its first unacknowledged
+                     record (at least once; exactly once, `TransactionalCommitter` replaces it and rewinds instead)
 
-The forwarder and the deliveries hand refusals here (`Forwarder.forward`, `Deliveries.acknowledged`), and the
-forwarder a failed producer (`Forwarder.poll_once`); what follows runs from here in one direction, to the deliveries'
-producers, the partition pauses and the committer, never back to the forwarder.
+Refusals and failures are data the deliveries keep (`Deliveries.refusals`, `Deliveries.failure`); the committer of the
+task's delivery mode takes them once a loop and decides with this module (`Committer.settle`): what differs between
+the modes (a refusal aborts a transaction, a purge is no refusal) is the committer's, never asked here.
 """
 
 from __future__ import annotations
@@ -21,12 +18,10 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError
 
-from replicator.engine.committer import Committer
-from replicator.engine.deliveries import Deliveries
-from replicator.engine.partitions import AWAITING_NEW_PRODUCER, UNASSIGNED_PARTITION, PartitionBook, PartitionState
+from replicator.engine.deliveries import Deliveries, Refusal
+from replicator.engine.partitions import UNASSIGNED_PARTITION, PartitionBook, PartitionState
 from replicator.engine.pauses import PartitionPauses
 from replicator.engine.record_limits import broker_refusal_hint
-from replicator.engine.transactions import TransactionalCommitter
 
 # The destination no longer accepts this producer's identity (id, epoch, sequence), or the producer stopped after
 # an error that could leave a gap (`enable.gapless.guarantee`): retrying with the same producer cannot succeed, a
@@ -38,68 +33,51 @@ PRODUCER_BROKEN = {
     KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FENCED, KafkaError.UNKNOWN_PRODUCER_ID,
     KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.INVALID_PRODUCER_ID_MAPPING, KafkaError._INCONSISTENT,
 }  # fmt: skip
-# Records the task purged from a producer it is replacing: they are read again, they were not refused.
-PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
 
 
 class DeliveryFailures:
-    """Decides what a refused record and a failed producer do (see the module)."""
+    """Decides what a refused record and a failed producer do to the partitions (see the module)."""
 
     def __init__(
-        self,
-        deliveries: Deliveries,
-        book: PartitionBook,
-        partitions: PartitionPauses,
-        committer: Committer,
-        on_event: Callable[[str], None],
+        self, deliveries: Deliveries, book: PartitionBook, pauses: PartitionPauses, on_event: Callable[[str], None]
     ) -> None:
         self.deliveries = deliveries
         self.book = book
-        self.partitions = partitions
-        self.committer = committer
+        self.pauses = pauses
         self.on_event = on_event
 
-    def refused(
-        self, state: PartitionState, offset: int, err: KafkaError, why: str | None = None, sent: bool = True
-    ) -> None:
-        """The destination refused a record of `state` at `offset` (or, `sent` False, the task did before producing
-        it, saying `why`): the partition waits for its backoff, from that offset."""
-        if sent and not self.committer.refusal_counts(state, offset, err):
-            return
-        if state.failed_at is None or offset < state.failed_at:
-            state.failed_at = offset
-        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-            state.recheck_limit = True  # raised meanwhile, the limit lets the retry through
-        if err.fatal() or err.code() in PRODUCER_BROKEN or err.code() in PURGED:
+    def decide(self, refusal: Refusal) -> None:
+        """A refused record: its partition waits for its backoff, from that offset, unless the producer failed."""
+        state, offset, err = refusal.state, refusal.offset, refusal.err
+        if self.book.states.get(state.tp) is not state:
+            return  # released (or its clients made again) since: its next owner reads it from its commit
+        if err.fatal() or err.code() in PRODUCER_BROKEN or refusal.purged:
             # The producer failed, not this partition's record: every partition would see the same. Pausing it
             # with a backoff would stop partitions the destination accepts whenever another one's refusal stops
             # the producer (a gapless producer stops on any refused batch).
-            if err.code() not in PURGED:
+            if not refusal.purged:
                 self.deliveries.failed(err)
-            if state.paused_reason is None:
-                state.paused_reason = AWAITING_NEW_PRODUCER
+            state.awaiting_new_producer()
             return
-        # (A record of this partition may have failed with the stopped producer before its refusal was polled.)
-        if state.paused_reason is None or state.paused_reason is AWAITING_NEW_PRODUCER:
-            self.partitions.pause(state, why or self._refusal_reason(state, offset, err))
+        # (A record of this partition may have failed with the stopped producer before its refusal was taken.)
+        if state.paused_reason is None or state.awaiting:
+            self.pauses.pause(state, refusal.why or self._refusal_reason(state, offset, err))
 
     def _refusal_reason(self, state: PartitionState, offset: int, err: KafkaError) -> str:
         if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:  # a missing ACL: say whose and which
             topic = state.destination_topic
-            return self.partitions.refused_by("destination", f"writing to {topic!r}", err, ("Write", topic))
+            return self.pauses.refused_by("destination", f"writing to {topic!r}", err, ("Write", topic))
         why = f"destination refused offset {offset}: {err.str()} ({err.name()})"
         return why + broker_refusal_hint(state) if err.code() == KafkaError.MSG_SIZE_TOO_LARGE else why
 
-    def producer_failed(self, err: KafkaError) -> None:
-        """A producer failed fatally (`Deliveries.failure`, taken). Exactly once, its transaction failed with it: the
-        transactional committer replaces it and rewinds every partition. At least once, a new producer reads every
+    def replace_producer(self, err: KafkaError) -> None:
+        """At least once: a producer failed fatally (`Deliveries.failure`, taken). A new producer reads every
         partition the destination did not refuse again from its first unacknowledged record."""
-        if isinstance(self.committer, TransactionalCommitter):
-            self.committer.producer_failed(err)
-            return
         deliveries = self.deliveries
         self.on_event(f"producer failed fatally ({err}); recreating it")
         deliveries.purge()
+        for refusal in deliveries.take_refusals():  # purged records, and refusals that came meanwhile
+            self.decide(refusal)
         deliveries.take_failure()  # this producer's own error again, if it is repeated while purging
         deliveries.conclude_cut_runs(delivered=False)
         deliveries.replace_producers()
@@ -109,8 +87,8 @@ class DeliveryFailures:
                 state.route(state.destination_partition, deliveries.ordered_acks)
             # Partitions the destination did not refuse go on at once, from their first unacknowledged record;
             # a refused one waits for its backoff (`AssignmentFollower.resume`).
-            if state.paused_reason is None or state.paused_reason is AWAITING_NEW_PRODUCER:
-                state.paused_reason = None
-                self.partitions.read_again(state)
+            if state.paused_reason is None or state.awaiting:
+                state.unpaused()
+                self.pauses.read_again(state)
                 again += 1
         self.on_event(f"new producer: {again} partition(s) read again from their first unacknowledged offset")

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicPartition
 from sqlalchemy.exc import SQLAlchemyError
@@ -36,6 +36,18 @@ log = logging.getLogger(__name__)
 REFRESH_INTERVAL_S = 0.5
 
 
+class Rebuild(NamedTuple):
+    """The follower's answer when the task's clients must be made again (`ReplicationTask.rebuild`): for a new
+    configuration version or restart (`why` None), or for record size limits the clients no longer fit. The task
+    makes them, then lets the follower go on (`AssignmentFollower.after_rebuild`)."""
+
+    version: int
+    restart_marker: object
+    why: str | None = None
+    head: ConnectorHead | None = None  # the connector's row being followed when the rebuild was found needed
+    force: bool = False
+
+
 class TaskExit(enum.Enum):
     STOPPED = "STOPPED"  # asked to stop (run terminated, process shutting down)
     REMOVED = "REMOVED"  # the task is no longer part of the connector's assignment
@@ -53,8 +65,8 @@ class Committing(Protocol):
 
 
 class FollowedTask(Protocol):
-    """What the follower reads of its task (`ReplicationTask`): it outlives the clients, asks the task to make them
-    again (`rebuild`), and uses the current ones, with the configuration and the committer made with them."""
+    """What the follower reads of its task (`ReplicationTask`): it outlives the clients, says when the task must make
+    them again (`Rebuild`), and uses the current ones, with the configuration and the committer made with them."""
 
     connector: str
     task_id: int
@@ -78,8 +90,6 @@ class FollowedTask(Protocol):
     @property
     def committer(self) -> Committing: ...
 
-    def rebuild(self, version: int, restart_marker: object, why: str | None = None) -> None: ...
-
 
 class AssignmentFollower:
     """The connector's row and the task's assignment, followed; paused partitions retried."""
@@ -96,8 +106,9 @@ class AssignmentFollower:
         self.pauses_version = -1  # of the connector's operator pauses, as last read (`PartitionPauses.follow_pauses`)
         self.head_in_flight: Future[ConnectorHead | None] | None = None  # the connector's row, read in the background
         self.limits_in_flight: Future[Readings] | None = None
+        self.unstarted: list[SourcePartition] = []  # claimed, then found to need new clients: started by the rebuild
 
-    def tick(self, now: float) -> TaskExit | None:
+    def tick(self, now: float) -> TaskExit | Rebuild | None:
         """The loop's duties here: act on the connector's row, check destinations, retry paused partitions."""
         task = self.task
         # The connector's row is read off the loop (a query is milliseconds the records would wait) and acted on here.
@@ -121,19 +132,20 @@ class AssignmentFollower:
         if self.limits_in_flight is not None and self.limits_in_flight.done():
             limits_done, self.limits_in_flight = self.limits_in_flight, None
             if limits_done.exception() is None:
-                self.limits_read(task.limits.apply(limits_done.result()))
+                if rebuild := self.limits_read(task.limits.apply(limits_done.result())):
+                    return rebuild
             else:
                 log.warning("size limits of %s-%d not read: %s", task.connector, task.task_id, limits_done.exception())
         if self.limits_in_flight is None and states and task.scheduler.due(READING_SIZE_LIMITS, LIMITS_REFRESH_S, now):
             source, destination = task.limits.served()
             self.limits_in_flight = task.background.submit(read_limits, task.config, source, destination)
         if task.book.paused and (due := task.book.due_for_retry(now)):
-            self.retry(due)
+            return self.retry(due)
         return None
 
     # -- the connector and its assignment -------------------------------------------------------------------
 
-    def refresh(self, head: ConnectorHead | None, force: bool = False) -> TaskExit | None:
+    def refresh(self, head: ConnectorHead | None, force: bool = False) -> TaskExit | Rebuild | None:
         """Notice pause, delete, restart, new config versions and new assignment generations in the connector's
         row, as `Store.connector_head` read it."""
         task = self.task
@@ -142,7 +154,7 @@ class AssignmentFollower:
         if head.state == ConnectorState.PAUSED:
             return TaskExit.PAUSED
         if not task.clients_open or head.version != task.version or head.restart_requested_at != task.restart_marker:
-            task.rebuild(head.version, head.restart_requested_at)
+            return Rebuild(head.version, head.restart_requested_at, head=head, force=force)
         if force or head.pauses_version != self.pauses_version:  # before claims: a claimed partition starts held
             self.pauses.follow_pauses(
                 {tp: row.reason for tp, row in task.store.partition_pauses(task.connector).items()}
@@ -158,8 +170,12 @@ class AssignmentFollower:
                 self.throttle.share(task.config, self.tasks)
             self.apply_assignment(set(assignment.get(task.task_id, ())))
         if task.book.waiting:
-            self.claim(sorted(task.book.waiting))
+            return self.claim(sorted(task.book.waiting))
         return None
+
+    def after_rebuild(self, rebuild: Rebuild) -> TaskExit | Rebuild | None:
+        """The clients were made again: go on following the connector's row that asked for it, if one did."""
+        return None if rebuild.head is None else self.refresh(rebuild.head, rebuild.force)
 
     def apply_assignment(self, mine: set[SourcePartition]) -> None:
         task, book = self.task, self.task.book
@@ -175,7 +191,7 @@ class AssignmentFollower:
             task.on_event(f"released {len(removed)} partition(s): {describe(removed)}")
         book.waiting = {tp for tp in mine if tp not in book.states}
 
-    def claim(self, wanted: list[SourcePartition]) -> None:
+    def claim(self, wanted: list[SourcePartition]) -> Rebuild | None:
         task = self.task
         stale = timedelta(milliseconds=task.config.lease_timeout_ms)
         claimed = task.store.claim_partitions_from(task.lease, wanted, stale)
@@ -183,18 +199,20 @@ class AssignmentFollower:
         if silent:
             task.committer.claimed_from(silent)
         task.book.waiting.difference_update(claimed)
-        self.start(sorted(claimed))
+        return self.start(sorted(claimed))
 
-    def start(self, partitions: list[SourcePartition]) -> None:
+    def start(self, partitions: list[SourcePartition]) -> Rebuild | None:
         """Begin consuming `partitions` at their committed offsets (or per auto.offset.reset)."""
+        partitions, self.unstarted = sorted({*partitions, *self.unstarted}), []
         if not partitions:
-            return
+            return None
         task = self.task
         # New topics: their size limits are read first, and clients too small for them are made again (which
-        # restarts the partitions already owned) before these start.
+        # restarts the partitions already owned) before these start, by the rebuild.
         task.limits.serve(task.config, {topic for topic, _ in partitions})
-        if any(task.limits.unread()):
-            self.limits_read(task.limits.learn(task.config))
+        if any(task.limits.unread()) and (rebuild := self.limits_read(task.limits.learn(task.config))):
+            self.unstarted = partitions
+            return rebuild
         stored = task.store.load_offsets(task.connector, partitions)
         flowing = task.committer.resume(partitions, stored)
         resets = self.reset_offsets([tp for tp in partitions if tp not in stored])
@@ -205,7 +223,7 @@ class AssignmentFollower:
             if tp not in stored and resets[tp] >= 0:
                 # Stored at the next commit: a restart before the partition's first record starts here too, instead
                 # of asking auto.offset.reset again (at latest, what was written meanwhile would be skipped).
-                state.position = state.durable = resets[tp]
+                state.starts_at(resets[tp])
             task.limits.fit(state, task.config)
             task.book.add(state)
             assign.append(TopicPartition(tp[0], tp[1], stored[tp] if tp in stored else resets[tp]))
@@ -222,6 +240,7 @@ class AssignmentFollower:
             except KafkaException as exc:
                 log.warning("destination metadata of %s unavailable: %s", topic, exc)
         task.on_event(f"replicating {len(partitions)} partition(s): {describe(partitions)}")
+        return None
 
     def reset_offsets(self, partitions: list[SourcePartition]) -> dict[SourcePartition, int]:
         """Where partitions without a committed offset start, per `auto.offset.reset`: asked in one request per
@@ -252,7 +271,7 @@ class AssignmentFollower:
 
     # -- paused partitions --------------------------------------------------------------------------------
 
-    def retry(self, due: list[PartitionState]) -> None:
+    def retry(self, due: list[PartitionState]) -> Rebuild | None:
         """Resume the paused partitions whose backoff is over. The size limits of those refused for their size, and
         of destination topics not read yet (missing until now), are read first, in one request per cluster:
         clients that no longer fit are made again, which restarts every partition instead."""
@@ -260,33 +279,33 @@ class AssignmentFollower:
         again = {state.destination_topic for state in due if state.recheck_limit}
         if again or any(task.limits.unread()):
             for state in due:
-                state.recheck_limit = False
-            if self.limits_read(task.limits.learn(task.config, again)):
-                return
+                state.limit_read()
+            if rebuild := self.limits_read(task.limits.learn(task.config, again)):
+                return rebuild
         for state in due:
             if state.refused_against is not None and state.refused_against == state.size_limit:
                 # The record it waits with exceeds that same limit still: read again, it would be refused again (and
                 # the partition shown replicating meanwhile). It waits for its next backoff, and a new reading.
-                state.recheck_limit = True
+                state.still_too_large()
                 task.book.pause(state, state.paused_reason or "")
                 continue
-            state.refused_against = None
+            state.within_limit()
             self.resume(state)
+        return None
 
-    def limits_read(self, changed: set[str]) -> bool:
+    def limits_read(self, changed: set[str]) -> Rebuild | None:
         """Size limits were read (`changed`: destination topics whose limit changed). Clients made for other limits
         are made again, as for a new configuration version (records larger than their producer takes would be
-        refused, batches larger than a destination topic takes would be refused by its broker); otherwise the
-        partitions of `changed` are measured against their new limit. Whether the clients were made again."""
+        refused, batches larger than a destination topic takes would be refused by its broker): returned as a
+        `Rebuild`; otherwise the partitions of `changed` are measured against their new limit."""
         task = self.task
         task.scheduler.ran(READING_SIZE_LIMITS, LIMITS_REFRESH_S)
         if task.clients_open and task.limits.sizes_of(task.config, task.task_id) != task.sized_for:
-            task.rebuild(task.version, task.restart_marker, why="the topics' record size limits changed")
-            return True
+            return Rebuild(task.version, task.restart_marker, why="the topics' record size limits changed")
         for state in task.book.states.values():
             if state.destination_topic in changed:
                 task.limits.fit(state, task.config)
-        return False
+        return None
 
     def resume(self, state: PartitionState) -> None:
         """Retry a paused partition from its first unacknowledged offset."""

@@ -9,8 +9,8 @@
               destination topic is refused before that, `replicator.engine.record_limits`)
 
 What is produced is acknowledged by the deliveries (`replicator.engine.deliveries`) and committed by the task's
-committer (`replicator.engine.committer`); what a refusal or a failed producer does is decided by
-`replicator.engine.failures`.
+committer (`replicator.engine.committer`); a record refused before sending is handed to the deliveries as a
+`Refusal`, which the committer decides with the others (`replicator.engine.failures`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 
 from replicator.configuration.connector import ConnectorConfig
 from replicator.engine.committer import Committer
-from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Deliveries
-from replicator.engine.failures import DeliveryFailures
+from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Deliveries, Refusal
 from replicator.engine.partitions import InFlight, PartitionBook, PartitionState
 from replicator.engine.record_limits import oversized, producer_refusal_reason
 from replicator.engine.source_reader import SourceReader
@@ -47,7 +46,6 @@ class Forwarder:
         reader: SourceReader,
         book: PartitionBook,
         deliveries: Deliveries,
-        failures: DeliveryFailures,
         committer: Committer,
         *,
         source_error: Callable[[Message], None],
@@ -60,7 +58,6 @@ class Forwarder:
         self.reader = reader
         self.book = book
         self.deliveries = deliveries
-        self.failures = failures
         self.committer = committer  # asked whether to read (`accepting`) and how long to wait for acknowledgements
         self.source_error = source_error  # an error event among the records: the assignment follower's to handle
         self.head_changed = head_changed  # a long wait for records ends when the connector's row changed
@@ -104,11 +101,6 @@ class Forwarder:
         if msgs:
             self.forward(msgs)
         deliveries.poll_acks(self.committer.ack_wait_s(), now_ms=time.time_ns() // 1_000_000)
-        if (failure := deliveries.failure) is not None:
-            deliveries.take_failure()
-            self.failures.producer_failed(failure)
-        elif deliveries.cut_runs and not len(deliveries):
-            deliveries.conclude_cut_runs(delivered=True)
 
     def forward(self, msgs: list[Record]) -> None:
         """Map and produce a batch of records, in order. This loop runs once per record: it stays flat, and the
@@ -151,17 +143,14 @@ class Forwarder:
             else:
                 state = None
             if unsent is not None:  # produce it: it ends its run unless the next record continues the run
-                run = ustate.open_run
-                if run is None:
-                    run = ustate.open_run = InFlight(uoffset)
-                    ustate.pending.append(run)
+                run = ustate.open_run or ustate.open(uoffset)
                 last = cycle or ustate is not state or not ustate.ordered
                 key, value = unsent.key(), unsent.value()
                 size = (len(value) if value else 0) + (len(key) if key else 0)
                 callback = partial(acknowledged, ustate, run) if last else None
                 # Only a record near its destination topic's limit is measured (headers and framing included).
                 if size > ustate.size_check and (why := oversized(ustate, uoffset, key, value, uheaders)):
-                    ustate.refused_against = ustate.size_limit
+                    ustate.too_large()
                     produced = self._refuse_unsent(ustate, run, uoffset, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), why)
                 else:
                     try:
@@ -182,20 +171,14 @@ class Forwarder:
                     except (BufferError, KafkaException) as exc:
                         produced = self._produce_again(exc, ustate, run, uoffset, value, key, callback, uts, uheaders)
                 if produced:
-                    ustate.position = uoffset + 1
-                    ustate.in_flight += 1
-                    run.count += 1
-                    run.size += size
-                    if uts:
-                        run.timestamps.append(uts)
+                    run.add(uoffset, size, uts)
                     if last:
-                        run.tail_sent = True
-                        ustate.open_run = None
+                        ustate.sent(run)
                 unsent = None
             if msg is None or state is None or state.paused_reason is not None:
                 continue  # the end, or the record before it was refused: it is re-read from its offset later
             if cycle:
-                state.position = offset + 1
+                state.skipped(offset)
                 continue
             ts_type, ts = msg.timestamp()
             unsent, ustate, uoffset, uheaders, uts = msg, state, offset, headers, ts if ts_type else 0
@@ -229,8 +212,8 @@ class Forwarder:
             settings = self.deliveries.settings
             why = producer_refusal_reason(state, offset, (key, value, headers), settings, self.config, err)
             return self._refuse_unsent(state, run, offset, err, why)
-        self._cut_run(state, run)
-        self.failures.refused(state, offset, err)
+        state.cut(run)
+        self.deliveries.refuse(Refusal(state, offset, err))
         if run.count:  # the run's records so far carry no callback: find out whether they arrived
             self.deliveries.drain(REFUSAL_DRAIN_S)
         return False
@@ -239,15 +222,8 @@ class Forwarder:
         """A record too large to be produced: its partition waits with `why` (and its limit is read again before the
         retry); the run's records before it are acknowledged once the producer delivered them. Never produced, so
         no transaction holds it: exactly-once mode goes on without an abort. Returns False (not produced)."""
-        self._cut_run(state, run)
-        self.failures.refused(state, offset, err, why, sent=False)
+        state.cut(run)
+        self.deliveries.refuse(Refusal(state, offset, err, why, sent=False))
         if run.count:  # the run's records so far carry no callback: find out whether they arrived
             self.deliveries.drain(REFUSAL_DRAIN_S)
         return False
-
-    @staticmethod
-    def _cut_run(state: PartitionState, run: InFlight) -> None:
-        """End the run before the record just refused (and forget it if it holds nothing yet)."""
-        state.open_run = None
-        if not run.count:
-            state.pending.pop()

@@ -6,7 +6,6 @@ unacknowledged offset, or dropped when its source partition disappeared; each sh
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import Literal, Protocol
 
@@ -99,7 +98,7 @@ class PartitionPauses:
             if (state := states.get(tp)) is not None and tp in self.task.book.paused:
                 # Resumed by the retry duty (`AssignmentFollower.tick`) once every record it had produced is answered:
                 # read again sooner, those records would be written twice.
-                state.retry_at = 0.0
+                state.retry_now()
         for tp, reason in wanted.items():
             if self.held.get(tp) != reason:
                 self.held[tp] = reason
@@ -110,9 +109,7 @@ class PartitionPauses:
         """Stop reading a partition until an operator resumes it. What it produced is still acknowledged and
         committed; the rest of a batch in hand is skipped (`Forwarder.forward`) and read again on resuming."""
         reason = f"{OPERATOR_PAUSE}: {self.held[state.tp]}"
-        state.paused_reason = reason
-        self.task.book.paused[state.tp] = state  # with a failure's pause, if any: the operator's resume retries it
-        state.retry_at = math.inf  # never retried by time
+        self.task.book.hold(state, reason)
         self.task.reader.pause([state.tp])
         self.task.on_event(f"paused {state.topic}[{state.partition}]: {reason}")
 
@@ -125,7 +122,7 @@ class PartitionPauses:
 
     def read_again(self, state: PartitionState) -> int | None:
         """Read a partition again from its first unacknowledged offset (returned): nothing produced is awaited."""
-        restart = self.task.book.read_again(state)
+        restart = state.read_again()
         if restart is not None:
             self.task.reader.seek(state.tp, restart)
         return restart

@@ -278,8 +278,8 @@ class RecordLimits:
     def fit(self, state: PartitionState, config: ConnectorConfig) -> None:
         """Measure `state`'s records against its destination topic's limit from now on (not while it is unknown, nor
         when the connector sets the producer's message.max.bytes itself: sizes are then the connector's to decide)."""
-        limit = state.size_limit = self.destination.get(state.destination_topic)
+        limit = self.destination.get(state.destination_topic)
         if limit is None or "message.max.bytes" in config.producer_client:
-            state.size_check = NO_SIZE_CHECK
+            state.sized(limit, NO_SIZE_CHECK)
         else:
-            state.size_check = max(0, limit.bytes - BATCH_OVERHEAD - HEADER_ALLOWANCE)
+            state.sized(limit, max(0, limit.bytes - BATCH_OVERHEAD - HEADER_ALLOWANCE))

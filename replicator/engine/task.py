@@ -6,7 +6,9 @@ A record's path, top to bottom, is the loop in `ReplicationTask.run`:
                         (`replicator.engine.source_reader`) to the destination producers
   acknowledge           `Deliveries.acknowledged` (`replicator.engine.deliveries`): the destination's
                         acknowledgements into the partition book (`replicator.engine.partitions`); a refusal or a
-                        failed producer goes to `DeliveryFailures` (`replicator.engine.failures`), which decides
+                        failed producer is kept there as data
+  settle                `Committer.settle`, first in `Committer.tick`: the delivery mode's committer decides what
+                        the refusals and a failed producer do, with `DeliveryFailures` (`replicator.engine.failures`)
   commit                `Committer.tick` (`replicator.engine.committer`): every `offset.flush.interval.ms`, each
                         partition's first unacknowledged offset to Postgres under the lease epoch, on a background
                         thread; exactly-once mode's `TransactionalCommitter` (`replicator.engine.transactions`)
@@ -40,7 +42,7 @@ from replicator.engine.committer import Committer, CommitWatchdogError
 from replicator.engine.deliveries import Deliveries
 from replicator.engine.destinations import Destinations
 from replicator.engine.failures import DeliveryFailures
-from replicator.engine.follower import AssignmentFollower, TaskExit
+from replicator.engine.follower import AssignmentFollower, Rebuild, TaskExit
 from replicator.engine.forwarder import Forwarder
 from replicator.engine.metrics import TaskMetrics
 from replicator.engine.partitions import PartitionBook
@@ -154,15 +156,16 @@ class ReplicationTask:
             self.on_event(f"claimed with epoch {self.lease.epoch}")
             if self.clients_open:  # prepared while standing by: its transactions start now, fencing the last owner
                 self.committer.start()
-            outcome = self.follower.refresh(self.store.connector_head(self.connector), force=True)
+            outcome = self.refresh(force=True)
             while outcome is None:
                 if should_stop():
                     outcome = TaskExit.STOPPED
                     break
                 self.forwarder.poll_once()  # fetch, map, produce, acknowledge
                 now = time.monotonic()
-                self.committer.tick(now)  # commit
-                outcome = self.follower.tick(now)  # the connector, its assignment, destinations, paused partitions
+                self.committer.tick(now)  # settle refusals and failures, commit
+                # The connector, its assignment, destinations, paused partitions.
+                outcome = self._follow(self.follower.tick(now))
                 self._rest_and_record(now)
             return outcome
         except FencedError as exc:
@@ -177,13 +180,26 @@ class ReplicationTask:
                 unsubscribe()
             self._shutdown(outcome, error)
 
+    def refresh(self, force: bool = False) -> TaskExit | None:
+        """Read the connector's row and follow it (its clients made first, when they are none or outdated)."""
+        return self._follow(self.follower.refresh(self.store.connector_head(self.connector), force))
+
+    def _follow(self, outcome: TaskExit | Rebuild | None) -> TaskExit | None:
+        """Make the clients again as long as the follower says so, letting it go on after each time."""
+        while isinstance(outcome, Rebuild):
+            if again := self.rebuild(outcome.version, outcome.restart_marker, outcome.why):
+                outcome = again._replace(head=outcome.head, force=outcome.force)  # then go on as asked first
+            else:
+                outcome = self.follower.after_rebuild(outcome)
+        return outcome
+
     def prepare(self) -> None:
         """Create and connect the clients before owning the task (a warm standby): `run` then starts replicating
         at once, unless the configuration changed meanwhile."""
         head = self.store.connector_head(self.connector)
         if head is None:
             return
-        self.rebuild(head.version, head.restart_requested_at)
+        self._follow(Rebuild(head.version, head.restart_requested_at))
         # The producer connected and holding the metadata of one of its topics (never the whole cluster's) before it
         # is needed. The source consumers are made at the takeover, in the quiet tier (answered at the first byte).
         mine = self.store.read_assignment(self.connector).get(self.task_id)
@@ -206,9 +222,10 @@ class ReplicationTask:
         finally:
             self.deliveries.close()
 
-    def rebuild(self, version: int, restart_marker: object, why: str | None = None) -> None:
+    def rebuild(self, version: int, restart_marker: object, why: str | None = None) -> Rebuild | None:
         """(Re)create clients for the current configuration, resuming every owned partition from its commit (`why`:
-        for another reason than a new version, e.g. record size limits the clients no longer fit)."""
+        for another reason than a new version, e.g. record size limits the clients no longer fit). Returns a
+        `Rebuild` if the partitions' limits, read only now, need other clients still."""
         record = self.store.get_connector(self.connector)
         config = load(record.properties)
         if (
@@ -220,7 +237,7 @@ class ReplicationTask:
             self.config, self.version = config, record.version
             self.throttle.share(config, self.follower.tasks)
             self.on_event(f"configuration version {record.version}: throttle changed, clients kept")
-            return
+            return None
         owned = sorted(self.book.states)
         if self.clients_open:
             self.on_event(f"{why or f'configuration version {record.version}'}: restarting clients in place")
@@ -260,31 +277,28 @@ class ReplicationTask:
         consumer, producer = self.limits.client_settings(config, self.task_id)
         self.sized_for = self.limits.sizes_of(config, self.task_id)
         self.reader = SourceReader(consumer, self.reader_limits)
-        # What a refusal or a failed producer does is decided in one place (`DeliveryFailures`), which the deliveries'
-        # acknowledgements reach and which replaces their producers: made right after them.
         self.deliveries = deliveries = Deliveries(
             producer,
             self.book,
             self.metrics,
-            lambda state, offset, err: failures.refused(state, offset, err),
             ordered_acks=config.ordered_acks,
             grouped=not config.exactly_once,
             idle_close_s=self.reader.quiet_after_s + self.reader.dormant_after_s,
             name=f"{self.connector}-{self.task_id}",
         )
+        # What refusals and a failed producer do is decided by the delivery mode's committer, with `DeliveryFailures`.
+        failures = DeliveryFailures(deliveries, self.book, self.pauses, self.on_event)
         last = self.committer
         if config.exactly_once:
-            self.committer = TransactionalCommitter(self, self.destinations, deliveries, self.follower.reset_offsets)
+            self.committer = TransactionalCommitter(self, self.destinations, failures, self.follower.reset_offsets)
         else:
-            self.committer = Committer(self, self.destinations)
+            self.committer = Committer(self, self.destinations, failures)
         self.committer.watch_on(last)
-        failures = DeliveryFailures(deliveries, self.book, self.pauses, self.committer, self.on_event)
         self.forwarder = Forwarder(
             config,
             self.reader,
             self.book,
             deliveries,
-            failures,
             self.committer,
             source_error=self.pauses.source_error,
             head_changed=self.head_changed,
@@ -298,8 +312,9 @@ class ReplicationTask:
         self.clients_open = True
         was_paused = list(self.book.paused)
         self.book.clear()
-        self.follower.start(owned)
+        again = self.follower.start(owned)
         self.pauses.restarted(was_paused)
+        return again
 
     def _shutdown(self, outcome: TaskExit | None, error: BaseException | None) -> None:
         fenced = outcome is TaskExit.FENCED
@@ -329,7 +344,7 @@ class ReplicationTask:
 
     def _rest_and_record(self, now: float) -> None:
         if self.scheduler.due(RESTING, REST_INTERVAL_S, now):
-            self.reader.retier(self.book.position)
+            self.reader.retier(self.book.next_offset)
             self.deliveries.close_idle_producers(now)
         if self.scheduler.due(RECORDING_METRICS, self.metrics.interval_s, now):
             self._record_metrics(now)

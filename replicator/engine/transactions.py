@@ -30,7 +30,8 @@ from replicator.engine.committer import COMMIT_WAIT_S, Committer, CommitterTask
 from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Deliveries
 from replicator.engine.destination_copies import DestinationReadError, copies_end
 from replicator.engine.destinations import Destinations
-from replicator.engine.partitions import AWAITING_NEW_PRODUCER, PartitionState
+from replicator.engine.failures import DeliveryFailures
+from replicator.engine.partitions import PartitionState
 from replicator.engine.producers import close_producer
 from replicator.engine.source_reader import SourceReader
 from replicator.state.records import FencedError
@@ -151,7 +152,7 @@ class TransactionalTask(CommitterTask, Protocol):
 
 class TransactionalCommitter(Committer):
     """Exactly-once: every commit is a destination transaction's, and what Postgres stores is only ever what a
-    committed transaction holds (`PartitionState.durable`)."""
+    committed transaction holds (`PartitionState.durable_offset`)."""
 
     skips_untouched = False  # a transaction's commit moves what may be committed without touching the book
     task: TransactionalTask
@@ -160,16 +161,15 @@ class TransactionalCommitter(Committer):
         self,
         task: TransactionalTask,
         destinations: Destinations,
-        deliveries: Deliveries,
+        failures: DeliveryFailures,
         reset_offsets: Callable[[list[SourcePartition]], dict[SourcePartition, int]],
     ) -> None:
-        super().__init__(task, destinations)
-        self.deliveries = deliveries  # its one producer, what it holds, and its failure
+        super().__init__(task, destinations, failures)
+        self.deliveries: Deliveries = failures.deliveries  # its one producer, what it holds, and its failure
         self.reset_offsets = reset_offsets  # where a partition never committed starts (`AssignmentFollower`)
         self.transactions: Transactions | None = None  # once the task is owned (a standby's must not fence the owner)
         self.due = False  # the transaction commits once its records are acknowledged; intake waits
         self.abort_reason: str | None = None  # a record of the transaction failed: it must be aborted
-        self.aborting = False
 
     def start(self) -> None:
         """`init_transactions` fences older instances of this task, then the first one begins."""
@@ -184,15 +184,31 @@ class TransactionalCommitter(Committer):
     def ack_wait_s(self) -> float:
         return ACK_POLL_S if self.due else 0.0
 
-    def refusal_counts(self, state: PartitionState, offset: int, err: KafkaError) -> bool:
-        if self.aborting:
-            return False  # purged by an abort: the partition is rewound and the record written again
-        self.abort_reason = self.abort_reason or f"{state.topic}[{state.partition}] offset {offset}: {err.name()}"
-        return True
+    def settle(self) -> None:
+        """Exactly once, a refused record aborts the transaction (and its partition waits for its backoff); a record
+        an abort or a replaced producer purged is no refusal (its partition was rewound and writes it again); a failed
+        producer is replaced and every partition rewinds."""
+        self._settle_refusals()
+        deliveries = self.deliveries
+        if (failure := deliveries.take_failure()) is not None:
+            self.producer_failed(failure)
+        elif deliveries.cut_runs and not len(deliveries):
+            deliveries.conclude_cut_runs(delivered=True)
+
+    def _settle_refusals(self) -> None:
+        assert self.failures is not None
+        for refusal in self.deliveries.take_refusals():
+            if refusal.purged:
+                continue
+            if refusal.sent:  # (a record refused before it was produced is in no transaction)
+                state, err = refusal.state, refusal.err
+                where = f"{state.topic}[{state.partition}] offset {refusal.offset}: {err.name()}"
+                self.abort_reason = self.abort_reason or where
+            self.failures.decide(refusal)
 
     def producer_failed(self, err: KafkaError) -> None:
-        """The producer failed fatally (`replicator.engine.failures` hands it here, and `_end_transaction` when it
-        notices): fenced, the task stops; otherwise a new producer fences it and every partition rewinds."""
+        """The producer failed fatally (`settle` and `_end_transaction` notice): fenced, the task stops; otherwise a
+        new producer fences it and every partition rewinds."""
         if err.code() in FENCED_CODES:
             raise FencedError(f"the destination fenced this task's transactional producer ({err.name()})")
         self._replace_producer(f"{err.name()}: {err.str()}")
@@ -236,11 +252,11 @@ class TransactionalCommitter(Committer):
             task.on_event(f"fenced silent task {silent}'s transactions before taking its partitions over")
 
     def offset_of(self, state: PartitionState) -> int | None:
-        return state.durable
+        return state.durable_offset
 
     def destination_offsets(self, offsets: dict[SourcePartition, int]) -> dict[SourcePartition, int] | None:
         states = self.task.book.states
-        ends = {tp: states[tp].destination_durable for tp in offsets if tp in states}
+        ends = {tp: states[tp].durable_destination_offset for tp in offsets if tp in states}
         return {tp: end for tp, end in ends.items() if end is not None}
 
     def commit_due(self) -> None:
@@ -269,6 +285,7 @@ class TransactionalCommitter(Committer):
         deadline = time.monotonic() + STOP_COMMIT_S
         while len(deliveries) and time.monotonic() < deadline:
             deliveries.poll_acks(0.1)
+        self._settle_refusals()
         if len(deliveries) or self.abort_reason is not None or deliveries.failure is not None:
             return
         deliveries.acknowledge_cut_runs()
@@ -295,11 +312,12 @@ class TransactionalCommitter(Committer):
                 self.abort_reason = f"records not acknowledged within {wait_s:.0f}s"
                 break
             deliveries.poll_acks(0.1)
+            self._settle_refusals()
         if (failure := deliveries.failure) is not None:
             deliveries.take_failure()
             self.producer_failed(failure)  # aborts (fences) the transaction and rewinds
             return
-        deliveries.acknowledge_cut_runs()  # before `committable()` says what the transaction holds
+        deliveries.acknowledge_cut_runs()  # before `first_unacknowledged()` says what the transaction holds
         try:
             while self.abort_reason is None:
                 if self.transactions.commit(MAX_BLOCK_S) is CommitResult.COMMITTED:
@@ -322,15 +340,13 @@ class TransactionalCommitter(Committer):
         """The transaction committed: its records are at the destination for good, and their offsets may be stored."""
         self.due = False
         for state in self.task.book.states.values():
-            state.durable = state.committable()
-            state.destination_durable = state.destination_next
+            state.made_durable()
 
     def _abort_and_rewind(self, reopen: bool = True) -> None:
         assert self.transactions is not None
         deliveries = self.deliveries
         reason, self.abort_reason = self.abort_reason, None
         self.task.on_event(f"transaction aborted ({reason}): every partition resumes after its last committed record")
-        self.aborting = True
         try:
             self.transactions.abort(COMMIT_WAIT_S)
             deadline = time.monotonic() + COMMIT_WAIT_S
@@ -341,8 +357,6 @@ class TransactionalCommitter(Committer):
             # is done for. A new one fences it, which aborts its transaction, as a task restart would.
             self._replace_producer(str(exc))
             return
-        finally:
-            self.aborting = False
         self.due = False
         self._rewind()
         if reopen:
@@ -359,11 +373,7 @@ class TransactionalCommitter(Committer):
         task = self.task
         deliveries = self.deliveries
         task.on_event(f"transactional producer failed ({reason}); replacing it, every partition rewinds")
-        self.aborting = True
-        try:
-            deliveries.purge()
-        finally:
-            self.aborting = False
+        deliveries.purge()  # its records come back as purged refusals, which `settle` leaves to the rewind
         deliveries.take_failure()
         deliveries.replace_producers()
         self.start()
@@ -373,30 +383,25 @@ class TransactionalCommitter(Committer):
             raise TransactionError(f"after replacing the transactional producer: {exc}") from None
         for tp, offset in found.items():
             state = task.book.states[tp]
-            if state.durable is None or offset > state.durable:
+            if state.durable_offset is None or offset > state.durable_offset:
                 task.on_event(
                     f"{tp[0]}[{tp[1]}] resumes at {offset} after its last committed copy (a commit whose answer "
-                    f"was lost; this task had seen {state.durable})"
+                    f"was lost; this task had seen {state.durable_offset})"
                 )
-                state.durable = offset
+                state.durable_at(offset)
         self._rewind()
 
     def _rewind(self) -> None:
         """Read every partition again from its last committed position (nothing after it is visible)."""
         task = self.task
         book = task.book
-        resets = self.reset_offsets([tp for tp, state in book.states.items() if state.durable is None])
+        resets = self.reset_offsets([tp for tp, state in book.states.items() if state.durable_offset is None])
         positions = []
         for state in book.states.values():
-            if state.paused_reason is AWAITING_NEW_PRODUCER:
-                state.paused_reason = None
-            state.forget_in_flight()
-            state.in_flight = 0
-            state.position = state.durable
-            state.destination_next = state.destination_durable
+            state.rewound()
             if state.routed:
                 state.route(state.destination_partition, task.config.ordered_acks)
-            offset = resets[(state.topic, state.partition)] if state.durable is None else state.durable
+            offset = resets[state.tp] if state.durable_offset is None else state.durable_offset
             positions.append(TopicPartition(state.topic, state.partition, offset))
         if positions:
             task.reader.unassign(list(book.states))

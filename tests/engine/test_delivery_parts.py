@@ -1,7 +1,7 @@
 """The record path's parts on their own, each built with real small collaborators (a partition book, a source reader
-and producers on the session's clusters, the store): the deliveries' acknowledgements, what `DeliveryFailures`
-decides for a refused record and a failed producer, the forwarder's batch, and a partition whose destination topic
-is missing."""
+and producers on the session's clusters, the store): the deliveries' acknowledgements, what each mode's committer
+decides with `DeliveryFailures` for a refused record and a failed producer, the forwarder's batch, and a partition
+whose destination topic is missing."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import ConnectorConfig, load
 from replicator.engine.committer import Committer
-from replicator.engine.deliveries import Deliveries
+from replicator.engine.deliveries import Deliveries, Refusal
 from replicator.engine.failures import DeliveryFailures
 from replicator.engine.forwarder import Forwarder
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, InFlight, PartitionState
@@ -37,11 +37,15 @@ class Parts:
     task: ReplicationTask
     config: ConnectorConfig
     deliveries: Deliveries
-    failures: DeliveryFailures
+    committer: Committer
     events: list[str]
 
     def state(self, partition: int) -> PartitionState:
         return self.task.book.states[(self.config.name, partition)]
+
+    def refuse(self, state: PartitionState, offset: int, code: int) -> None:
+        """The destination's answer to a run of `state` from `offset`: refused with `code`, kept as data."""
+        self.deliveries.refuse(Refusal(state, offset, KafkaError(code)))
 
 
 @pytest.fixture
@@ -64,30 +68,28 @@ def parts(stack: StackEndpoints, store: Store, unique: str, request: pytest.Fixt
     task.config = config = load(store.get_connector(unique).properties)
     task.reader = SourceReader(config.consumer_settings())
     task.reader.assign([TopicPartition(unique, p, 0) for p in range(2)])
-    failures: DeliveryFailures
     deliveries = Deliveries(
         config.producer_settings(0),
         task.book,
         task.metrics,
-        lambda state, offset, err: failures.refused(state, offset, err),
         ordered_acks=config.ordered_acks,
         grouped=not exactly_once,
         idle_close_s=60.0,
         name=unique,
     )
     task.deliveries = deliveries
+    failures = DeliveryFailures(deliveries, task.book, task.pauses, task.on_event)
     if exactly_once:
-        committer: Committer = TransactionalCommitter(task, task.destinations, deliveries, task.follower.reset_offsets)
+        committer: Committer = TransactionalCommitter(task, task.destinations, failures, task.follower.reset_offsets)
     else:
-        committer = Committer(task, task.destinations)
+        committer = Committer(task, task.destinations, failures)
     task.committer = committer
-    failures = DeliveryFailures(deliveries, task.book, task.pauses, committer, task.on_event)
     for p in range(2):
         state = PartitionState((unique, p), 0, unique, "source-cluster")
         task.book.add(state)
         deliveries.route(state, p, 2)
     try:
-        yield Parts(task, config, deliveries, failures, events)
+        yield Parts(task, config, deliveries, committer, events)
     finally:
         task.reader.close()
         task.background.shutdown()
@@ -95,17 +97,17 @@ def parts(stack: StackEndpoints, store: Store, unique: str, request: pytest.Fixt
 
 def _produce_run(parts: Parts, state: PartitionState, values: list[bytes], callback: bool = True) -> InFlight:
     """Produce `values` as one run of `state`, as the forwarder does: only the last record carries the callback."""
-    run = InFlight(state.position or 0)
-    state.pending.append(run)
+    first = state.next_offset or 0
+    run = state.open(first)
     for i, value in enumerate(values):
         last = callback and i == len(values) - 1
         ack = partial(parts.deliveries.acknowledged, state, run) if last else None
         state.produce(state.destination_topic, value, None, state.destination_partition, ack, None, 0, None)
-        run.count += 1
-        run.size += len(value)
-    run.tail_sent = callback
-    state.position = run.first + len(values)
-    state.in_flight += len(values)
+        run.add(first + i, len(value), 0)
+    if callback:
+        state.sent(run)
+    else:
+        state.cut(run)
     return run
 
 
@@ -115,13 +117,13 @@ def test_one_acknowledgement_stands_for_a_run_and_a_run_cut_short_is_acknowledge
     state = parts.state(0)
     _produce_run(parts, state, [b"a", b"b", b"c"])
     parts.deliveries.drain(30)
-    assert state.committable() == 3 and not state.pending and state.in_flight == 0
-    assert state.destination_next == 3, "where the next copy goes at the destination"
+    assert state.first_unacknowledged() == 3 and not state.pending and state.in_flight == 0
+    assert state.next_destination_offset == 3, "where the next copy goes at the destination"
     assert parts.task.metrics.counters_for(unique).records == 3
     _produce_run(parts, state, [b"d", b"e"], callback=False)  # cut short: no record carries its callback
-    assert state.committable() == 3
+    assert state.first_unacknowledged() == 3
     parts.deliveries.drain(30)
-    assert state.committable() == 5 and not state.pending and not parts.deliveries.cut_runs
+    assert state.first_unacknowledged() == 5 and not state.pending and not parts.deliveries.cut_runs
     assert parts.task.metrics.counters_for(unique).records == 5
 
 
@@ -129,15 +131,18 @@ def test_a_refused_record_pauses_its_partition_alone_from_the_refused_offset(
     parts: Parts, store: Store, unique: str
 ) -> None:
     refused, other = parts.state(0), parts.state(1)
-    refused.position = other.position = 10
+    refused.skipped(9)
+    other.skipped(9)
     err = KafkaError(KafkaError.INVALID_RECORD)
-    parts.failures.refused(refused, 7, err)
-    assert refused.committable() == 7, "re-read from the refused offset"
+    parts.refuse(refused, 7, KafkaError.INVALID_RECORD)
+    assert refused.paused_reason is not None and refused.tp not in parts.task.book.paused, "skipped until decided"
+    parts.committer.settle()
+    assert refused.first_unacknowledged() == 7, "re-read from the refused offset"
     assert parts.task.book.paused == {refused.tp: refused} and refused.tp in parts.task.reader.paused
     assert refused.paused_reason == f"destination refused offset 7: {err.str()} (INVALID_RECORD)"
     status = store.partition_statuses(unique)[refused.tp]
     assert (status.state, status.reason) == (PartitionHealth.PAUSED, refused.paused_reason)
-    assert other.paused_reason is None and other.committable() == 10
+    assert other.paused_reason is None and other.first_unacknowledged() == 10
     assert parts.deliveries.failure is None, "the producer goes on"
 
 
@@ -145,36 +150,43 @@ def test_a_failed_producer_pauses_no_partition_and_its_replacement_reads_the_oth
     parts: Parts, unique: str
 ) -> None:
     refused, failed = parts.state(0), parts.state(1)
-    refused.position = failed.position = 10
-    parts.failures.refused(refused, 4, KafkaError(KafkaError.INVALID_RECORD))
+    refused.skipped(9)
+    failed.skipped(9)
+    parts.refuse(refused, 4, KafkaError.INVALID_RECORD)
     # A purged record was not refused: it neither pauses its partition for long nor fails the producer again.
-    parts.failures.refused(failed, 9, KafkaError(KafkaError._PURGE_QUEUE))
+    parts.refuse(failed, 9, KafkaError._PURGE_QUEUE)
+    parts.committer.settle()
     assert parts.deliveries.failure is None and failed.paused_reason is AWAITING_NEW_PRODUCER
-    parts.failures.refused(failed, 6, KafkaError(KafkaError.UNKNOWN_PRODUCER_ID))
-    assert failed.paused_reason is AWAITING_NEW_PRODUCER and failed.tp not in parts.task.book.paused
-    err = parts.deliveries.take_failure()
-    assert err is not None and err.code() == KafkaError.UNKNOWN_PRODUCER_ID
+    assert failed.refused_from is None and failed.tp not in parts.task.book.paused
+    parts.refuse(failed, 6, KafkaError.UNKNOWN_PRODUCER_ID)
     old = parts.deliveries.producers.all[0]
-    parts.failures.producer_failed(err)
+    parts.committer.settle()  # the producer failed: replaced, once
     assert parts.deliveries.producers.all[0] is not old, "a new producer"
-    assert failed.paused_reason is None and failed.position == 6, "read again from its first unacknowledged record"
-    assert refused.paused_reason is not None and refused.committable() == 4, "the refused one waits for its backoff"
-    assert parts.events[-1] == "new producer: 1 partition(s) read again from their first unacknowledged offset"
+    assert parts.deliveries.failure is None and not parts.deliveries.refusals
+    assert failed.paused_reason is None and failed.next_offset == 6, "read again from its first unacknowledged record"
+    assert refused.paused_reason is not None, "the refused one waits for its backoff"
+    assert refused.first_unacknowledged() == 4
+    assert parts.events[-2:] == [
+        'producer failed fatally (KafkaError{code=UNKNOWN_PRODUCER_ID,val=59,str="Broker: Unknown Producer Id"}); '
+        "recreating it",
+        "new producer: 1 partition(s) read again from their first unacknowledged offset",
+    ]
     _produce_run(parts, failed, [b"again"])  # the partition writes through the new producer
     parts.deliveries.drain(30)
-    assert failed.committable() == 7
+    assert failed.first_unacknowledged() == 7
 
 
 @pytest.mark.parametrize("parts", [True], indirect=True, ids=["exactly-once"])
 def test_exactly_once_a_refusal_aborts_the_transaction_and_an_aborts_purge_is_no_refusal(parts: Parts) -> None:
-    committer = parts.task.committer
+    committer = parts.committer
     assert isinstance(committer, TransactionalCommitter)
     purged, refused = parts.state(0), parts.state(1)
-    committer.aborting = True  # an abort purges what the transaction held: those records are written again
-    parts.failures.refused(purged, 3, KafkaError(KafkaError._PURGE_INFLIGHT))
-    assert purged.failed_at is None and purged.paused_reason is None and committer.abort_reason is None
-    committer.aborting = False
-    parts.failures.refused(refused, 5, KafkaError(KafkaError.INVALID_RECORD))
+    # An abort purges what the transaction held: those records are written again after the rewind.
+    parts.refuse(purged, 3, KafkaError._PURGE_INFLIGHT)
+    committer.settle()
+    assert purged.refused_from is None and purged.paused_reason is None and committer.abort_reason is None
+    parts.refuse(refused, 5, KafkaError.INVALID_RECORD)
+    committer.settle()
     assert committer.abort_reason == f"{refused.topic}[1] offset 5: INVALID_RECORD"
     assert refused.tp in parts.task.book.paused
 
@@ -193,8 +205,7 @@ def test_the_forwarder_copies_a_batch_in_order_with_provenance_and_skips_copies_
         parts.task.reader,
         parts.task.book,
         parts.deliveries,
-        parts.failures,
-        parts.task.committer,
+        parts.committer,
         source_error=parts.task.pauses.source_error,
         head_changed=parts.task.head_changed,
         destination_cluster=destination,
@@ -204,9 +215,9 @@ def test_the_forwarder_copies_a_batch_in_order_with_provenance_and_skips_copies_
     state = parts.state(0)
     for _ in range(50):
         forwarder.poll_once()
-        if state.committable() == 6 and not len(parts.deliveries):
+        if state.first_unacknowledged() == 6 and not len(parts.deliveries):
             break
-    assert state.committable() == 6, "the five records and the one skipped"
+    assert state.first_unacknowledged() == 6, "the five records and the one skipped"
     copied = consume_all(stack.destination_bootstrap_servers, unique, 2, expected=5)
     assert [r.value for r in copied] == [b"%d" % i for i in range(5)]
     assert [(r.partition, r.key) for r in copied] == [(0, b"k")] * 5

@@ -4,7 +4,9 @@ reader gives each partition it starts."""
 
 from __future__ import annotations
 
+import ast
 import time
+from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -13,6 +15,7 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import load
 from replicator.engine.committer import UNTOUCHED_RESCAN_S, Committer
 from replicator.engine.deliveries import Deliveries
+from replicator.engine.failures import DeliveryFailures
 from replicator.engine.partitions import RETRY_BACKOFF_S, InFlight, PartitionBook, PartitionState
 from replicator.engine.scheduler import Scheduler
 from replicator.engine.source_reader import SourceReader, TierLimits
@@ -27,31 +30,33 @@ def _state(partition: int = 0, start: int | None = 10) -> PartitionState:
     return PartitionState(("t", partition), start, "t.copy", "cluster-a")
 
 
-def _never_refused(state: PartitionState, offset: int, err: object) -> None:
-    raise AssertionError(f"no record is produced here: {state.tp} {offset} {err}")
-
-
 def _produced(state: PartitionState, first: int, count: int) -> InFlight:
-    run = InFlight(first)
-    run.count = count
-    state.pending.append(run)
-    state.position = first + count
-    state.in_flight += count
+    """A run of `count` records from `first`, produced and sent whole (the forwarder's calls)."""
+    run = state.open(first)
+    for offset in range(first, first + count):
+        run.add(offset, 100, 0)
+    state.sent(run)
     return run
 
 
 def test_a_partition_commits_up_to_its_first_unacknowledged_record() -> None:
     state = _state(start=10)
-    assert state.committable() == 10
+    assert state.first_unacknowledged() == 10
     first, second = _produced(state, 10, 5), _produced(state, 15, 5)
-    assert state.committable() == 10, "nothing acknowledged yet"
-    second.done = True  # acknowledged out of order: still held by the first run
-    assert state.committable() == 10
-    state.pending.popleft()
-    first.done = True
-    assert state.committable() == 15
-    state.failed_at = 12  # a refusal below the head: everything from it is sent again
-    assert state.committable() == 12
+    assert state.first_unacknowledged() == 10 and state.in_flight == 10, "nothing acknowledged yet"
+    state.acknowledged(second, None)  # acknowledged out of order: still held by the first run
+    assert state.first_unacknowledged() == 10
+    state.acknowledged(first, None)
+    assert state.first_unacknowledged() == 20 and state.in_flight == 0 and not state.pending
+    third = _produced(state, 20, 5)
+    state.refused(22, too_large=False)  # a refusal inside the run: everything from it is sent again
+    state.unanswered(third)
+    assert state.first_unacknowledged() == 20
+    state.read_again()
+    fourth = _produced(state, 20, 2)
+    state.acknowledged(fourth, None)
+    state.refused(12, too_large=False)  # a refusal below the head: everything from it is sent again
+    assert state.first_unacknowledged() == 12
 
 
 def test_reading_again_starts_at_the_first_unacknowledged_record_and_forgets_what_was_in_flight() -> None:
@@ -59,8 +64,8 @@ def test_reading_again_starts_at_the_first_unacknowledged_record_and_forgets_wha
     book.add(state)
     _produced(state, 0, 3)
     _produced(state, 3, 3)
-    assert book.read_again(state) == 0
-    assert not state.pending and state.position == 0 and state.failed_at is None
+    assert state.read_again() == 0
+    assert not state.pending and state.next_offset == 0 and state.refused_from is None
 
 
 def test_a_paused_partition_backs_off_longer_each_time_until_progress_is_committed() -> None:
@@ -77,12 +82,12 @@ def test_a_paused_partition_backs_off_longer_each_time_until_progress_is_committ
     book.pause(state, "refused")
     assert book.due_for_retry(state.retry_at - 0.001) == []
     assert book.due_for_retry(state.retry_at) == [state]
-    state.in_flight = 1  # a record still unanswered: not retried before its answer
+    unanswered = _produced(state, 10, 1)  # a record still unanswered: not retried before its answer
     assert book.due_for_retry(state.retry_at) == []
-    state.in_flight = 0
+    state.unanswered(unanswered)
     book.unpause(state)
     book.committed({state.tp: 11})
-    assert state.committed == 11 and state.failures == 0, "progress starts the backoff over"
+    assert state.committed_offset == 11 and state.failures == 0, "progress starts the backoff over"
 
 
 def test_only_partitions_that_moved_are_committed() -> None:
@@ -90,10 +95,10 @@ def test_only_partitions_that_moved_are_committed() -> None:
     moved, idle = _state(0, start=10), _state(1, start=20)
     book.add(moved)
     book.add(idle)
-    moved.position = 15
-    assert book.changed(PartitionState.committable) == {("t", 0): 15}
+    moved.acknowledged(_produced(moved, 10, 5), None)
+    assert book.changed(PartitionState.first_unacknowledged) == {("t", 0): 15}
     book.committed({("t", 0): 15})
-    assert book.changed(PartitionState.committable) == {}
+    assert book.changed(PartitionState.first_unacknowledged) == {}
 
 
 def test_the_scheduler_runs_a_named_duty_once_per_interval() -> None:
@@ -119,23 +124,27 @@ def test_each_committer_writes_what_its_mode_makes_durable(
     acknowledged, untouched = PartitionState((unique, 0), 0, unique, "a"), PartitionState((unique, 1), 5, unique, "a")
     task.book.add(acknowledged)
     task.book.add(untouched)
-    acknowledged.position = 40  # acknowledged up to 40 ...
-    acknowledged.durable, acknowledged.destination_durable = 25, 7  # ... of which a transaction committed 25
+    acknowledged.route(0, ordered_acks=True)  # its acknowledgements say where its copies are
+    acknowledged.acknowledged(_produced(acknowledged, 0, 25), 6)  # a transaction committed 25 records ...
+    acknowledged.made_durable()
+    acknowledged.acknowledged(_produced(acknowledged, 25, 15), 21)  # ... of 40 acknowledged
     if committer is TransactionalCommitter:
         config = load(store.get_connector(unique).properties)
         deliveries = Deliveries(
-            config.producer_settings(0), task.book, task.metrics, _never_refused,
+            config.producer_settings(0), task.book, task.metrics,
             ordered_acks=True, grouped=False, idle_close_s=60, name=unique,
         )  # fmt: skip
-        part: Committer = TransactionalCommitter(task, task.destinations, deliveries, task.follower.reset_offsets)
+        failures = DeliveryFailures(deliveries, task.book, task.pauses, task.on_event)
+        part: Committer = TransactionalCommitter(task, task.destinations, failures, task.follower.reset_offsets)
     else:
         part = Committer(task, task.destinations)
     part.commit_now()
     expected = 40 if committer is Committer else 25
     assert store.load_offsets(unique) == {(unique, 0): expected}, "only the partition that moved"
-    assert acknowledged.committed == expected
+    assert acknowledged.committed_offset == expected
     destination = store.load_destination_offsets(unique, [(unique, 0)])
-    assert destination == ({} if committer is Committer else {(unique, 0): 7})
+    # Where the next copy goes: after the last acknowledged one (at least once), the last committed one (exactly once).
+    assert destination == {(unique, 0): 22 if committer is Committer else 7}
     task.background.shutdown()
 
 
@@ -155,14 +164,15 @@ def test_an_idle_tasks_commit_visits_its_partitions_only_after_a_read_or_an_ackn
         part.collect(wait=True)
         return store.load_offsets(unique)
 
-    state.position = 10
+    state.acknowledged(_produced(state, 0, 10), None)
     task.book.touched += 1  # a batch read (the forwarder counts each, and each acknowledged run)
     assert commit() == {(unique, 0): 10}
-    state.position = 20  # moved with nothing counted: the commit is a heartbeat, no partition is visited ...
+    # Moved with nothing counted: the commit is a heartbeat, no partition is visited ...
+    state.acknowledged(_produced(state, 10, 10), None)
     assert commit() == {(unique, 0): 10}
     task.book.touched += 1  # ... until the next read or acknowledgement
     assert commit() == {(unique, 0): 20}
-    state.position = 30
+    state.acknowledged(_produced(state, 20, 10), None)
     assert part.scanned is not None
     part.scanned = (part.scanned[0], part.scanned[1] - UNTOUCHED_RESCAN_S)  # or until the rescan period passed
     assert commit() == {(unique, 0): 30}
@@ -187,3 +197,64 @@ def test_the_source_reader_fetches_eagerly_a_few_partitions_and_those_known_to_f
         assert reader.shard[(f"{unique}-new", 0)].tier is reader.flowing
     finally:
         reader.close()
+
+
+# Fields of the ledger's with names no other class of the project uses: a write to one of them on any receiver is a
+# write to the ledger. Names other classes share are caught on receivers named as the engine names ledger entries.
+LEDGER_NAMES = {"state", "ustate", "run", "moved", "acknowledged", "refused", "failed", "purged"}
+SHARED_NAMES = {
+    "count", "destination_topic", "done", "failures", "first", "in_flight", "last", "partition", "produce", "retry_at",
+    "size", "timestamps", "topic", "tp",
+}  # fmt: skip
+
+
+def _ledger_writes(source: str) -> list[str]:
+    """Writes to PartitionState's or InFlight's fields in `source`: assignments, and mutating calls on the ledger's
+    collections (state.pending.append, run.timestamps.append); as 'line receiver.field'."""
+    fields = set(PartitionState.__slots__) | set(InFlight.__slots__)
+    writes = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                targets += target.elts if isinstance(target, ast.Tuple) else [target]
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            inner = node.func.value
+            if isinstance(inner, ast.Attribute) and inner.attr in {"pending", "timestamps"}:
+                targets = [inner]
+        for target in targets:
+            if not isinstance(target, ast.Attribute) or target.attr not in fields:
+                continue
+            receiver = target.value.id if isinstance(target.value, ast.Name) else ""
+            if target.attr not in SHARED_NAMES or receiver in LEDGER_NAMES:
+                writes.append(f"{target.lineno} {receiver}.{target.attr}")
+    return writes
+
+
+def test_the_ledger_changes_only_through_its_own_methods() -> None:
+    """PartitionState's and InFlight's fields are written in replicator/engine/partitions.py alone: elsewhere the
+    parts call the ledger's methods (open, add, sent, acknowledged, refused, paused_for, read_again, committed)."""
+    root = Path(__file__).resolve().parents[2] / "replicator"
+    writes = [
+        f"{path.relative_to(root.parent)}:{write}"
+        for path in sorted(root.rglob("*.py"))
+        if path != root / "engine" / "partitions.py"
+        for write in _ledger_writes(path.read_text())
+    ]
+    assert writes == []
+    assert _ledger_writes((root / "engine" / "partitions.py").read_text()), "the ledger's own writes are found"
+
+
+def test_a_write_to_the_ledger_from_outside_is_found() -> None:
+    source = (
+        "ustate.next_offset = uoffset + 1\n"
+        "state.in_flight += 1\n"
+        "run.count, state.failures = 3, 0\n"
+        "state.pending.append(run)\n"
+        "hosted.failures = 0\n"  # another class's field of the same name, on a receiver that is no ledger entry
+    )
+    assert _ledger_writes(source) == [
+        "1 ustate.next_offset", "2 state.in_flight", "3 run.count", "3 state.failures", "4 state.pending",
+    ]  # fmt: skip

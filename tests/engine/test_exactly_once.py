@@ -261,11 +261,11 @@ def test_a_producer_replaced_after_a_commit_whose_answer_was_lost_writes_nothing
     task.on_event = events.append
     task.lease = store.claim_task(unique, 0, "test")
     task.owning = True  # as `run` does: the committer's transactions start with the clients
-    task.follower.refresh(store.connector_head(unique), force=True)  # clients, partitions, first transaction
+    task.refresh(force=True)  # clients, partitions, first transaction
 
     def forwarded() -> bool:
         task.forwarder.poll_once()
-        return sum(state.position or 0 for state in task.book.states.values()) == 100
+        return sum(state.next_offset or 0 for state in task.book.states.values()) == 100
 
     # Forwarded in the open transaction (the committer's turn, which would commit it, skipped).
     wait_until(forwarded, timeout=60, interval=0, what="100 records forwarded")

@@ -8,14 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import KafkaError
 
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import load
 from replicator.engine.deliveries import Deliveries
 from replicator.engine.follower import AssignmentFollower, TaskExit
-from replicator.engine.partitions import InFlight, PartitionState
 from replicator.engine.source_reader import SourceReader
 from replicator.engine.task import ReplicationTask
 from replicator.engine.throttle import ThrottleShare
@@ -23,10 +21,6 @@ from replicator.state.records import PartitionHealth
 from replicator.state.store import Store
 from tests.fixtures.engine_helpers import connector_properties, create_connector
 from tests.fixtures.kafka_helpers import cluster_id, create_topics, produce
-
-
-def _never_refused(state: PartitionState, offset: int, err: KafkaError) -> None:
-    raise AssertionError(f"no record is produced here: {state.tp} {offset} {err}")
 
 
 @pytest.fixture
@@ -58,7 +52,7 @@ def task(stack: StackEndpoints, store: Store, unique: str, events: list[str]) ->
     task.sized_for = task.limits.sizes_of(config, 0)
     task.reader = SourceReader(consumer)
     task.deliveries = Deliveries(
-        producer, task.book, task.metrics, _never_refused,
+        producer, task.book, task.metrics,
         ordered_acks=config.ordered_acks, grouped=True, idle_close_s=60.0, name=unique,
     )  # fmt: skip
     task.clients_open = True  # the committer the task was made with serves: it reads the configuration through the task
@@ -92,7 +86,8 @@ def test_a_new_assignment_generation_releases_the_partitions_removed_committed_a
     assert follower.refresh(store.connector_head(unique)) is None
     assert sorted(task.book.states) == [(unique, 0), (unique, 1)]
     assert events[-1] == f"replicating 2 partition(s): {unique}[0], {unique}[1]"
-    task.book.states[(unique, 0)].position = 5  # acknowledged up to 5, not yet committed
+    moved = task.book.states[(unique, 0)]
+    moved.skipped(4)  # acknowledged up to 5, not yet committed
     store.write_assignment(unique, {0: [(unique, 1), (unique, 2)], 1: [(unique, 0)]})
     assert follower.refresh(store.connector_head(unique)) is None
     assert sorted(task.book.states) == [(unique, 1), (unique, 2)]
@@ -117,9 +112,11 @@ def test_a_paused_partition_is_retried_after_its_backoff_from_its_first_unacknow
     tp = (unique, 0)
     assert _read(task.reader, 3) == [0, 1, 2]
     state = task.book.states[tp]
-    run = InFlight(0)  # the three records produced as one run, which the destination refused
-    run.count, state.position = 3, 3
-    state.pending.append(run)
+    run = state.open(0)  # the three records produced as one run, which the destination refused
+    for offset in range(3):
+        run.add(offset, 1, 0)
+    state.sent(run)
+    state.unanswered(run)
     task.pauses.pause(state, "destination refused offset 0")
     assert tp in task.book.paused and tp in task.reader.paused
     follower.tick(state.retry_at - 0.001)
