@@ -59,8 +59,8 @@ def topology_rows(store: Store) -> list[Topology]:
         rows.append(
             Topology(
                 record.name,
-                source_cluster=config.source_alias,
-                target_cluster=config.target_alias,
+                source_cluster=config.source_cluster_alias,
+                target_cluster=config.target_cluster_alias,
                 source_topics=selected,
                 source_partitions=sum(source[t] for t in selected),
                 destination_topics=targets,

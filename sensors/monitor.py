@@ -138,7 +138,7 @@ def _evaluate(
 def _task_starts(instance: dg.DagsterInstance, store: Store, record: ConnectorRecord) -> list[dg.RunRequest]:
     """Runs to start for the running connector's assigned tasks: those short of an owner and its standbys."""
     try:
-        wanted = 1 + load(record.properties).standby_runs
+        wanted = 1 + load(record.properties).task_standby_runs
     except ConnectorConfigError:
         return []  # the watcher reports it
     run_requests: list[dg.RunRequest] = []

@@ -61,7 +61,7 @@ def build_task_supervisor(
                     continue  # never ran: the monitor starts it
                 lease = store.lease_of(record.name, task_id)
                 if requested_restart(history, record.restart_requested_at):
-                    decision = Decision(True, "an operator requested a restart", runs=1 + config.standby_runs)
+                    decision = Decision(True, "an operator requested a restart", runs=1 + config.task_standby_runs)
                 elif not supervisor.auto_restart:
                     continue
                 else:
@@ -69,8 +69,8 @@ def build_task_supervisor(
                         history,
                         lease.heartbeat_at if lease else None,
                         now,
-                        wanted=1 + config.standby_runs,
-                        lease_timeout_s=config.lease_timeout_ms / 1000,
+                        wanted=1 + config.task_standby_runs,
+                        lease_timeout_s=config.task_lease_timeout_ms / 1000,
                         initial_backoff_s=supervisor.initial_backoff_s,
                         max_backoff_s=supervisor.max_backoff_s,
                     )

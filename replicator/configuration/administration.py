@@ -220,9 +220,9 @@ def _lease_timeout(properties: Mapping[str, object]) -> tuple[timedelta, str | N
     """A stored config's `task.lease.timeout.ms`, read without its secrets (this process may not have them); the
     default, and why, if the config no longer loads under today's rules."""
     try:
-        return timedelta(milliseconds=load(properties, resolve_references=False).lease_timeout_ms), None
+        return timedelta(milliseconds=load(properties, resolve_references=False).task_lease_timeout_ms), None
     except ConnectorConfigError as exc:
-        default = timedelta(milliseconds=ConnectorConfig.model_fields["lease_timeout_ms"].default)
+        default = timedelta(milliseconds=ConnectorConfig.model_fields["task_lease_timeout_ms"].default)
         return default, f"stored configuration no longer loads: {exc}"
 
 

@@ -198,7 +198,7 @@ class Committer:
         alone when commits are further apart than task.heartbeat.interval.ms), fail the task when none succeeds."""
         task = self.task
         self.collect()
-        if task.scheduler.due(COMMITTING, task.config.offset_commit_interval_ms / 1000, now):
+        if task.scheduler.due(COMMITTING, task.config.offset_flush_interval_ms / 1000, now):
             self.commit_due()
             if self.in_flight is None:
                 self.commit_in_background()
@@ -209,7 +209,9 @@ class Committer:
                     f"no offset commit succeeded for {now - self.last_ok:.0f}s while "
                     "records were being replicated (commit.failure.restart.ms)"
                 )
-        elif self.in_flight is None and task.scheduler.due(HEARTBEATING, task.config.heartbeat_interval_ms / 1000, now):
+        elif self.in_flight is None and task.scheduler.due(
+            HEARTBEATING, task.config.task_heartbeat_interval_ms / 1000, now
+        ):
             # A heartbeat alone keeps a standby from taking a live task over once task.lease.timeout.ms has passed.
             self.started = now
             self.in_flight = (task.background.submit(task.store.commit, task.lease, {}), {})
@@ -249,7 +251,7 @@ class Committer:
             offsets = task.book.changed(self.offset_of)
             self.scanned = (touched, now) if self.skips_untouched else None
         self.started = now
-        task.scheduler.ran(HEARTBEATING, task.config.heartbeat_interval_ms / 1000, self.started)
+        task.scheduler.ran(HEARTBEATING, task.config.task_heartbeat_interval_ms / 1000, self.started)
         future = task.background.submit(task.store.commit, task.lease, offsets, self.destination_offsets(offsets))
         self.in_flight = (future, offsets)
 

@@ -437,8 +437,8 @@ def test_missing_since_starts_at_the_latest_unbroken_run(spark: SparkSession, tm
                 "state": "RUNNING",
                 "version": 1,
                 "tasks_max": 1,
-                "destination_topic_checking": True,
-                "partition_matching": True,
+                "enable_destination_topic_checking": True,
+                "enable_partition_matching": True,
             }
         ],
         "connector_routes": [{"connector": "x", "source_topic": "t", "destination_topic": "t.m", "cycle": False}],
