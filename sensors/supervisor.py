@@ -34,7 +34,7 @@ def build_task_supervisor(
     @dg.sensor(
         name=SUPERVISOR_SENSOR,
         jobs=[job, *([worker_job] if worker_job else [])],
-        minimum_interval_seconds=1,  # the daemon's 5 s loop is the real interval (see sensors/monitor.py)
+        minimum_interval_seconds=1,  # the daemon's 5 s loop is the real interval (see sensors/run_starter.py)
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
             "Restart replicator tasks whose run failed or crashed (doubling backoff, capped), and replace runs "
@@ -58,7 +58,7 @@ def build_task_supervisor(
             for task_id in sorted(store.read_assignment(record.name)):
                 history = histories.get(task_id)
                 if history is None:
-                    continue  # never ran: the monitor starts it
+                    continue  # never ran: the run starter starts it
                 lease = store.lease_of(record.name, task_id)
                 if requested_restart(history, record.restart_requested_at):
                     decision = Decision(True, "an operator requested a restart", runs=1 + config.task_standby_runs)

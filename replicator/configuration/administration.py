@@ -1,7 +1,7 @@
 """Connector administration: the one code path behind every way in (launchpad jobs, HTTP API, CLI).
 
 Each operation validates, then changes the store; nothing else. A change becomes visible to Dagster through the
-store alone: the monitor sensor notices new versions, states and deletions and reports them on the `connectors`
+store alone: the run_starter sensor notices new versions, states and deletions and reports them on the `connectors`
 asset, and running tasks pick changes up within a second. So a connector changed over the API or the CLI shows
 in Dagster exactly like one changed from the launchpad.
 """

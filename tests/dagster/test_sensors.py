@@ -22,7 +22,7 @@ from mirus_dagster.constants import (
     TAG_TASK,
     WATCHER_JOB,
 )
-from mirus_dagster.definitions import admin_jobs, kafka_monitor, task_supervisor
+from mirus_dagster.definitions import admin_jobs, run_starter, task_supervisor
 from mirus_dagster.jobs import replicator
 from mirus_dagster.resources import FailureWebhook, SupervisorPolicy
 from mirus_dagster.settings import StackEndpoints
@@ -327,9 +327,9 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     assert "hunter2-secret" not in shown and "${env:TEST_SOURCE_PASSWORD}" in shown
     assert unique in instance.get_dynamic_partitions(CONNECTOR_PARTITIONS)
 
-    assert requests_for(evaluate(kafka_monitor, instance, resources, None), unique) == []  # nothing assigned yet
+    assert requests_for(evaluate(run_starter, instance, resources, None), unique) == []  # nothing assigned yet
     assert unique in [r.connector for r in watched(store, unique).changed]
-    result = evaluated(kafka_monitor, instance, resources, None)
+    result = evaluated(run_starter, instance, resources, None)
     assert [r.job_name for r in result.run_requests if TAG_CONNECTOR not in r.tags] == [WATCHER_JOB]
     requests = requests_for(result, unique)
     assert sorted((r.tags[TAG_CONNECTOR], r.tags[TAG_TASK]) for r in requests) == [(unique, "0"), (unique, "1")]
@@ -340,7 +340,7 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     # Runs are live now: the monitor requests nothing more.
     live = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={TAG_CONNECTOR: unique})
     wait_until(lambda: len(instance.get_runs(live)) == 2)
-    assert requests_for(evaluate(kafka_monitor, instance, resources, result.cursor), unique) == []
+    assert requests_for(evaluate(run_starter, instance, resources, result.cursor), unique) == []
 
     # A topic created at the source is assigned and replicated by the running tasks, without a restart.
     create_topics(stack.destination_bootstrap_servers, {f"{second}.copy": 1})
@@ -358,9 +358,9 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     assert admin(instance, resources, "pause", unique).success
     for run in runs:
         assert run.join().success
-    assert requests_for(evaluate(kafka_monitor, instance, resources, cursor), unique) == []  # paused
+    assert requests_for(evaluate(run_starter, instance, resources, cursor), unique) == []  # paused
     assert admin(instance, resources, "resume", unique).success
-    assert len(requests_for(evaluate(kafka_monitor, instance, resources, cursor), unique)) == 2
+    assert len(requests_for(evaluate(run_starter, instance, resources, cursor), unique)) == 2
     assert admin(instance, resources, "delete", unique).success
     assert unique not in instance.get_dynamic_partitions(CONNECTOR_PARTITIONS)
     assert admin(instance, resources, "pause", unique).success is False  # unknown now: a clear failure
@@ -391,7 +391,7 @@ def test_unreachable_source_backs_off_without_affecting_other_connectors(
     assert snapshot is not None and "source cluster metadata unavailable" in snapshot.error
     assert watcher.watches[broken].failures == 1  # backing off: 1 s, then 2, 4 … 64 s
     assert watcher.watches[broken].retry_at > watcher.watches[healthy].retry_at
-    result = evaluated(kafka_monitor, instance, resources, None)
+    result = evaluated(run_starter, instance, resources, None)
     assert [r.tags[TAG_CONNECTOR] for r in requests_for(result, healthy) + requests_for(result, broken)] == [
         healthy
     ] * 2
@@ -423,7 +423,7 @@ def test_a_connector_the_watcher_cannot_load_shows_why_until_it_can(
 
     assert "MIRUS_TEST_SOURCE" in failed.errors[unique]
     assert "MIRUS_TEST_SOURCE" in store.connector_statuses(unique)[0].flow_problems["watch"]
-    result = evaluated(kafka_monitor, instance, resources, None)
+    result = evaluated(run_starter, instance, resources, None)
     shown = next(e for e in result.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET))
     assert "watch: " in str(shown.metadata["connectors"].value)
 
@@ -444,7 +444,7 @@ def a_requested_run(
     properties = connector_properties(stack, unique, **{"topics.whitelist": unique, "task.standby.runs": "0"})
     assert put(instance, resources, properties).success
     watched(store, unique)
-    return store, properties, requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
+    return store, properties, requests_for(evaluate(run_starter, instance, resources, None), unique)[0]
 
 
 def test_a_run_whose_connector_was_deleted_before_it_started_ends_success_saying_so(
@@ -473,7 +473,7 @@ def test_the_supervisor_restarts_a_failed_task(
     assert put(instance, resources, properties).success
     # Assignment again (a watcher round can miss a slow broker: it is retried); the failed run is left alone.
     wait_until(lambda: watched(store, unique) and store.read_assignment(unique), what="the task assigned again")
-    assert requests_for(evaluate(kafka_monitor, instance, resources, None), unique) == []  # left to the supervisor
+    assert requests_for(evaluate(run_starter, instance, resources, None), unique) == []  # left to the supervisor
 
     restart = wait_until(
         lambda: requests_for(evaluate(task_supervisor, instance, resources, None), unique),
@@ -547,7 +547,7 @@ def test_metadata_is_read_once_per_cluster_and_sensor_ticks_touch_no_cluster(
 
     # Sensor ticks create no Kafka client at all: they only start runs.
     kafka_clients.clear()  # the rounds above polled other tests' connectors for their periodic duties
-    assert requests_for(evaluate(kafka_monitor, instance, resources, None), names[0])
+    assert requests_for(evaluate(run_starter, instance, resources, None), names[0])
     evaluate(task_supervisor, instance, resources, None)
     assert kafka_clients == []
     for name in names:
