@@ -12,7 +12,7 @@ from mirus_dagster.constants import (
     FLOWS_ASSET,
     SOURCE_TOPICS_ASSET,
 )
-from mirus_dagster.resources import PlatformDatabase
+from mirus_dagster.dagster_resources import PlatformDatabase
 from replicator.configuration.connector import ConnectorConfigError, load
 from replicator.state.store import Store
 

@@ -147,8 +147,8 @@ def sensor_costs(store: Store, ep: StackEndpoints, database_url: str, counts: li
     import dagster as dg
 
     os.environ["MIRUS_DATABASE_URL"] = database_url  # the code location's resources, as a code server has them
+    from mirus_dagster.dagster_resources import PlatformDatabase, SupervisorPolicy
     from mirus_dagster.definitions import defs
-    from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 
     run_starter, task_supervisor = defs.get_sensor_def("run_starter"), defs.get_sensor_def("task_supervisor")
 

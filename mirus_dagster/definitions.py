@@ -17,10 +17,10 @@ from assets.lake import platform_lake
 from assets.reports import report_assets
 from assets.topology import destination_topics, source_topics
 from mirus_dagster.constants import ENV_ALERT_WEBHOOK_URL, ENV_DATABASE_URL, ENV_TASK_AUTO_RESTART
+from mirus_dagster.dagster_resources import FailureWebhook, PlatformDatabase, SupervisorPolicy
 from mirus_dagster.jobs import build_admin_jobs, build_watcher_job, replicator, replicator_worker
 from mirus_dagster.report_schedule import reports_job, reports_schedule
 from mirus_dagster.reporting import Reporting, SparkResource, spark_config, spark_master_from_env
-from mirus_dagster.resources import FailureWebhook, PlatformDatabase, SupervisorPolicy
 from mirus_dagster.settings import PlatformSettings
 from sensors.failures import build_run_failure_alerts
 from sensors.run_starter import build_run_starter

@@ -38,7 +38,7 @@ from mirus_dagster.constants import (
     admin_job_name,
     admin_op_name,
 )
-from mirus_dagster.resources import PlatformDatabase
+from mirus_dagster.dagster_resources import PlatformDatabase
 from mirus_dagster.run_history import scrub_run_config
 from mirus_dagster.settings import PlatformSettings, example_connector
 from replicator.configuration import administration

@@ -18,7 +18,7 @@ from typing import Any
 import dagster as dg
 
 from mirus_dagster.constants import FAILURE_SENSOR, TAG_CONNECTOR, TAG_KIND, TAG_TASK
-from mirus_dagster.resources import FailureWebhook, PlatformDatabase
+from mirus_dagster.dagster_resources import FailureWebhook, PlatformDatabase
 from replicator.state.store import Store
 
 MAX_ERROR_CHARS = 500  # of the failure's message, in the asset's description and the webhook's body

@@ -15,7 +15,7 @@ import dagster as dg
 from pydantic import BaseModel
 
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, RUN_STARTER_SENSOR, WATCHER_JOB
-from mirus_dagster.resources import PlatformDatabase
+from mirus_dagster.dagster_resources import PlatformDatabase
 from mirus_dagster.run_launchers import replicator_launcher_tags
 from replicator.configuration.connector import ConnectorConfigError, load
 from replicator.state.records import ConnectorRecord, ConnectorState, ConnectorStatus, PartitionHealth

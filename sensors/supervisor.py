@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from mirus_dagster.constants import ENV_TASK_AUTO_RESTART, SUPERVISOR_SENSOR
-from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
+from mirus_dagster.dagster_resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.run_launchers import replicator_launcher_tags
 from replicator.configuration.connector import ConnectorConfigError, load
 from replicator.state.records import ConnectorState

@@ -22,9 +22,9 @@ from mirus_dagster.constants import (
     TAG_TASK,
     WATCHER_JOB,
 )
+from mirus_dagster.dagster_resources import FailureWebhook, SupervisorPolicy
 from mirus_dagster.definitions import admin_jobs, run_starter, task_supervisor
 from mirus_dagster.jobs import replicator
-from mirus_dagster.resources import FailureWebhook, SupervisorPolicy
 from mirus_dagster.settings import StackEndpoints
 from replicator.discovery.watcher import MetadataWatcher, WatchRound
 from replicator.state.store import Store

@@ -26,9 +26,9 @@ from assets.reports import report_assets, report_path
 from assets.topology import destination_topics, source_topics
 from mirus.waiting import wait_until
 from mirus_dagster.constants import LATENCY_REPORT_ASSET, MISSING_CHECK, MISSING_REPORT_ASSET, P99_CHECK
+from mirus_dagster.dagster_resources import PlatformDatabase
 from mirus_dagster.report_schedule import hour_key, report_run_requests
 from mirus_dagster.reporting import Reporting, spark_config, spark_master_from_env
-from mirus_dagster.resources import PlatformDatabase
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import validate_submission
 from replicator.discovery.monitor import KafkaMonitor
