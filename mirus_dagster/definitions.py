@@ -22,7 +22,7 @@ from mirus_dagster.jobs import build_admin_jobs, build_watcher_job, replicator, 
 from mirus_dagster.report_schedule import reports_job, reports_schedule
 from mirus_dagster.reporting import Reporting, SparkResource, spark_config, spark_master_from_env
 from mirus_dagster.settings import PlatformSettings
-from sensors.failures import build_run_failure_alerts
+from sensors.run_failure_alerts import build_run_failure_alerts
 from sensors.run_starter import build_run_starter
 from sensors.supervisor import build_task_supervisor
 

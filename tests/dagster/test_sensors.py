@@ -38,7 +38,7 @@ from sensors.decisions import (
     restart_decision,
     start_decision,
 )
-from sensors.failures import post_webhook
+from sensors.run_failure_alerts import post_webhook
 from sensors.task_runs import PRIORITY_TAG, STANDBY_PRIORITY, task_run_requests
 from tests.engine_helpers import connector_properties, step_failure_message
 from tests.kafka_helpers import consume_all, create_topics, produce
