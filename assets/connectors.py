@@ -4,7 +4,7 @@ Per connector: its state and whether it replicates anything, its tasks with thei
 heartbeat, its partitions, lag, flow liveness (heartbeat records) and clusters, and its problems (replicator and
 admin runs that failed in the last hour, metadata errors, flow duties that failed, partitions paused by an
 operator with the reason, paused or dropped partitions, source partitions whose destination is missing, nothing to
-replicate). Recorded by the administration jobs after each change, by the monitor sensor whenever what it shows
+replicate). Recorded by the administration jobs after each change, by the run_starter sensor whenever what it shows
 changes and at least every `REFRESH_S` while anything runs, and by the run-failure sensor when a run fails; times
 are absolute (UTC), so an older view never pretends to be current. Its size is bounded whatever the estate holds:
 long property values and long lists are cut with a count of what was left out.

@@ -1,6 +1,7 @@
 """Replication flows as assets: one dynamic partition per connector, so lineage shows each connector's flow.
 
-The monitor sensor records `flow_materialization` events; it gets the function from `mirus_dagster.definitions`.
+The metadata watcher job records `flow_materialization` events; it gets the function from
+`mirus_dagster.definitions`.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from mirus_dagster.constants import (
     LAKE_SNAPSHOTS_ASSET,
     LAKE_STATE_ASSET,
 )
+from mirus_dagster.dagster_resources import PlatformDatabase
 from mirus_dagster.reporting import Reporting
-from mirus_dagster.resources import PlatformDatabase
 
 # The current hour is a partition too (end_offset=1): the schedule refreshes it every run.
 hourly_partitions = dg.HourlyPartitionsDefinition(start_date=LAKE_PARTITIONS_START, end_offset=1)

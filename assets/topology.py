@@ -12,7 +12,7 @@ from mirus_dagster.constants import (
     FLOWS_ASSET,
     SOURCE_TOPICS_ASSET,
 )
-from mirus_dagster.resources import PlatformDatabase
+from mirus_dagster.dagster_resources import PlatformDatabase
 from replicator.configuration.connector import ConnectorConfigError, load
 from replicator.state.store import Store
 
@@ -59,8 +59,8 @@ def topology_rows(store: Store) -> list[Topology]:
         rows.append(
             Topology(
                 record.name,
-                source_cluster=config.source_alias,
-                target_cluster=config.target_alias,
+                source_cluster=config.source_cluster_alias,
+                target_cluster=config.target_cluster_alias,
                 source_topics=selected,
                 source_partitions=sum(source[t] for t in selected),
                 destination_topics=targets,

@@ -1,5 +1,5 @@
 """Control-plane costs for capacity planning: Postgres per commit and metric batch, the monitor per 10,000
-partitions, the monitor sensor's tick per connector, and a replicator task's memory.
+partitions, the run_starter sensor's tick per connector, and a replicator task's memory.
 
     python benchmarks/control_plane.py [--partitions 10000] [--connectors 1,10,50]
 
@@ -147,10 +147,10 @@ def sensor_costs(store: Store, ep: StackEndpoints, database_url: str, counts: li
     import dagster as dg
 
     os.environ["MIRUS_DATABASE_URL"] = database_url  # the code location's resources, as a code server has them
+    from mirus_dagster.dagster_resources import PlatformDatabase, SupervisorPolicy
     from mirus_dagster.definitions import defs
-    from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
 
-    kafka_monitor, task_supervisor = defs.get_sensor_def("kafka_monitor"), defs.get_sensor_def("task_supervisor")
+    run_starter, task_supervisor = defs.get_sensor_def("run_starter"), defs.get_sensor_def("task_supervisor")
 
     print("Sensors on a Postgres-backed Dagster instance, one topic of 4 partitions per connector:")
     engine = make_engine(database_url)
@@ -177,7 +177,7 @@ def sensor_costs(store: Store, ep: StackEndpoints, database_url: str, counts: li
             def tick(_i: int) -> None:
                 nonlocal cursor
                 context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
-                result = kafka_monitor(context)
+                result = run_starter(context)
                 assert result.cursor is not None
                 # Every connector due again on the next tick (the worst case: all poll intervals elapsed).
                 state = json.loads(result.cursor)
@@ -186,12 +186,12 @@ def sensor_costs(store: Store, ep: StackEndpoints, database_url: str, counts: li
                 cursor = json.dumps(state)
 
             tick(0)  # first tick: new generations and asset events
-            monitor_ms = median_ms(tick, 3)
+            starter_ms = median_ms(tick, 3)
             supervisor_ms = median_ms(
                 lambda _i: task_supervisor(dg.build_sensor_context(instance=instance, resources=resources)), 3
             )
             print(
-                f"  {count:>3} connectors (+{others} others in the store): kafka_monitor tick {monitor_ms:7.0f} ms, "
+                f"  {count:>3} connectors (+{others} others in the store): run_starter tick {starter_ms:7.0f} ms, "
                 f"task_supervisor tick {supervisor_ms:5.0f} ms"
             )
 

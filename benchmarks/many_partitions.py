@@ -6,7 +6,7 @@ Needs the two Apache Kafka 1.0 clusters running (see `benchmarks/apache_kafka.py
 `--partitions` partitions on the source (one record in each partition, so every partition is fetched and
 committed) and one single-partition topic per source topic on the destination (records go through the producer's
 partitioner). Then:
-- times `KafkaMonitor.poll` (what the `kafka_monitor` sensor runs per connector): the first cycle, which writes
+- times `KafkaMonitor.poll` (what the metadata watcher runs per connector): the first cycle, which writes
   the assignment, and steady cycles that find nothing changed;
 - starts task 0 (`mirus task run`, owning 1/tasks of the partitions) and reports its resident memory and CPU once
   it has committed an offset for every partition it owns, and again while idle.

@@ -47,7 +47,7 @@ def admin_op_name(action: str) -> str:
 
 
 # -- sensors --
-MONITOR_SENSOR = "kafka_monitor"
+RUN_STARTER_SENSOR = "run_starter"
 SUPERVISOR_SENSOR = "task_supervisor"
 FAILURE_SENSOR = "run_failure_alerts"
 REPORTS_SCHEDULE = "reports_schedule"

@@ -17,13 +17,13 @@ from assets.lake import platform_lake
 from assets.reports import report_assets
 from assets.topology import destination_topics, source_topics
 from mirus_dagster.constants import ENV_ALERT_WEBHOOK_URL, ENV_DATABASE_URL, ENV_TASK_AUTO_RESTART
+from mirus_dagster.dagster_resources import FailureWebhook, PlatformDatabase, SupervisorPolicy
 from mirus_dagster.jobs import build_admin_jobs, build_watcher_job, replicator, replicator_worker
 from mirus_dagster.report_schedule import reports_job, reports_schedule
 from mirus_dagster.reporting import Reporting, SparkResource, spark_config, spark_master_from_env
-from mirus_dagster.resources import FailureWebhook, PlatformDatabase, SupervisorPolicy
 from mirus_dagster.settings import PlatformSettings
-from sensors.failures import build_run_failure_alerts
-from sensors.monitor import build_kafka_monitor
+from sensors.run_failure_alerts import build_run_failure_alerts
+from sensors.run_starter import build_run_starter
 from sensors.supervisor import build_task_supervisor
 
 
@@ -37,7 +37,7 @@ def _database_url() -> str | dg.EnvVar:
 admin_jobs = build_admin_jobs(connectors_materialization)
 metadata_watcher = build_watcher_job(flow_materialization)
 workers = PlatformSettings.from_env().workers()
-kafka_monitor = build_kafka_monitor(
+run_starter = build_run_starter(
     replicator,
     metadata_watcher,
     connectors_event=connectors_materialization,
@@ -54,7 +54,7 @@ defs = dg.Definitions(
     schedules=[reports_schedule],
     # Asset runs launched from the UI run in one process: the reports then share one Spark session.
     executor=dg.in_process_executor,
-    sensors=[kafka_monitor, task_supervisor, run_failure_alerts],
+    sensors=[run_starter, task_supervisor, run_failure_alerts],
     resources={
         "platform": PlatformDatabase(database_url=_database_url()),
         "supervisor": SupervisorPolicy(

@@ -38,7 +38,7 @@ from mirus_dagster.constants import (
     admin_job_name,
     admin_op_name,
 )
-from mirus_dagster.resources import PlatformDatabase
+from mirus_dagster.dagster_resources import PlatformDatabase
 from mirus_dagster.run_history import scrub_run_config
 from mirus_dagster.settings import PlatformSettings, example_connector
 from replicator.configuration import administration
@@ -174,7 +174,7 @@ def replicator_worker() -> None:
 
 
 def build_watcher_job(flow_event: FlowEvent) -> dg.JobDefinition:
-    """One long-running run watching every connector's clusters (started and kept alive by the monitor sensor)."""
+    """One long-running run watching every connector's clusters (started and kept alive by the run_starter sensor)."""
 
     @dg.op(
         name=WATCH_OP,
@@ -200,7 +200,7 @@ def build_watcher_job(flow_event: FlowEvent) -> dg.JobDefinition:
     @dg.job(
         name=WATCHER_JOB,
         description="Watches cluster metadata for every connector (discovery within seconds). Started and kept "
-        "alive by the kafka_monitor sensor.",
+        "alive by the run_starter sensor.",
         executor_def=dg.in_process_executor,
         tags={TAG_KIND: KIND_WATCHER},
     )

@@ -150,7 +150,7 @@ def missing_partitions_report(spark: SparkSession, lake: Path) -> DataFrame:
     """
     snapshots = read_all(spark, lake, "metadata_snapshots").where("error IS NULL")
     connectors = read_state(spark, lake, "connectors").select(
-        "connector", "destination_topic_checking", "partition_matching"
+        "connector", "enable_destination_topic_checking", "enable_partition_matching"
     )
     routes = read_state(spark, lake, "connector_routes").where("NOT cycle")
     events = snapshots.select("connector", "taken_at").distinct()
@@ -220,10 +220,10 @@ def _partition_states(snapshots: DataFrame, timeline: DataFrame, routes: DataFra
         .join(connectors, "connector")
         .withColumn(
             "reason",
-            F.when(~F.col("destination_topic_checking"), None)
+            F.when(~F.col("enable_destination_topic_checking"), None)
             .when(F.col("destination_partitions").isNull(), F.lit(REASON_TOPIC_MISSING))
             .when(
-                F.coalesce(F.col("partition_matching"), F.lit(False))
+                F.coalesce(F.col("enable_partition_matching"), F.lit(False))
                 & (F.col("partition") >= F.col("destination_partitions")),
                 F.lit(REASON_FEWER_PARTITIONS),
             ),

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from mirus_dagster.constants import ENV_TASK_AUTO_RESTART, SUPERVISOR_SENSOR
-from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
+from mirus_dagster.dagster_resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.run_launchers import replicator_launcher_tags
 from replicator.configuration.connector import ConnectorConfigError, load
 from replicator.state.records import ConnectorState
@@ -34,7 +34,7 @@ def build_task_supervisor(
     @dg.sensor(
         name=SUPERVISOR_SENSOR,
         jobs=[job, *([worker_job] if worker_job else [])],
-        minimum_interval_seconds=1,  # the daemon's 5 s loop is the real interval (see sensors/monitor.py)
+        minimum_interval_seconds=1,  # the daemon's 5 s loop is the real interval (see sensors/run_starter.py)
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
             "Restart replicator tasks whose run failed or crashed (doubling backoff, capped), and replace runs "
@@ -58,10 +58,10 @@ def build_task_supervisor(
             for task_id in sorted(store.read_assignment(record.name)):
                 history = histories.get(task_id)
                 if history is None:
-                    continue  # never ran: the monitor starts it
+                    continue  # never ran: the run starter starts it
                 lease = store.lease_of(record.name, task_id)
                 if requested_restart(history, record.restart_requested_at):
-                    decision = Decision(True, "an operator requested a restart", runs=1 + config.standby_runs)
+                    decision = Decision(True, "an operator requested a restart", runs=1 + config.task_standby_runs)
                 elif not supervisor.auto_restart:
                     continue
                 else:
@@ -69,8 +69,8 @@ def build_task_supervisor(
                         history,
                         lease.heartbeat_at if lease else None,
                         now,
-                        wanted=1 + config.standby_runs,
-                        lease_timeout_s=config.lease_timeout_ms / 1000,
+                        wanted=1 + config.task_standby_runs,
+                        lease_timeout_s=config.task_lease_timeout_ms / 1000,
                         initial_backoff_s=supervisor.initial_backoff_s,
                         max_backoff_s=supervisor.max_backoff_s,
                     )

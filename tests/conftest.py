@@ -32,7 +32,7 @@ from sqlalchemy import Engine
 from mirus.faults.brokers import KafkaKit
 from mirus.local.stack import LocalStack, free_port
 from mirus_dagster.constants import ENV_REPLICATOR_WORKERS
-from mirus_dagster.resources import PlatformDatabase, SupervisorPolicy
+from mirus_dagster.dagster_resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.settings import PlatformSettings, StackEndpoints
 from replicator.configuration.secrets import ENV_ALLOWED_ENV
 from replicator.state.database import make_engine, upgrade

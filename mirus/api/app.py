@@ -1,7 +1,7 @@
 """The Kafka Connect REST API over the platform's store: same routes, JSON shapes, status codes and error bodies.
 
 Every change goes through `replicator.configuration.administration`, the code path of the launchpad jobs and the CLI,
-so the Dagster monitor sensor shows it like any other change. Responses never carry a literal secret value.
+so the Dagster run_starter sensor shows it like any other change. Responses never carry a literal secret value.
 Departures from Kafka Connect are listed in docs/API.md. The resources answering each route are in
 `mirus.api.resources`; this module routes requests to them and turns their `ApiError`s into error responses.
 """

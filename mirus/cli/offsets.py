@@ -86,9 +86,11 @@ def translate(connector: str, group: str, apply: bool, fmt: str, database_url: s
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(EXIT_NOTHING) from exc
     try:
-        source_cluster = cluster_id(ClusterAdmin(config.admin_settings("source")), "source", config.source_alias)
+        source_cluster = cluster_id(
+            ClusterAdmin(config.admin_settings("source")), "source", config.source_cluster_alias
+        )
         destination = ClusterAdmin(config.admin_settings("destination"))
-        destination_cluster = cluster_id(destination, "destination", config.target_alias)
+        destination_cluster = cluster_id(destination, "destination", config.target_cluster_alias)
         translated = translate_group(config, store, group, source_cluster, destination_cluster)
     except (ClusterIdentityError, TranslationError) as exc:
         click.echo(f"cannot translate now: {exc}", err=True)

@@ -29,7 +29,7 @@ from mirus_dagster.constants import (
     DEMO_TOPIC,
     KIND_REPLICATOR,
     KIND_WATCHER,
-    MONITOR_SENSOR,
+    RUN_STARTER_SENSOR,
     SUPERVISOR_SENSOR,
     TAG_CONNECTOR,
     TAG_KIND,
@@ -145,7 +145,7 @@ class DevSession:
         except DagsterDevError:
             return []
         self.echo("stopping replicator runs (each flushes and commits its offsets) ...")
-        if sensors := dev.stop_sensors((MONITOR_SENSOR, SUPERVISOR_SENSOR)):
+        if sensors := dev.stop_sensors((RUN_STARTER_SENSOR, SUPERVISOR_SENSOR)):
             self.stopped_sensors.write_text(json.dumps(sensors))
         live = dev.runs({TAG_KIND: KIND_REPLICATOR}, statuses=LIVE_STATUSES)  # task runs and worker runs
         # The metadata watcher run ends with them: nothing would be left reading the clusters of a stopped stack.

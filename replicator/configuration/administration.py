@@ -1,7 +1,7 @@
 """Connector administration: the one code path behind every way in (launchpad jobs, HTTP API, CLI).
 
 Each operation validates, then changes the store; nothing else. A change becomes visible to Dagster through the
-store alone: the monitor sensor notices new versions, states and deletions and reports them on the `connectors`
+store alone: the run_starter sensor notices new versions, states and deletions and reports them on the `connectors`
 asset, and running tasks pick changes up within a second. So a connector changed over the API or the CLI shows
 in Dagster exactly like one changed from the launchpad.
 """
@@ -220,9 +220,9 @@ def _lease_timeout(properties: Mapping[str, object]) -> tuple[timedelta, str | N
     """A stored config's `task.lease.timeout.ms`, read without its secrets (this process may not have them); the
     default, and why, if the config no longer loads under today's rules."""
     try:
-        return timedelta(milliseconds=load(properties, resolve_references=False).lease_timeout_ms), None
+        return timedelta(milliseconds=load(properties, resolve_references=False).task_lease_timeout_ms), None
     except ConnectorConfigError as exc:
-        default = timedelta(milliseconds=ConnectorConfig.model_fields["lease_timeout_ms"].default)
+        default = timedelta(milliseconds=ConnectorConfig.model_fields["task_lease_timeout_ms"].default)
         return default, f"stored configuration no longer loads: {exc}"
 
 

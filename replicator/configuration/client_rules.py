@@ -125,13 +125,13 @@ class ClientRules(PropertyReader):
     def check_exactly_once(self, fields: Mapping[str, Any]) -> None:
         """Refuse what would contradict exactly-once, naming the property that does."""
         mode = f"exactly.once.support={self.stripped('exactly.once.support')}"
-        if fields.get("provenance_headers") is False:
+        if fields.get("provenance_headers_enabled") is False:
             self.fail(
                 "provenance.headers.enabled",
                 f"must stay true with {mode}: each partition resumes after its "
                 "last copy at the destination, found by these headers",
             )
-        if fields.get("partition_matching") is False:
+        if fields.get("enable_partition_matching") is False:
             self.fail(
                 "enable.partition.matching",
                 f"must not be false with {mode}: a partition's copies are found "

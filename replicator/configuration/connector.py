@@ -32,10 +32,10 @@ from replicator.configuration.model import (
     ConnectorConfig,
     ConnectorConfigError,
     connection_settings,
-    split_list,
     transactional_id,
 )
 from replicator.configuration.parser import ConnectorParser
+from replicator.configuration.properties import split_list
 
 # The model and its helpers are imported from here by the engine, discovery and the surfaces: this is the way in.
 __all__ = [

@@ -1,6 +1,7 @@
-"""`ConnectorConfig`: a connector's validated configuration, declared field by field so that type checkers and
-editors see it, with the client settings built from it. `replicator.configuration.parser` fills it from the properties
-as users write them; `replicator.configuration.connector` is the way in (`validate_submission`, `load`).
+"""`ConnectorConfig`: a connector's validated configuration, with the client settings built from it. Its fields are
+typed, so that type checkers and editors see them: the properties declared in `replicator.configuration.properties`
+(`PropertyFields`), and what several properties build together. `replicator.configuration.parser` fills it from the
+properties as users write them; `replicator.configuration.connector` is the way in (`validate_submission`, `load`).
 
 Secrets (see `replicator.configuration.masking`) and values that came from references never appear in `repr()`.
 """
@@ -10,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field
 
 from replicator.configuration.masking import mask_properties, mask_settings
-from replicator.configuration.properties import DEFAULT_CONFIG_PROPERTIES_EXCLUDE, SPECS, Client, client_setting
+from replicator.configuration.properties import Client, PropertyFields, client_setting
 from replicator.configuration.secrets import has_reference
 from replicator.topics.naming import TopicNamer
-from replicator.topics.selection import TopicSelector, compile_java_regex
+from replicator.topics.selection import TopicSelector
 
 
 class ConnectorConfigError(ValueError):
@@ -50,29 +51,19 @@ def transactional_id(connector: str, task_id: int) -> str:
     return f"mirus-{connector}-{task_id}"
 
 
-def split_list(value: str) -> tuple[str, ...]:
-    """Kafka's LIST type: comma-separated, whitespace around entries ignored, empty entries dropped."""
-    return tuple(part.strip() for part in value.split(",") if part.strip())
-
-
 def connection_settings(client: Mapping[str, str]) -> dict[str, str]:
     """What any client of a cluster needs (address, network, `ssl.*`, `sasl.*`), without role-specific settings
     that another kind of client would reject or warn about (a consumer's `fetch.*` in a producer, say)."""
     return {k: v for k, v in client.items() if k in CONNECTION_SETTINGS or k.startswith(("ssl.", "sasl."))}
 
 
-def _row(name: str) -> dict[str, Any]:
-    """A declared field's bounds and description, from its property's row (`replicator.configuration.properties`)."""
-    spec = SPECS[name]
-    return {"ge": spec.minimum, "le": spec.maximum, "description": spec.doc}
-
-
-class ConnectorConfig(BaseModel):
+class ConnectorConfig(PropertyFields):
     """A connector's validated configuration; build it with `validate_submission` or `load`.
 
-    One field per `replicator.configuration.properties` row that has a `field` (e.g. `tasks_max`, `poll_timeout_ms`),
-    plus `source_client` / `destination_client` / `producer_client` (librdkafka settings without their prefixes;
-    `auto.offset.reset` of the source is `auto_offset_reset`), `selector`, `namer` and `raw`. Clients are created
+    One field per property declared in `PropertyFields` (e.g. `tasks_max`, `offset_flush_interval_ms`: a property's
+    name with underscores for dots), plus `source_client` / `destination_client` / `producer_client` (librdkafka
+    settings without their prefixes; `auto.offset.reset` of the source is `auto_offset_reset`), `selector`, `namer`
+    and `raw`. Clients are created
     from `consumer_settings()`, `producer_settings(task_id)` and `admin_settings(cluster)`.
     """
 
@@ -88,63 +79,6 @@ class ConnectorConfig(BaseModel):
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     raw: dict[str, object] = Field(default_factory=dict, repr=False)
 
-    # -- one field per property-table row with a `field`, in the table's order (a validator reads earlier fields):
-    # the type follows the row's kind (None allowed where the row has no default), the default is the row's, bounds
-    # and description come from the row; tests/configuration/test_config_model.py holds them to the table.
-    name: str = Field(**_row("name"))
-    connector_class: str | None = Field(None, **_row("connector.class"))
-    tasks_max: int = Field(1, **_row("tasks.max"))
-    source_alias: str = Field("source", **_row("source.cluster.alias"))
-    target_alias: str = Field("target", **_row("target.cluster.alias"))
-    partition_matching: bool | None = Field(None, **_row("enable.partition.matching"))
-    destination_topic_checking: bool = Field(True, **_row("enable.destination.topic.checking"))
-    poll_timeout_ms: int = Field(1000, **_row("poll.timeout.ms"))
-    monitor_poll_wait_ms: int = Field(2000, **_row("monitor.poll.wait.ms"))
-    commit_failure_restart_ms: int = Field(300000, **_row("commit.failure.restart.ms"))
-    offset_commit_interval_ms: int = Field(1000, **_row("offset.flush.interval.ms"))
-    resume_after_destination_copies: bool = Field(False, **_row("resume.after.destination.copies"))
-    throttle_bytes_per_second: int = Field(0, **_row("replication.throttle.bytes.per.second"))
-    throttle_records_per_second: int = Field(0, **_row("replication.throttle.records.per.second"))
-    provenance_headers: bool = Field(True, **_row("provenance.headers.enabled"))
-    exactly_once_support: str = Field("disabled", **_row("exactly.once.support"))
-    heartbeat_interval_ms: int = Field(2000, **_row("task.heartbeat.interval.ms"))
-    lease_timeout_ms: int = Field(30000, **_row("task.lease.timeout.ms"))
-    topic_creation: bool = Field(True, **_row("topic.creation.enable"))
-    replication_factor: int = Field(-1, **_row("replication.factor"))
-    config_properties_exclude: str = Field(
-        ", ".join(DEFAULT_CONFIG_PROPERTIES_EXCLUDE), **_row("config.properties.exclude")
-    )
-    sync_topic_configs: bool = Field(True, **_row("sync.topic.configs.enabled"))
-    sync_topic_configs_interval_s: int = Field(60, **_row("sync.topic.configs.interval.seconds"))
-    sync_topic_acls: bool = Field(True, **_row("sync.topic.acls.enabled"))
-    sync_topic_acls_interval_s: int = Field(600, **_row("sync.topic.acls.interval.seconds"))
-    groups: str = Field(".*", **_row("groups"))
-    groups_exclude: str = Field("console-consumer-.*, connect-.*, __.*", **_row("groups.exclude"))
-    emit_checkpoints: bool = Field(True, **_row("emit.checkpoints.enabled"))
-    emit_checkpoints_interval_s: int = Field(60, **_row("emit.checkpoints.interval.seconds"))
-    sync_group_offsets: bool = Field(False, **_row("sync.group.offsets.enabled"))
-    sync_group_offsets_interval_s: int = Field(60, **_row("sync.group.offsets.interval.seconds"))
-    emit_heartbeats: bool = Field(True, **_row("emit.heartbeats.enabled"))
-    emit_heartbeats_interval_s: int = Field(1, **_row("emit.heartbeats.interval.seconds"))
-    standby_runs: int = Field(1, **_row("task.standby.runs"))
-
-    @field_validator("lease_timeout_ms")
-    @classmethod
-    def _lease_outlives_heartbeats(cls, lease: int, info: ValidationInfo) -> int:
-        # A lease that could expire between two heartbeats of a healthy task would fence it for nothing. (The
-        # heartbeat interval is in `info.data` because its field is declared first; absent if it failed.)
-        heartbeat = info.data.get("heartbeat_interval_ms")
-        if heartbeat is not None and lease <= 2 * heartbeat:
-            raise ValueError(f"must be greater than 2 x task.heartbeat.interval.ms ({2 * heartbeat}), got {lease}")
-        return lease
-
-    @field_validator("config_properties_exclude", "groups", "groups_exclude")
-    @classmethod
-    def _java_regex_list(cls, value: str) -> str:
-        for pattern in split_list(value):
-            compile_java_regex(pattern)  # ValueError names the pattern and what is wrong
-        return value
-
     # -- topic management and failover --
 
     @property
@@ -157,8 +91,8 @@ class ConnectorConfig(BaseModel):
         """
         return (
             self.exactly_once
-            or self.partition_matching is True
-            or (self.partition_matching is None and self.topic_creation)
+            or self.enable_partition_matching is True
+            or (self.enable_partition_matching is None and self.topic_creation_enable)
         )
 
     @property
@@ -169,9 +103,9 @@ class ConnectorConfig(BaseModel):
     @property
     def checkpoint_interval_s(self) -> int:
         """How often group offsets are translated: the shorter of the checkpoint and group-sync intervals in use."""
-        intervals = [self.emit_checkpoints_interval_s] if self.emit_checkpoints else []
-        intervals += [self.sync_group_offsets_interval_s] if self.sync_group_offsets else []
-        return min(intervals, default=self.emit_checkpoints_interval_s)
+        intervals = [self.emit_checkpoints_interval_seconds] if self.emit_checkpoints_enabled else []
+        intervals += [self.sync_group_offsets_interval_seconds] if self.sync_group_offsets_enabled else []
+        return min(intervals, default=self.emit_checkpoints_interval_seconds)
 
     # -- client settings: built here, once, for every client the platform creates --
 

@@ -80,14 +80,16 @@ class ConnectorParser(ClientRules, TopicRules):
         fields.update(self.clients())
         if fields.get("exactly_once_support", "disabled") != "disabled":
             self.check_exactly_once(fields)
-        if fields.get("resume_after_destination_copies") and fields.get("provenance_headers") is False:
+        if fields.get("resume_after_destination_copies") and fields.get("provenance_headers_enabled") is False:
             self.fail(
                 "provenance.headers.enabled",
                 "must stay true with resume.after.destination.copies=true: each partition resumes after its "
                 "last copy at the destination, found by these headers",
             )
         fields["selector"] = self.selector()
-        fields["namer"] = self.namer(fields.get("source_alias", "source"), fields.get("target_alias", "target"))
+        fields["namer"] = self.namer(
+            fields.get("source_cluster_alias", "source"), fields.get("target_cluster_alias", "target")
+        )
         if fields["selector"] is not None and fields["namer"] is not None:
             self.check_destination_names(fields["selector"], fields["namer"])
         if not self.errors:

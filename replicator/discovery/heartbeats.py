@@ -77,8 +77,8 @@ class HeartbeatProducers:
             _create_topic(source_admin, source)
         key = json.dumps(
             {
-                "sourceClusterAlias": config.source_alias,
-                "targetClusterAlias": config.target_alias,
+                "sourceClusterAlias": config.source_cluster_alias,
+                "targetClusterAlias": config.target_cluster_alias,
                 "sourceClusterId": source.cluster_id,
                 "targetClusterId": destination_id,
                 "connector": config.name,

@@ -66,7 +66,7 @@ class MonitorResult:
 def replicated_topics(config: ConnectorConfig, source_topics: Mapping[str, int]) -> list[str]:
     """The selected source topics, plus the source's heartbeats topic while heartbeats are emitted (as MM2)."""
     topics = config.selector.select(source_topics)
-    if config.emit_heartbeats and HEARTBEATS_TOPIC in source_topics and HEARTBEATS_TOPIC not in topics:
+    if config.emit_heartbeats_enabled and HEARTBEATS_TOPIC in source_topics and HEARTBEATS_TOPIC not in topics:
         topics = sorted([*topics, HEARTBEATS_TOPIC])
     return topics
 
@@ -85,7 +85,7 @@ def plan_partitions(
         destination = config.namer.destination_topic(topic)
         dest_partitions = destination_topics.get(destination)
         for partition in range(source_topics[topic]):
-            if config.destination_topic_checking and (
+            if config.enable_destination_topic_checking and (
                 dest_partitions is None or (config.requires_destination_partition and partition >= dest_partitions)
             ):
                 missing.append((topic, partition))
@@ -102,7 +102,7 @@ class Admins:
 
 def ids(source: ClusterView, destination: ClusterView, config: ConnectorConfig) -> tuple[str, str]:
     """Both clusters' ids; the aliases stand in for brokers that report none."""
-    return source.cluster_id or config.source_alias, destination.cluster_id or config.target_alias
+    return source.cluster_id or config.source_cluster_alias, destination.cluster_id or config.target_cluster_alias
 
 
 def held_reasons(
@@ -114,7 +114,7 @@ def held_reasons(
         destination = config.namer.destination_topic(topic)
         out[(topic, partition)] = blocked.get(destination) or (
             f"destination partition {destination}[{partition}] does not exist"
-            + ("" if config.topic_creation else " (topic.creation.enable=false)")
+            + ("" if config.topic_creation_enable else " (topic.creation.enable=false)")
         )
     return out
 
@@ -260,7 +260,7 @@ class KafkaMonitor:
         selected = [t for t in replicated_topics(config, source.partition_counts()) if not config.namer.is_cycle(t)]
         pairs = destination_topics(config, source, selected)
         destination_counts, blocked = destination.partition_counts(), {}
-        if config.topic_creation:
+        if config.topic_creation_enable:
             outcome = ensure_destination_topics(
                 config, admins.source, admins.destination, source, destination, pairs, self.topic_requests, connector
             )
@@ -279,7 +279,7 @@ class KafkaMonitor:
         # After the new generation is written: the tasks pick it up while heartbeats, checkpoints and syncs run.
         existing = {d: s for d, s in pairs.items() if d in destination_counts}
         self._periodic_duties(config, admins, source, destination, existing, flow, updates)
-        if config.sync_topic_acls:
+        if config.sync_topic_acls_enabled:
             self._sync_acls(config, admins, existing, flow, updates, written)
         hidden = hidden_topics(admins.source, config.selector.whitelist - source.topics.keys())
         _replace_problems(updates, flow, HIDDEN_PROBLEM, hidden)
@@ -319,7 +319,7 @@ class KafkaMonitor:
         `acl sync` problem until a sync succeeds."""
         now, topics = time.monotonic(), frozenset(pairs)
         last = written.acls_synced_at
-        if last is not None and now - last < config.sync_topic_acls_interval_s and topics <= written.acls_topics:
+        if last is not None and now - last < config.sync_topic_acls_interval_seconds and topics <= written.acls_topics:
             return
         written.acls = sync_topic_acls(admins.source, admins.destination, pairs, written.acls.bindings)
         written.acls_synced_at, written.acls_topics = now, topics
@@ -351,13 +351,13 @@ class KafkaMonitor:
             kept = {k: v for k, v in current.items() if not k.startswith(f"{kind} ")}
             return {**kept, **{f"{kind} {name}": reason for name, reason in found.items()}}
 
-        if config.sync_topic_configs and due("configs_synced_at", config.sync_topic_configs_interval_s):
+        if config.sync_topic_configs_enabled and due("configs_synced_at", config.sync_topic_configs_interval_seconds):
             try:
                 _changed, failed = sync_topic_configs(config, admins.source, admins.destination, pairs)
             except KafkaException as exc:  # a duty never stops discovery and assignment
                 failed = {"*": broker_reason(exc)}
             updates.update(configs_synced_at=now, problems=problems("topic", failed))
-        if (config.emit_checkpoints or config.sync_group_offsets) and due(
+        if (config.emit_checkpoints_enabled or config.sync_group_offsets_enabled) and due(
             "groups_synced_at", config.checkpoint_interval_s
         ):
             source_id, destination_id = ids(source, destination, config)
@@ -367,7 +367,7 @@ class KafkaMonitor:
                 failed = {"*": broker_reason(exc) if isinstance(exc, KafkaException) else str(exc)}
             updates.update(groups_synced_at=now, problems=problems("group", failed))
         emit_failed: str | None = None
-        if config.emit_heartbeats and due("heartbeat_emitted_at", config.emit_heartbeats_interval_s):
+        if config.emit_heartbeats_enabled and due("heartbeat_emitted_at", config.emit_heartbeats_interval_seconds):
             try:
                 if self.heartbeat_producers.emit(config, admins.source, source, destination.cluster_id):
                     updates.update(heartbeat_emitted_at=now)

@@ -125,7 +125,7 @@ class OffsetTranslator:
     """Translates groups of one connector, given both clusters' Kafka cluster ids."""
 
     def __init__(self, config: ConnectorConfig, store: Store, source_cluster: str, destination_cluster: str) -> None:
-        if config.partition_matching is False:
+        if config.enable_partition_matching is False:
             raise TranslationError(
                 "offset translation needs records kept in their source partition; this connector sets "
                 "enable.partition.matching=false"
@@ -373,7 +373,7 @@ def sync_groups(
     translator = OffsetTranslator(config, store, source_cluster, destination_cluster)
     translated = translator.translate(offsets)
     translator.save(translated)
-    if config.sync_group_offsets:
+    if config.sync_group_offsets_enabled:
         for group in offsets:
             _written, problem = write_group_offsets(destination_admin, group, translated)
             if problem:

@@ -215,7 +215,7 @@ class Committer:
         task = self.task
         self.settle()
         self.collect()
-        if task.scheduler.due(COMMITTING, task.config.offset_commit_interval_ms / 1000, now):
+        if task.scheduler.due(COMMITTING, task.config.offset_flush_interval_ms / 1000, now):
             self.commit_due()
             if self.in_flight is None:
                 self.commit_in_background()
@@ -226,7 +226,9 @@ class Committer:
                     f"no offset commit succeeded for {now - self.last_ok:.0f}s while "
                     "records were being replicated (commit.failure.restart.ms)"
                 )
-        elif self.in_flight is None and task.scheduler.due(HEARTBEATING, task.config.heartbeat_interval_ms / 1000, now):
+        elif self.in_flight is None and task.scheduler.due(
+            HEARTBEATING, task.config.task_heartbeat_interval_ms / 1000, now
+        ):
             # A heartbeat alone keeps a standby from taking a live task over once task.lease.timeout.ms has passed.
             self.started = now
             self.in_flight = (task.background.submit(task.store.commit, task.lease, {}), {})
@@ -266,7 +268,7 @@ class Committer:
             offsets = task.book.changed(self.offset_of)
             self.scanned = (touched, now) if self.skips_untouched else None
         self.started = now
-        task.scheduler.ran(HEARTBEATING, task.config.heartbeat_interval_ms / 1000, self.started)
+        task.scheduler.ran(HEARTBEATING, task.config.task_heartbeat_interval_ms / 1000, self.started)
         future = task.background.submit(task.store.commit, task.lease, offsets, self.destination_offsets(offsets))
         self.in_flight = (future, offsets)
 

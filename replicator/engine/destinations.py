@@ -111,7 +111,7 @@ class Destinations:
                     why = f" ({error})" if error is not None and "nknown topic" not in error else ""
                     self.pauses.pause(state, f"destination topic {state.destination_topic!r} does not exist{why}")
                 continue
-            if config.partition_matching is not False and state.partition in topic.ids:
+            if config.enable_partition_matching is not False and state.partition in topic.ids:
                 deliveries.route(state, state.partition, len(topic.ids))
             elif config.requires_destination_partition:
                 if state.paused_reason is None:

@@ -193,7 +193,7 @@ class AssignmentFollower:
 
     def claim(self, wanted: list[SourcePartition]) -> Rebuild | None:
         task = self.task
-        stale = timedelta(milliseconds=task.config.lease_timeout_ms)
+        stale = timedelta(milliseconds=task.config.task_lease_timeout_ms)
         claimed = task.store.claim_partitions_from(task.lease, wanted, stale)
         silent = {owner for owner in claimed.values() if owner is not None}
         if silent:

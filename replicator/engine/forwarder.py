@@ -110,7 +110,7 @@ class Forwarder:
         batch: only a run's last record carries a delivery callback (`InFlight`). The batch ends with `None`."""
         self.book.touched += 1
         acknowledged = self.deliveries.acknowledged
-        partitions, with_provenance = self.book.states, self.config.provenance_headers
+        partitions, with_provenance = self.book.states, self.config.provenance_headers_enabled
         destination, origin_header, source = self.destination_cluster, self.origin_header, provenance.SOURCE
         # The record seen and not yet produced: it, its partition, offset, outgoing headers and timestamp.
         unsent: Record | None = None

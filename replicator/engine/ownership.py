@@ -201,7 +201,7 @@ def run_owned(
     """
     task.should_stop = should_stop
     record = task.store.get_connector(task.connector)
-    stale_after = timedelta(milliseconds=load(record.properties).lease_timeout_ms)
+    stale_after = timedelta(milliseconds=load(record.properties).task_lease_timeout_ms)
     with TaskOwnership(
         task.store.engine, task.connector, task.task_id, task.owner, stale_after, task.on_event, lock_watch
     ) as ownership:

@@ -253,13 +253,13 @@ class ReplicationTask:
         # when the clusters do not answer: one metadata time-out must not end a replicating task.
         clusters = (
             config.admin_settings("source"),
-            config.source_alias,
+            config.source_cluster_alias,
             config.admin_settings("destination"),
-            config.target_alias,
+            config.target_cluster_alias,
         )
         try:
-            source_cluster = cluster_id(ClusterAdmin(clusters[0]), "source", config.source_alias)
-            destination_cluster = cluster_id(self.destinations.admin(), "destination", config.target_alias)
+            source_cluster = cluster_id(ClusterAdmin(clusters[0]), "source", config.source_cluster_alias)
+            destination_cluster = cluster_id(self.destinations.admin(), "destination", config.target_cluster_alias)
         except ClusterIdentityError as exc:
             if clusters != self.identified:
                 raise

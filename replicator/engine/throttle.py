@@ -103,7 +103,9 @@ class ThrottleShare:
 
     def share(self, config: ConnectorConfig, tasks: int) -> None:
         """One of `tasks` tasks' share of `config`'s limits, with buckets that start full."""
-        self.current = Throttle.of(config.throttle_records_per_second, config.throttle_bytes_per_second, tasks)
+        self.current = Throttle.of(
+            config.replication_throttle_records_per_second, config.replication_throttle_bytes_per_second, tasks
+        )
 
 
 def only_throttle_changed(old: ConnectorConfig, new: ConnectorConfig) -> bool:

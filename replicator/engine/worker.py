@@ -144,7 +144,7 @@ class TaskWorker:
         known = self.copies.get(connector)
         if known is None or known[0] != version:
             try:
-                known = (version, 1 + load(properties).standby_runs)
+                known = (version, 1 + load(properties).task_standby_runs)
             except ConnectorConfigError:
                 return None
             self.copies[connector] = known

@@ -17,7 +17,7 @@ from mirus.api.app import ConnectApi
 from mirus.api.auth import ApiSettings, Credentials
 from mirus.waiting import wait_until
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET
-from mirus_dagster.definitions import kafka_monitor
+from mirus_dagster.definitions import run_starter
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.properties import PROPERTIES
 from replicator.configuration.secrets import ENV_ALLOWED_PATHS
@@ -474,7 +474,7 @@ def test_a_connector_put_over_the_api_shows_in_dagster(
 ) -> None:
     config = connector_properties(stack, unique, **{"topics.whitelist": unique})
     assert requests.put(f"{api}/connectors/{unique}/config", json=config).status_code == 201
-    result = kafka_monitor(dg.build_sensor_context(instance=instance, resources=resources))
+    result = run_starter(dg.build_sensor_context(instance=instance, resources=resources))
     added = [
         n
         for r in result.dynamic_partitions_requests
@@ -486,15 +486,15 @@ def test_a_connector_put_over_the_api_shows_in_dagster(
     assert events and unique in events[-1].metadata["configs (secrets masked)"].data
     cursor = result.cursor
     requests.put(f"{api}/connectors/{unique}/pause")
-    result = kafka_monitor(dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+    result = run_starter(dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources))
     events = [e for e in result.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET)]
     assert events and f"| {unique} | PAUSED |" in events[-1].metadata["connectors"].value
     requests.post(f"{api}/connectors/{unique}/restart")
-    result = kafka_monitor(dg.build_sensor_context(instance=instance, cursor=result.cursor, resources=resources))
+    result = run_starter(dg.build_sensor_context(instance=instance, cursor=result.cursor, resources=resources))
     assert any(e.asset_key == dg.AssetKey(CONNECTORS_ASSET) for e in result.asset_events)
     requests.delete(f"{api}/connectors/{unique}")
     instance.add_dynamic_partitions(CONNECTOR_PARTITIONS, [unique])
-    result = kafka_monitor(dg.build_sensor_context(instance=instance, cursor=result.cursor, resources=resources))
+    result = run_starter(dg.build_sensor_context(instance=instance, cursor=result.cursor, resources=resources))
     removed = [
         n
         for r in result.dynamic_partitions_requests

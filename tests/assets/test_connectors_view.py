@@ -12,11 +12,11 @@ from sqlalchemy import Engine
 
 from mirus.waiting import wait_until
 from mirus_dagster.constants import CONNECTOR_PARTITIONS, CONNECTORS_ASSET, TAG_CONNECTOR
-from mirus_dagster.definitions import kafka_monitor
+from mirus_dagster.definitions import run_starter
 from mirus_dagster.settings import StackEndpoints
 from replicator.state.records import ConnectorRecord
 from replicator.state.store import Store
-from sensors.monitor import MonitorCursor
+from sensors.run_starter import RunStarterCursor
 from tests.fixtures.dagster_runs import InProcessRun, admin, evaluate, put, requests_for, watched
 from tests.fixtures.engine_helpers import connector_properties
 from tests.fixtures.kafka_helpers import create_topics
@@ -46,14 +46,14 @@ def test_the_view_shows_running_tasks_with_their_run_and_heartbeat_as_soon_as_th
     )
     assert put(instance, resources, properties).success
     watched(Store(db_engine), unique)
-    first = evaluate(kafka_monitor, instance, resources, None)
+    first = evaluate(run_starter, instance, resources, None)
     runs = [InProcessRun(instance, resources, r) for r in requests_for(first, unique)]
     try:
         store = Store(db_engine)
         wait_until(lambda: all(store.lease_of(unique, t) for t in (0, 1)), 60, what="both tasks to claim their lease")
 
         # The next tick records the change at once: the tasks claimed their leases.
-        view = connectors_view(evaluate(kafka_monitor, instance, resources, first.cursor))
+        view = connectors_view(evaluate(run_starter, instance, resources, first.cursor))
 
         line = row(view, unique)
         assert "| RUNNING | 3 |" in line, line
@@ -78,14 +78,14 @@ def test_the_view_is_recorded_again_while_tasks_run_so_heartbeats_stay_recent(
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
     assert put(instance, resources, connector_properties(stack, unique, **{"topics.whitelist": unique})).success
-    first = evaluate(kafka_monitor, instance, resources, None)
-    unchanged = evaluate(kafka_monitor, instance, resources, first.cursor)
+    first = evaluate(run_starter, instance, resources, None)
+    unchanged = evaluate(run_starter, instance, resources, first.cursor)
     # The asset promises a view at most a minute old while tasks run: its last recording is made a minute old,
     # rather than waiting for one.
-    cursor = MonitorCursor.model_validate_json(unchanged.cursor)
+    cursor = RunStarterCursor.model_validate_json(unchanged.cursor)
     a_minute_old = cursor.model_copy(update={"reported_at": cursor.reported_at - 60}).model_dump_json()
 
-    again = evaluate(kafka_monitor, instance, resources, a_minute_old)
+    again = evaluate(run_starter, instance, resources, a_minute_old)
 
     assert not [e for e in unchanged.asset_events if e.asset_key.path == [CONNECTORS_ASSET]]
     assert [e.description for e in again.asset_events] == ["refresh (heartbeats and lag)"]
@@ -100,7 +100,7 @@ def test_a_connector_whose_destinations_are_missing_shows_it_as_a_problem(
     assert put(instance, resources, connector_properties(stack, unique, **no_creation)).success
     watched(Store(db_engine), unique)
 
-    line = row(connectors_view(evaluate(kafka_monitor, instance, resources, None)), unique)
+    line = row(connectors_view(evaluate(run_starter, instance, resources, None)), unique)
 
     assert "| RUNNING | 0 |" in line, line
     assert f"missing at destination, not replicated: {unique}[0], {unique}[1], {unique}[2]" in line, line
@@ -162,7 +162,7 @@ def test_a_connector_added_while_the_monitor_evaluates_keeps_its_partition(
         return records
 
     monkeypatch.setattr(Store, "list_connectors", put_completes_meanwhile)
-    result = evaluate(kafka_monitor, instance, resources, None)
+    result = evaluate(run_starter, instance, resources, None)
     monkeypatch.undo()
 
     deleted = [r for r in result.dynamic_partitions_requests if isinstance(r, dg.DeleteDynamicPartitionsRequest)]

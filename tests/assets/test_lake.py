@@ -10,8 +10,8 @@ from sqlalchemy import Engine
 
 from assets.lake import METRIC_SAMPLES_LAKE as METRIC_SAMPLES
 from assets.lake import latest_complete_hour, platform_lake
+from mirus_dagster.dagster_resources import PlatformDatabase
 from mirus_dagster.reporting import Reporting
-from mirus_dagster.resources import PlatformDatabase
 
 
 def test_the_lake_export_launched_without_an_hour_exports_the_latest_complete_one(

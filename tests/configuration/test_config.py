@@ -94,16 +94,16 @@ def test_mirus_quickstart_parses() -> None:
     assert config.raw == MIRUS_QUICKSTART
     # Defaults that differ from, or clarify, Mirus's.
     assert config.auto_offset_reset == "earliest"
-    assert config.partition_matching is None
-    assert config.destination_topic_checking is True
+    assert config.enable_partition_matching is None
+    assert config.enable_destination_topic_checking is True
     assert config.monitor_poll_wait_ms == 2000
     assert config.poll_timeout_ms == 1000
-    assert config.provenance_headers is True
+    assert config.provenance_headers_enabled is True
 
 
 def test_mm2_style_config_parses_and_prefixes_the_source_alias() -> None:
     config = submit(MM2_STYLE)
-    assert (config.source_alias, config.target_alias) == ("A", "B")
+    assert (config.source_cluster_alias, config.target_cluster_alias) == ("A", "B")
     assert config.source_client == {"bootstrap.servers": "a1:9092,a2:9092"}
     assert config.destination_client == {"bootstrap.servers": "b1:9092"}
     assert config.namer.destination_topic("x") == "A.x"
@@ -131,7 +131,7 @@ def test_source_alias_without_policy_class_means_mm2_default_policy() -> None:
 def test_source_alias_with_mirus_prefix_keeps_mirus_naming() -> None:
     config = parse(**{"source.cluster.alias": "A", "destination.topic.name.prefix": "dc1-"})
     assert config.namer.policy == MirusNamingPolicy(prefix="dc1-")
-    assert config.source_alias == "A"
+    assert config.source_cluster_alias == "A"
 
 
 def test_json_numbers_and_booleans_are_accepted() -> None:
@@ -147,18 +147,18 @@ def test_json_numbers_and_booleans_are_accepted() -> None:
         }
     )
     assert config.tasks_max == 3
-    assert config.destination_topic_checking is False
-    assert config.partition_matching is True
-    assert config.provenance_headers is False
+    assert config.enable_destination_topic_checking is False
+    assert config.enable_partition_matching is True
+    assert config.provenance_headers_enabled is False
     assert config.poll_timeout_ms == 250
     assert config.source_client["fetch.min.bytes"] == "1"
     assert config.source_client["check.crcs"] == "true"
 
 
 def test_partition_matching_unset_true_false() -> None:
-    assert parse().partition_matching is None
-    assert parse(**{"enable.partition.matching": "true"}).partition_matching is True
-    assert parse(**{"enable.partition.matching": "false"}).partition_matching is False
+    assert parse().enable_partition_matching is None
+    assert parse(**{"enable.partition.matching": "true"}).enable_partition_matching is True
+    assert parse(**{"enable.partition.matching": "false"}).enable_partition_matching is False
 
 
 def test_java_only_client_settings_are_dropped() -> None:

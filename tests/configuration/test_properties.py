@@ -1,7 +1,8 @@
-"""The property table drives everything: the model, the known names, messages, hints and the docs page.
+"""The property table drives everything: the known names, checks, messages, hints and the docs page.
 
-Adding a property is one row in `replicator.configuration.properties.PROPERTIES`; these tests walk the table so that a
-row that is not reflected everywhere (or a docs page left stale) fails.
+Adding a property is one declaration in `replicator.configuration.properties` (a field of `PropertyFields` or a row);
+these tests walk the table, `PROPERTIES`, so that a property that is not reflected everywhere (or a docs page left
+stale) fails.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from replicator.configuration.properties import (
     PROPERTIES,
     Kind,
     PropertySpec,
-    properties_markdown,
 )
+from replicator.configuration.properties_page import properties_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "CONNECTOR-PROPERTIES.md"
@@ -36,7 +37,7 @@ FIELDS = [spec for spec in PROPERTIES if spec.field]
 
 def test_docs_page_is_generated_from_the_table_and_current() -> None:
     regenerated = subprocess.run(
-        [sys.executable, "-m", "replicator.configuration.properties"],
+        [sys.executable, "-m", "replicator.configuration.properties_page"],
         capture_output=True,
         text=True,
         check=True,
@@ -44,7 +45,7 @@ def test_docs_page_is_generated_from_the_table_and_current() -> None:
     ).stdout
     assert regenerated == properties_markdown()
     assert DOCS.read_text() == regenerated, (
-        "stale: python -m replicator.configuration.properties > docs/CONNECTOR-PROPERTIES.md"
+        "stale: python -m replicator.configuration.properties_page > docs/CONNECTOR-PROPERTIES.md"
     )
 
 

@@ -36,7 +36,7 @@ from mirus.api.auth import ApiSettings
 from mirus.faults.brokers import KafkaKit
 from mirus.faults.kit_security import KitSecurity
 from mirus.waiting import wait_until
-from mirus_dagster.definitions import kafka_monitor
+from mirus_dagster.definitions import run_starter
 from replicator.clusters import ClusterIdentityError
 from replicator.configuration.secrets import ENV_ALLOWED_PATHS
 from replicator.discovery.heartbeats import HEARTBEATS_TOPIC, flow_liveness_s
@@ -828,7 +828,7 @@ def test_a_refused_password_stays_out_of_the_dagster_run_history(
     instance: dg.DagsterInstance,
     resources: dict,
 ) -> None:
-    """The wrong-password case as the platform runs it: the monitor sensor's replicator run fails naming the
+    """The wrong-password case as the platform runs it: the run_starter sensor's replicator run fails naming the
     refusal, and neither the password given nor the right ones are in any file of the Dagster instance (runs, run
     configs, event logs, compute logs) — what the UI's run history shows."""
     wrong = "not-" + security.passwords["replicator"]
@@ -837,7 +837,7 @@ def test_a_refused_password_stays_out_of_the_dagster_run_history(
     create_topics(_cluster(secured_kafka, "source"), {unique: 1})
     refused = {**properties, "consumer.sasl.password": "${env:MIRUS_SECRET_WRONG_PASSWORD}"}
     create_connector(store, refused, {0: [(unique, 0)]})
-    request = requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
+    request = requests_for(evaluate(run_starter, instance, resources, None), unique)[0]
     run = InProcessRun(instance, resources, request).join()
     assert not run.success
     failure = step_failure_message(run, with_causes=True)

@@ -19,7 +19,7 @@ from mirus.api.auth import ApiSettings
 from mirus.cli.main import main
 from mirus.waiting import wait_until
 from mirus_dagster.constants import CONNECTORS_ASSET, PAUSE_PARTITION_JOB, RESUME_PARTITION_JOB
-from mirus_dagster.definitions import admin_jobs, kafka_monitor
+from mirus_dagster.definitions import admin_jobs, run_starter
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration import administration
 from replicator.engine.task import TaskExit
@@ -178,11 +178,11 @@ def test_a_pause_made_outside_dagster_is_recorded_on_the_connectors_asset_at_the
     stack: StackEndpoints, store: Store, unique: str, resources: dict[str, object], instance: dg.DagsterInstance
 ) -> None:
     create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
-    first = evaluate(kafka_monitor, instance, resources, None)
+    first = evaluate(run_starter, instance, resources, None)
     assert isinstance(first, dg.SensorResult)
 
     administration.pause_partition(store, unique, (unique, 0), "replaying a bad deploy")
-    after = evaluate(kafka_monitor, instance, resources, first.cursor)
+    after = evaluate(run_starter, instance, resources, first.cursor)
 
     assert isinstance(after, dg.SensorResult)
     recorded = [e for e in after.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET)]

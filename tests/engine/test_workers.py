@@ -35,7 +35,7 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.engine.worker import hosts
 from replicator.state.records import LEASE_HELD, ConnectorState, ConnectorStatus, TaskStatus
 from replicator.state.store import Store
-from sensors.monitor import build_kafka_monitor
+from sensors.run_starter import build_run_starter
 from sensors.supervisor import build_task_supervisor
 from tests.fixtures.engine_helpers import connector_properties, create_connector, private_database
 from tests.fixtures.kafka_helpers import create_topics, produce
@@ -146,7 +146,7 @@ def test_with_workers_the_sensors_keep_that_many_worker_runs_and_no_run_per_task
     resources: dict, instance: dg.DagsterInstance
 ) -> None:
     watcher = build_watcher_job(lambda connector, result: dg.AssetMaterialization(CONNECTOR_PARTITIONS))
-    monitor = build_kafka_monitor(
+    monitor = build_run_starter(
         replicator,
         watcher,
         connectors_event=lambda *args: dg.AssetMaterialization("connectors"),

@@ -30,9 +30,9 @@ from mirus_dagster.constants import (
     ENV_ALERT_WEBHOOK_URL,
     ENV_REPORT_SCHEDULE,
     KIND_REPLICATOR,
-    MONITOR_SENSOR,
     PUT_CONNECTOR_JOB,
     REPLICATOR_JOB,
+    RUN_STARTER_SENSOR,
     STORE_CONNECTOR_OP,
     SUPERVISOR_SENSOR,
     TAG_CONNECTOR,
@@ -264,10 +264,10 @@ def test_the_monitor_starts_an_owner_and_a_standby_per_task_and_records_are_repl
         "two runs for each of tasks 0 and 1",
     )
     for run in (r for runs in started.values() for r in runs):
-        assert run.tags[TAG_SENSOR] == MONITOR_SENSOR and run.tags[TAG_KIND] == KIND_REPLICATOR, run.tags
+        assert run.tags[TAG_SENSOR] == RUN_STARTER_SENSOR and run.tags[TAG_KIND] == KIND_REPLICATOR, run.tags
         assert K8S_CONFIG_TAG not in run.tags, "a Kubernetes tag on a run no Kubernetes launcher starts"
     (watcher,) = dev.wait_for_runs(job_name=WATCHER_JOB, statuses={"STARTED"}, timeout=60)
-    assert watcher.tags[TAG_SENSOR] == MONITOR_SENSOR
+    assert watcher.tags[TAG_SENSOR] == RUN_STARTER_SENSOR
     for topic, partitions in platform.topics.items():
         assert_copied(platform.stack, topic, partitions, 30)
 
@@ -361,7 +361,7 @@ def test_a_terminated_run_commits_ends_canceled_and_is_started_again(platform: P
         final = f"{name}-1: stopped:"  # the task's last event, written after its final flush and commit
         assert any(m.startswith(final) for m in dev.run_messages(victim.run_id)), "no final task event"
         resumed = wait_for_new_run(dev, name, 1, {victim.run_id, standby.run_id})
-        assert resumed.tags[TAG_SENSOR] == MONITOR_SENSOR, resumed.tags
+        assert resumed.tags[TAG_SENSOR] == RUN_STARTER_SENSOR, resumed.tags
         assert resumed.tags[TAG_REASON] == "assigned, last run canceled", resumed.tags
         resume_point = traffic.snapshot()
         wait_until(
@@ -392,7 +392,7 @@ def test_pause_ends_every_replicator_run_and_none_starts_while_paused(platform: 
     after_pause = {r.run_id for r in dev.runs({TAG_CONNECTOR: name}, job_name=REPLICATOR_JOB)}
     paused_at = max(dev.run(r.run_id).end_time or 0.0 for r in running.values())
     dev.until(
-        lambda: all(len(dev.sensor_ticks(s, after=paused_at)) >= 3 for s in (MONITOR_SENSOR, SUPERVISOR_SENSOR)),
+        lambda: all(len(dev.sensor_ticks(s, after=paused_at)) >= 3 for s in (RUN_STARTER_SENSOR, SUPERVISOR_SENSOR)),
         60,
         "three ticks of each sensor after the pause",
     )

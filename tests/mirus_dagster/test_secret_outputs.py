@@ -1,7 +1,7 @@
 """A secret given by reference appears in no output of the platform.
 
 One sentinel value is set in the environment and referenced from secret properties of a connector that then
-really replicates: added through the `put_connector` job, started by the monitor sensor as a replicator run,
+really replicates: added through the `put_connector` job, started by the run_starter sensor as a replicator run,
 shown in the `connectors` asset, run again as a `mirus task run` process. Then every output is searched for the
 sentinel: the Dagster instance's whole directory (run configs, event logs with asset metadata, compute logs),
 what the test process printed and logged (librdkafka included), the `mirus task run` log file, `mirus` command
@@ -28,7 +28,7 @@ from mirus.api.auth import ApiSettings
 from mirus.cli.main import main as mirus
 from mirus.waiting import wait_until
 from mirus_dagster.constants import CONNECTORS_ASSET
-from mirus_dagster.definitions import admin_jobs, kafka_monitor
+from mirus_dagster.definitions import admin_jobs, run_starter
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import load
 from replicator.state.store import Store
@@ -107,7 +107,7 @@ def test_a_referenced_secret_reaches_the_clients_and_no_output(
         },
     )
 
-    # Through the platform: the launchpad job, the monitor sensor, a replicator run, the connectors asset.
+    # Through the platform: the launchpad job, the run_starter sensor, a replicator run, the connectors asset.
     put = JOBS["put_connector"].execute_in_process(
         run_config={"ops": {"store_connector": {"config": {"properties": properties}}}},
         instance=instance,
@@ -116,7 +116,7 @@ def test_a_referenced_secret_reaches_the_clients_and_no_output(
     )
     assert put.success
     watched(Store(db_engine), unique)  # the metadata watcher's round: the task is assigned
-    request = requests_for(evaluate(kafka_monitor, instance, resources, None), unique)[0]
+    request = requests_for(evaluate(run_starter, instance, resources, None), unique)[0]
     run = InProcessRun(instance, resources, request)
     assert len(consume_all(stack.destination_bootstrap_servers, f"{unique}.copy", 2, expected=20)) == 20
     pause = JOBS["pause_connector"].execute_in_process(

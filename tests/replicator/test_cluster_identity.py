@@ -38,7 +38,8 @@ def test_bidirectional_identity_pair_without_aliases_does_not_loop(
     b_to_a = create_connector(
         store, _identity_connector(f"{unique}-ba", b, a, topic), {0: [(topic, p) for p in range(partitions)]}
     )
-    assert a_to_b.source_alias == b_to_a.source_alias and a_to_b.target_alias == b_to_a.target_alias
+    assert a_to_b.source_cluster_alias == b_to_a.source_cluster_alias
+    assert a_to_b.target_cluster_alias == b_to_a.target_cluster_alias
     runners = [TaskThread.start(store, a_to_b.name), TaskThread.start(store, b_to_a.name)]
     try:
         produce(a, [{"topic": topic, "partition": i % partitions, "value": b"a-%d" % i} for i in range(per_side)])

@@ -93,7 +93,7 @@ def test_export_is_idempotent_and_prune_removes_only_sealed_hours_past_retention
     snapshots = _lake_rows(tmp_path, "metadata_snapshots", old, unique)
     assert sorted((r["topic"], r["partitions"]) for r in snapshots) == [("orders", 7), ("orders", 22)]
     connectors = [r for r in pq.read_table(state_path(tmp_path, "connectors")).to_pylist() if r["connector"] == unique]
-    assert connectors[0]["destination_topic_checking"] is True
+    assert connectors[0]["enable_destination_topic_checking"] is True
 
     # `older` was exported only a minute after it ended: not sealed, so its rows stay in Postgres.
     assert not export_hour(db_engine, tmp_path, older, now=older + timedelta(minutes=61)).sealed

@@ -25,9 +25,9 @@ from assets.reports import report_assets, report_path
 from assets.topology import destination_topics, source_topics
 from mirus.waiting import wait_until
 from mirus_dagster.constants import LATENCY_REPORT_ASSET, MISSING_CHECK, MISSING_REPORT_ASSET, P99_CHECK
+from mirus_dagster.dagster_resources import PlatformDatabase
 from mirus_dagster.report_schedule import hour_key
 from mirus_dagster.reporting import Reporting, spark_config
-from mirus_dagster.resources import PlatformDatabase
 from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import validate_submission
 from replicator.discovery.monitor import KafkaMonitor
@@ -391,8 +391,8 @@ def test_missing_since_starts_at_the_latest_unbroken_run(spark: SparkSession, tm
                 "state": "RUNNING",
                 "version": 1,
                 "tasks_max": 1,
-                "destination_topic_checking": True,
-                "partition_matching": True,
+                "enable_destination_topic_checking": True,
+                "enable_partition_matching": True,
             }
         ],
         "connector_routes": [{"connector": "x", "source_topic": "t", "destination_topic": "t.m", "cycle": False}],

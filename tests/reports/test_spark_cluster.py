@@ -148,7 +148,13 @@ def _snapshots_and_state(lake: Path, first: datetime) -> None:
     for hour, rows in by_hour.items():
         _write("metadata_snapshots", rows, hour_dir(lake, "metadata_snapshots", hour) / PART_FILE)
 
-    connector = {"state": "RUNNING", "version": 3, "tasks_max": 2, "source_alias": "src", "target_alias": "dst"}
+    connector = {
+        "state": "RUNNING",
+        "version": 3,
+        "tasks_max": 2,
+        "source_cluster_alias": "src",
+        "target_cluster_alias": "dst",
+    }
     routes = [
         ("orders-dr", "orders", "orders.dr", False),
         ("orders-dr", "payments", "payments.dr", False),
@@ -166,9 +172,24 @@ def _snapshots_and_state(lake: Path, first: datetime) -> None:
     ]
     state = {
         "connectors": [
-            {**connector, "connector": "orders-dr", "destination_topic_checking": True, "partition_matching": True},
-            {**connector, "connector": "logs-agg", "destination_topic_checking": True, "partition_matching": None},
-            {**connector, "connector": "metrics-mig", "destination_topic_checking": False, "partition_matching": False},
+            {
+                **connector,
+                "connector": "orders-dr",
+                "enable_destination_topic_checking": True,
+                "enable_partition_matching": True,
+            },
+            {
+                **connector,
+                "connector": "logs-agg",
+                "enable_destination_topic_checking": True,
+                "enable_partition_matching": None,
+            },
+            {
+                **connector,
+                "connector": "metrics-mig",
+                "enable_destination_topic_checking": False,
+                "enable_partition_matching": False,
+            },
         ],
         "connector_routes": [dict(zip(ROUTE_FIELDS, r, strict=True)) for r in routes],
         "partition_status": [dict(zip(STATUS_FIELDS, s, strict=True), task_id=0) for s in status],

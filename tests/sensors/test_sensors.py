@@ -22,8 +22,8 @@ from mirus_dagster.constants import (
     TAG_TASK,
     WATCHER_JOB,
 )
-from mirus_dagster.definitions import kafka_monitor, task_supervisor
-from mirus_dagster.resources import FailureWebhook, SupervisorPolicy
+from mirus_dagster.dagster_resources import FailureWebhook, SupervisorPolicy
+from mirus_dagster.definitions import run_starter, task_supervisor
 from mirus_dagster.settings import StackEndpoints
 from replicator.discovery.watcher import MetadataWatcher
 from replicator.state.store import Store
@@ -37,7 +37,7 @@ from sensors.decisions import (
     restart_decision,
     start_decision,
 )
-from sensors.failures import post_webhook
+from sensors.run_failure_alerts import post_webhook
 from sensors.task_runs import PRIORITY_TAG, STANDBY_PRIORITY, task_run_requests
 from tests.fixtures.dagster_runs import (
     InProcessRun,
@@ -223,9 +223,9 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     assert "hunter2-secret" not in shown and "${env:TEST_SOURCE_PASSWORD}" in shown
     assert unique in instance.get_dynamic_partitions(CONNECTOR_PARTITIONS)
 
-    assert requests_for(evaluate(kafka_monitor, instance, resources, None), unique) == []  # nothing assigned yet
+    assert requests_for(evaluate(run_starter, instance, resources, None), unique) == []  # nothing assigned yet
     assert unique in [r.connector for r in watched(store, unique).changed]
-    result = evaluated(kafka_monitor, instance, resources, None)
+    result = evaluated(run_starter, instance, resources, None)
     assert [r.job_name for r in result.run_requests if TAG_CONNECTOR not in r.tags] == [WATCHER_JOB]
     requests = requests_for(result, unique)
     assert sorted((r.tags[TAG_CONNECTOR], r.tags[TAG_TASK]) for r in requests) == [(unique, "0"), (unique, "1")]
@@ -236,7 +236,7 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     # Runs are live now: the monitor requests nothing more.
     live = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={TAG_CONNECTOR: unique})
     wait_until(lambda: len(instance.get_runs(live)) == 2)
-    assert requests_for(evaluate(kafka_monitor, instance, resources, result.cursor), unique) == []
+    assert requests_for(evaluate(run_starter, instance, resources, result.cursor), unique) == []
 
     # A topic created at the source is assigned and replicated by the running tasks, without a restart.
     create_topics(stack.destination_bootstrap_servers, {f"{second}.copy": 1})
@@ -254,9 +254,9 @@ def test_add_connector_then_sensor_runs_replicate_and_pause_stops_them(
     assert admin(instance, resources, "pause", unique).success
     for run in runs:
         assert run.join().success
-    assert requests_for(evaluate(kafka_monitor, instance, resources, cursor), unique) == []  # paused
+    assert requests_for(evaluate(run_starter, instance, resources, cursor), unique) == []  # paused
     assert admin(instance, resources, "resume", unique).success
-    assert len(requests_for(evaluate(kafka_monitor, instance, resources, cursor), unique)) == 2
+    assert len(requests_for(evaluate(run_starter, instance, resources, cursor), unique)) == 2
     assert admin(instance, resources, "delete", unique).success
     assert unique not in instance.get_dynamic_partitions(CONNECTOR_PARTITIONS)
     assert admin(instance, resources, "pause", unique).success is False  # unknown now: a clear failure
@@ -287,7 +287,7 @@ def test_unreachable_source_backs_off_without_affecting_other_connectors(
     assert snapshot is not None and "source cluster metadata unavailable" in snapshot.error
     assert watcher.watches[broken].failures == 1  # backing off: 1 s, then 2, 4 … 64 s
     assert watcher.watches[broken].retry_at > watcher.watches[healthy].retry_at
-    result = evaluated(kafka_monitor, instance, resources, None)
+    result = evaluated(run_starter, instance, resources, None)
     assert [r.tags[TAG_CONNECTOR] for r in requests_for(result, healthy) + requests_for(result, broken)] == [
         healthy
     ] * 2
@@ -319,7 +319,7 @@ def test_a_connector_the_watcher_cannot_load_shows_why_until_it_can(
 
     assert "MIRUS_TEST_SOURCE" in failed.errors[unique]
     assert "MIRUS_TEST_SOURCE" in store.connector_statuses(unique)[0].flow_problems["watch"]
-    result = evaluated(kafka_monitor, instance, resources, None)
+    result = evaluated(run_starter, instance, resources, None)
     shown = next(e for e in result.asset_events if e.asset_key == dg.AssetKey(CONNECTORS_ASSET))
     assert "watch: " in str(shown.metadata["connectors"].value)
 
@@ -344,7 +344,7 @@ def test_the_supervisor_restarts_a_failed_task(
     assert put(instance, resources, properties).success
     # Assignment again (a watcher round can miss a slow broker: it is retried); the failed run is left alone.
     wait_until(lambda: watched(store, unique) and store.read_assignment(unique), what="the task assigned again")
-    assert requests_for(evaluate(kafka_monitor, instance, resources, None), unique) == []  # left to the supervisor
+    assert requests_for(evaluate(run_starter, instance, resources, None), unique) == []  # left to the supervisor
 
     restart = wait_until(
         lambda: requests_for(evaluate(task_supervisor, instance, resources, None), unique),
@@ -418,7 +418,7 @@ def test_metadata_is_read_once_per_cluster_and_sensor_ticks_touch_no_cluster(
 
     # Sensor ticks create no Kafka client at all: they only start runs.
     kafka_clients.clear()  # the rounds above polled other tests' connectors for their periodic duties
-    assert requests_for(evaluate(kafka_monitor, instance, resources, None), names[0])
+    assert requests_for(evaluate(run_starter, instance, resources, None), names[0])
     evaluate(task_supervisor, instance, resources, None)
     assert kafka_clients == []
     for name in names:

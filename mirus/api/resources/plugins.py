@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from mirus.api import definitions
+from mirus.api import config_definitions
 from mirus.api.resources.calls import ApiError, Call, json_object
 from mirus.api.resources.root import version
 from mirus.api.resources.shapes import CONNECTOR_TYPE
@@ -20,7 +20,7 @@ REGEX_ROUTER = "org.apache.kafka.connect.transforms.RegexRouter"
 BYTE_ARRAY_CONVERTER = "org.apache.kafka.connect.converters.ByteArrayConverter"
 # The other plug-ins a connector config may name (`connectorsOnly=false`), with their config definitions.
 OTHER_PLUGINS: dict[str, tuple[str, list[dict[str, Any]]]] = {
-    REGEX_ROUTER: ("transformation", definitions.regex_router_definitions()),
+    REGEX_ROUTER: ("transformation", config_definitions.regex_router_definitions()),
     BYTE_ARRAY_CONVERTER: ("converter", []),
 }
 
@@ -36,7 +36,7 @@ class PluginsResource:
     def plugin_config(self, call: Call) -> Response:
         plugin = call.path["plugin"]
         if any(plugin_matches(c, plugin) for c in PLUGINS):
-            return JSONResponse(definitions.definitions())
+            return JSONResponse(config_definitions.definitions())
         other = next((keys for c, (_, keys) in OTHER_PLUGINS.items() if plugin_matches(c, plugin)), None)
         if other is None:
             raise ApiError(404, f"Unknown plugin {plugin}.")
@@ -58,7 +58,7 @@ class PluginsResource:
             errors: list[tuple[str, str]] = []
         except ConnectorConfigError as exc:
             errors = exc.errors
-        return JSONResponse(definitions.validation(cls, submitted, errors))
+        return JSONResponse(config_definitions.validation(cls, submitted, errors))
 
 
 def plugin_matches(cls: str, requested: str) -> bool:

@@ -1,7 +1,8 @@
-"""The monitor sensor: keeps the metadata watcher running and every assigned task at its runs (owner + standbys),
-or, with MIRUS_REPLICATOR_WORKERS, that many worker runs hosting the tasks between them.
+"""The run starter sensor: starts the runs the store asks for. It keeps the metadata watcher running and every
+assigned task at its runs (owner + standbys), or, with MIRUS_REPLICATOR_WORKERS, that many worker runs hosting the
+tasks between them; and it keeps the `connectors` dynamic partitions and asset current.
 
-Built by `build_kafka_monitor` from what it launches (the replicator and watcher jobs) and the asset event it
+Built by `build_run_starter` from what it launches (the replicator and watcher jobs) and the asset event it
 records, so that it imports neither `assets/` nor the jobs. Metadata is read by the watcher run
 (`replicator/discovery/watcher.py`), not here: a tick waits for the sensor daemon's 5 s loop, the watcher looks every
 second. A tick touches no Kafka cluster.
@@ -13,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 import dagster as dg
 from pydantic import BaseModel
 
-from mirus_dagster.constants import CONNECTOR_PARTITIONS, MONITOR_SENSOR, WATCHER_JOB
-from mirus_dagster.resources import PlatformDatabase
+from mirus_dagster.constants import CONNECTOR_PARTITIONS, RUN_STARTER_SENSOR, WATCHER_JOB
+from mirus_dagster.dagster_resources import PlatformDatabase
 from mirus_dagster.run_launchers import replicator_launcher_tags
 from replicator.configuration.connector import ConnectorConfigError, load
 from replicator.state.records import ConnectorRecord, ConnectorState, ConnectorStatus, PartitionHealth
@@ -35,7 +36,7 @@ EVALUATION_INTERVAL_S = 1
 MAX_FINDINGS = 10  # missing destination partitions named per connector; the rest are counted
 
 
-class MonitorCursor(BaseModel):
+class RunStarterCursor(BaseModel):
     fingerprint: str = ""  # what the connectors table showed last; a change is reported to the asset
     reported_at: float = 0.0  # when the connectors asset was last recorded by this sensor
 
@@ -58,7 +59,7 @@ def findings_of(status: ConnectorStatus) -> list[str]:
     return [f"missing at destination, not replicated: {', '.join(named)}{more}"]
 
 
-def build_kafka_monitor(
+def build_run_starter(
     job: dg.JobDefinition,
     watcher_job: dg.JobDefinition,
     *,
@@ -73,7 +74,7 @@ def build_kafka_monitor(
         raise ValueError("workers need the worker job")
 
     @dg.sensor(
-        name=MONITOR_SENSOR,
+        name=RUN_STARTER_SENSOR,
         jobs=[job, watcher_job, *([worker_job] if worker_job else [])],
         minimum_interval_seconds=EVALUATION_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
@@ -82,10 +83,10 @@ def build_kafka_monitor(
             "fewer than its owner and standby runs (task.standby.runs)."
         ),
     )
-    def kafka_monitor(context: dg.SensorEvaluationContext, platform: PlatformDatabase) -> dg.SensorResult:
+    def run_starter(context: dg.SensorEvaluationContext, platform: PlatformDatabase) -> dg.SensorResult:
         return _evaluate(context, platform.store(), connectors_event, refresh_s, workers)
 
-    return kafka_monitor
+    return run_starter
 
 
 def _evaluate(
@@ -95,7 +96,7 @@ def _evaluate(
     refresh_s: float,
     workers: int,
 ) -> dg.SensorResult:
-    cursor = MonitorCursor.model_validate_json(context.cursor) if context.cursor else MonitorCursor()
+    cursor = RunStarterCursor.model_validate_json(context.cursor) if context.cursor else RunStarterCursor()
     run_requests: list[dg.RunRequest] = []
     asset_events: list[dg.AssetMaterialization] = []
     if not context.instance.get_runs(dg.RunsFilter(job_name=WATCHER_JOB, statuses=list(LIVE)), limit=1):
@@ -120,7 +121,7 @@ def _evaluate(
     changed = fingerprint != cursor.fingerprint
     if changed or (running and time.time() - cursor.reported_at >= refresh_s):
         cursor.fingerprint, cursor.reported_at = fingerprint, time.time()
-        reason = "monitor saw a change" if changed else "refresh (heartbeats and lag)"
+        reason = "run starter saw a change" if changed else "refresh (heartbeats and lag)"
         asset_events.append(connectors_event(store, reason, context.instance, findings))
     partitions: list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest] = []
     if names - known:
@@ -138,7 +139,7 @@ def _evaluate(
 def _task_starts(instance: dg.DagsterInstance, store: Store, record: ConnectorRecord) -> list[dg.RunRequest]:
     """Runs to start for the running connector's assigned tasks: those short of an owner and its standbys."""
     try:
-        wanted = 1 + load(record.properties).standby_runs
+        wanted = 1 + load(record.properties).task_standby_runs
     except ConnectorConfigError:
         return []  # the watcher reports it
     run_requests: list[dg.RunRequest] = []

@@ -3,7 +3,7 @@ webhook, if one is configured.
 
 The `connectors` asset lists a connector's failed runs of the last hour among its problems (it reads them itself,
 `assets/connectors.py`); this sensor records the asset at once with the failure as its description,
-so the failure shows there within a sensor tick, not at the monitor's next refresh. Only failures are reported:
+so the failure shows there within a sensor tick, not at the run starter's next refresh. Only failures are reported:
 runs that end because their connector was deleted, paused or their run terminated end SUCCESS or CANCELED.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import dagster as dg
 
 from mirus_dagster.constants import FAILURE_SENSOR, TAG_CONNECTOR, TAG_KIND, TAG_TASK
-from mirus_dagster.resources import FailureWebhook, PlatformDatabase
+from mirus_dagster.dagster_resources import FailureWebhook, PlatformDatabase
 from replicator.state.store import Store
 
 MAX_ERROR_CHARS = 500  # of the failure's message, in the asset's description and the webhook's body

@@ -1,4 +1,4 @@
-"""Resources of the code location, configured from the environment (embedded stack by default)."""
+"""The code location's Dagster resources, configured from the environment (embedded stack by default)."""
 
 import threading
 
