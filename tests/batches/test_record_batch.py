@@ -1,4 +1,5 @@
-"""The batch codec (`replicator/batches/record_batch.py`): batches built by hand for each rule."""
+"""The batch codec (`replicator/batches/record_batch.py`): batches built by hand for each rule, then batches fetched
+from Apache Kafka 1.0 (`apache_kafka`), whose header fields and records kafka-python's own reader agrees with."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
+from mirus_dagster.settings import StackEndpoints
 from replicator.batches.record_batch import (
     HEADER_SIZE,
     MAX_SEQUENCE,
@@ -20,7 +22,9 @@ from replicator.batches.record_batch import (
     split,
     truncated_length,
 )
+from replicator.batches.wire import KafkaWire, Partition
 from tests.batches.batch_helpers import GZIP, batch, crc_is_valid, marker, records
+from tests.kafka_helpers import create_topics, produce
 
 
 def test_a_blob_splits_into_its_batches_and_a_truncated_one_is_left_for_the_next_fetch() -> None:
@@ -125,3 +129,34 @@ def test_read_committed_drops_markers_and_aborted_transactions_only() -> None:
     kept = committed(batches, [AbortedTransaction(producer_id=7, first_offset=1)])
     assert [b.base_offset for b in kept] == [0, 3, 6, 8]
     assert [b.base_offset for b in committed(batches, [])] == [0, 1, 3, 6, 8]  # read_uncommitted: markers only
+
+
+def test_batches_fetched_from_kafka_read_as_kafka_pythons_reader_reads_them(
+    apache_kafka: StackEndpoints, unique: str
+) -> None:
+    bootstrap = apache_kafka.source_bootstrap_servers
+    create_topics(bootstrap, {unique: 1})
+    produce(
+        bootstrap,
+        [{"topic": unique, "key": b"k%d" % i, "value": b"v%d" % i, "headers": [("n", b"%d" % i)]} for i in range(300)],
+        **{"compression.type": "gzip", "batch.num.messages": 100},
+    )
+    with KafkaWire({"bootstrap.servers": bootstrap}, fetch_max_bytes=1_000_000) as wire:
+        fetched = wire.fetch({Partition(unique, 0): 0})[Partition(unique, 0)]
+    assert fetched.problem is None and fetched.high_watermark == 300
+    batches, used = split(fetched.records)
+    assert used == len(fetched.records) and sum(b.records_count for b in batches) == 300
+    assert [b.base_offset for b in batches] == [0, 100, 200]
+    for read in batches:
+        reference = DefaultRecordBatch(bytes(read.data))
+        assert reference.validate_crc() and read.crc == reference.crc
+        assert (read.producer_id, read.base_sequence, read.compression) == (
+            reference.producer_id,
+            read.base_offset,
+            GZIP,
+        )
+        assert read.why_not(read.base_offset, 1_000_012) is None
+        out = rewrite(read, producer_id=1, producer_epoch=0, base_sequence=0)
+        assert crc_is_valid(out)
+        assert [r[1:] for r in records(out)] == [r[1:] for r in records(read.data)]
+        assert [r[2] for r in records(out)] == [b"k%d" % i for i in range(read.base_offset, read.next_offset)]
