@@ -19,7 +19,7 @@ LAYERS = ("replicator", "reports", "mirus_dagster", "mirus")
 PARTS = ("assets", "sensors")
 # The engine's rooms, lowest first: each imports only rooms before it (and itself). The shared modules at the
 # package's root (assignment, clusters, partition_reader) import none of them.
-ROOMS = ("topics", "state", "configuration", "engine", "discovery", "tools")
+ROOMS = ("topics", "state", "configuration", "batches", "engine", "discovery", "tools")
 SHARED = ("assignment", "clusters", "partition_reader")
 # The surfaces, and the other surfaces each may use.
 SURFACES = {"api": set(), "local": set(), "faults": {"local"}, "cli": {"api", "local", "faults"}}

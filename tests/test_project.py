@@ -107,6 +107,7 @@ MIRROR = {
     "topics": ("replicator/topics",),
     "state": ("replicator/state",),
     "configuration": ("replicator/configuration",),
+    "batches": ("replicator/batches",),
     "engine": ("replicator/engine",),
     "discovery": ("replicator/discovery",),
     "tools": ("replicator/tools",),

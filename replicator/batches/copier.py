@@ -1,0 +1,203 @@
+"""Partitions copied as record batches: fetch (read_committed) → drop what read_committed drops → judge each batch →
+rewrite its header → produce in order with this producer's sequences → report where the copies went.
+
+Each copied partition is a lane: its source position, the destination partition of the same number, that topic's
+`max.message.bytes`. A step serves every lane once. A batch that cannot pass stops its lane and is handed back with
+its reason and the offset the record path takes over at (`HandBack`); nothing after it is copied, so order holds,
+and `start` opens the lane again further on. A failed produce leaves the lane at the failed batch with that batch's
+sequence: the next step fetches and sends the same batches with the same sequences, and the broker drops what it
+already wrote. A problem Kafka calls not retriable closes the lane (reported in the step); a retriable one is tried
+again at the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from replicator.batches.record_batch import (
+    AbortedTransaction,
+    Reason,
+    RecordBatch,
+    committed,
+    next_sequence,
+    rewrite,
+    split,
+    truncated_length,
+)
+from replicator.batches.wire import UNKNOWN, KafkaWire, Partition, Problem, Produced, ProducerIdentity
+
+PARTITION_FETCH_BYTES = 1_048_576
+# A batch sent again with its sequence: Kafka since 1.0 answers with the offset it wrote the batch at; brokers that
+# answer DUPLICATE_SEQUENCE_NUMBER instead (Kafka 0.11, Tansu) wrote it too, at an offset they do not say.
+DUPLICATE_SEQUENCE_NUMBER = 46
+UNKNOWN_OFFSET = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Source offsets `source_offset` .. +`count` written at destination offsets `destination_offset` .. +`count`
+    (UNKNOWN_OFFSET: a duplicate the broker dropped without saying where the first copy is)."""
+
+    source_offset: int
+    destination_offset: int
+    count: int
+
+    def continued_by(self, other: Segment) -> bool:
+        return (
+            UNKNOWN_OFFSET not in (self.destination_offset, other.destination_offset)
+            and other.source_offset == self.source_offset + self.count
+            and other.destination_offset == self.destination_offset + self.count
+        )
+
+
+def merged(segments: Iterable[Segment]) -> list[Segment]:
+    """Contiguous segments (in source and destination alike) as one."""
+    out: list[Segment] = []
+    for segment in segments:
+        if out and out[-1].continued_by(segment):
+            last = out[-1]
+            out[-1] = Segment(last.source_offset, last.destination_offset, last.count + segment.count)
+        else:
+            out.append(segment)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class HandBack:
+    """The batch a lane stopped at and why; the record path copies from `offset` on."""
+
+    offset: int
+    reason: Reason
+    batch: RecordBatch
+
+
+@dataclass
+class Step:
+    """What one step did, per source partition."""
+
+    segments: dict[Partition, list[Segment]] = field(default_factory=dict)
+    handed_back: dict[Partition, HandBack] = field(default_factory=dict)
+    problems: dict[Partition, Problem] = field(default_factory=dict)
+    records: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class Lane:
+    destination: Partition
+    max_message_bytes: int
+    position: int
+    fetch_bytes: int
+
+
+@dataclass
+class Plan:
+    """A lane's batches for one step, their rewritten bytes, and what ends the plan."""
+
+    batches: list[RecordBatch] = field(default_factory=list)
+    rewritten: list[bytes | bytearray] = field(default_factory=list)
+    end: int = 0  # the position once every batch was acknowledged
+    hand_back: HandBack | None = None
+
+
+class BatchCopier:
+    """Copies lanes (source partitions) from `source` to `destination` as record batches, with one idempotent
+    producer id at the destination (InitProducerId at construction unless given)."""
+
+    def __init__(
+        self,
+        source: KafkaWire,
+        destination: KafkaWire,
+        *,
+        producer: ProducerIdentity | None = None,
+        max_wait_ms: int = 500,
+        partition_fetch_bytes: int = PARTITION_FETCH_BYTES,
+    ) -> None:
+        self.source = source
+        self.destination = destination
+        self.producer = producer or destination.init_producer_id()
+        self.max_wait_ms = max_wait_ms
+        self.partition_fetch_bytes = partition_fetch_bytes
+        self.lanes: dict[Partition, Lane] = {}
+        self.sequences: dict[Partition, int] = {}  # per destination partition, kept while a lane is closed
+
+    def start(self, source: Partition, offset: int, destination_topic: str, max_message_bytes: int) -> None:
+        """Copy `source` from `offset` on to the partition of the same number of `destination_topic`."""
+        destination = Partition(destination_topic, source.partition)
+        if any(lane.destination == destination for p, lane in self.lanes.items() if p != source):
+            raise ValueError(f"{destination} is already the destination of another partition")
+        self.lanes[source] = Lane(destination, max_message_bytes, offset, self.partition_fetch_bytes)
+        self.sequences.setdefault(destination, 0)
+
+    def step(self) -> Step:
+        step = Step()
+        if not self.lanes:
+            return step
+        positions = {p: lane.position for p, lane in self.lanes.items()}
+        fetched = self.source.fetch(
+            positions,
+            partition_max_bytes={p: lane.fetch_bytes for p, lane in self.lanes.items()},
+            max_wait_ms=self.max_wait_ms,
+        )
+        plans: dict[Partition, Plan] = {}
+        for source, result in fetched.items():
+            if result.problem is not None:
+                self._failed(source, result.problem, step)
+            else:
+                plans[source] = self._plan(self.lanes[source], result.records, result.aborted)
+        batches = {self.lanes[p].destination: plan.rewritten for p, plan in plans.items() if plan.rewritten}
+        produced = self.destination.produce(batches) if batches else {}
+        for source, plan in plans.items():
+            self._settle(source, plan, produced.get(self.lanes[source].destination, []), step)
+        return step
+
+    def _plan(self, lane: Lane, records: bytes, aborted: Sequence[AbortedTransaction]) -> Plan:
+        batches, complete = split(records)
+        if not batches:
+            # Nothing whole: a broker that cuts even a partition's first batch gets asked for all of it next time.
+            lane.fetch_bytes = max(lane.fetch_bytes, truncated_length(records, complete) or 0)
+            return Plan(end=lane.position)
+        lane.fetch_bytes = self.partition_fetch_bytes
+        plan = Plan(end=max(lane.position, batches[-1].next_offset))
+        sequence = self.sequences[lane.destination]
+        position = lane.position
+        for batch in committed(batches, aborted):
+            if reason := batch.why_not(position, lane.max_message_bytes):
+                plan.hand_back = HandBack(max(position, batch.base_offset), reason, batch)
+                break
+            plan.batches.append(batch)
+            plan.rewritten.append(rewrite(batch, self.producer.producer_id, self.producer.epoch, sequence))
+            sequence = next_sequence(sequence, batch.records_count)
+            position = batch.next_offset
+        return plan
+
+    def _settle(self, source: Partition, plan: Plan, produced: Sequence[Produced], step: Step) -> None:
+        """Acknowledged batches become segments and move the lane and its sequence on; the first failed one stops
+        the lane there (the batches after it were refused or never sent)."""
+        lane = self.lanes[source]
+        segments = []
+        for i, batch in enumerate(plan.batches):
+            result = produced[i] if i < len(produced) else Produced(Problem(UNKNOWN, "not sent", True))
+            if result.problem is not None and result.problem.code != DUPLICATE_SEQUENCE_NUMBER:
+                lane.position = batch.base_offset
+                self._failed(source, result.problem, step)
+                break
+            written_at = result.base_offset if result.problem is None else UNKNOWN_OFFSET
+            segments.append(Segment(batch.base_offset, written_at, batch.records_count))
+            self.sequences[lane.destination] = next_sequence(self.sequences[lane.destination], batch.records_count)
+            step.records += batch.records_count
+            step.bytes += batch.size
+        else:
+            if plan.hand_back is not None:
+                step.handed_back[source] = plan.hand_back
+                del self.lanes[source]
+            else:
+                lane.position = plan.end
+        if segments:
+            step.segments[source] = merged(segments)
+
+    def _failed(self, source: Partition, problem: Problem, step: Step) -> None:
+        step.problems[source] = problem
+        if not problem.retriable:
+            del self.lanes[source]
