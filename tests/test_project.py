@@ -77,6 +77,17 @@ def test_the_architecture_map_is_short_and_every_part_it_names_is_where_it_says(
     assert not unknown, f"classes and functions the map names that the code does not define: {unknown}"
 
 
+def test_the_maps_links_into_the_benchmarks_name_their_sections() -> None:
+    headings = re.findall(r"^#+ (.+)$", (ROOT / "benchmarks" / "README.md").read_text(), re.MULTILINE)
+    # The anchors GitHub gives headings: lower case, punctuation dropped, spaces as hyphens.
+    anchors = {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+    linked = set(re.findall(r"benchmarks/README\.md#([\w-]+)", ARCHITECTURE.read_text()))
+    assert linked, "the map links its figures to the benchmarks' sections"
+    assert not linked - anchors, (
+        f"sections of benchmarks/README.md the map links to that it does not have: {linked - anchors}"
+    )
+
+
 def _seconds(value: float) -> str:
     return f"{value:g} s"
 
