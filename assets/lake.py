@@ -59,7 +59,7 @@ def latest_complete_hour(now: datetime) -> datetime:
 def platform_lake(
     context: dg.AssetExecutionContext, platform: PlatformDatabase, reporting: Reporting
 ) -> Iterator[dg.MaterializeResult]:
-    # Arrow (~40 MiB) only in the runs that export: every run process loads this code location.
+    # Arrow only in the runs that export: every run process loads this code location.
     from reports.lake import export_hour, hour_dir, prune, state_path
 
     engine = platform.store().engine

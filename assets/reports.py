@@ -25,7 +25,7 @@ from mirus_dagster.reporting import Reporting, SparkResource
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-# The report modules (Spark's SQL functions, Arrow, matplotlib: ~80 MiB) are imported by the report functions, not
+# The report modules (Spark's SQL functions, Arrow, matplotlib) are imported by the report functions, not
 # here: every run process of the platform loads this code location, replicator and worker runs included.
 
 LATENCY_REPORT = dg.AssetKey(LATENCY_REPORT_ASSET)

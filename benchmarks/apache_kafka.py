@@ -1,11 +1,14 @@
-"""Copiers on two real Apache Kafka clusters, for the benchmarks that compare the engine with MirrorMaker 1.0.
+"""Apache Kafka for the benchmarks that run on it: the kit's two clusters (or others the environment names), and
+the copiers compared on them.
 
-The clusters and MirrorMaker come from a kit directory (`--kit`, default `$MIRUS_KAFKA_KIT` or
-`/work/shared/apache-kafka`) with `start.sh`, `preload.sh` and `mirrormaker.sh`: cluster a on 127.0.0.1:39092 is
-the source, cluster b on 127.0.0.1:49092 the destination. Postgres is the embedded one (or `MIRUS_DATABASE_URL`).
+The kit is a directory (`$MIRUS_KAFKA_KIT`, default `/work/shared/apache-kafka`) with `start.sh`, `preload.sh` and
+`mirrormaker.sh`: cluster a on 127.0.0.1:39092 is the source, cluster b on 127.0.0.1:49092 the destination. A script
+that starts clusters of its own (`private_clusters`, or `wan.py` behind its delaying proxy) passes their addresses.
+Postgres is `common.platform_database`'s.
 
 Every copier runs as its own process, so its CPU time is its own (`os.wait4`), start-up included:
-- `mirrormaker`: Apache MirrorMaker 1.0 (`mirrormaker.sh TOPIC`, copying TOPIC to the same name on b);
+- `mirrormaker`: Apache MirrorMaker 1.0 (the kit's `mirrormaker.sh TOPIC`, or its settings from a Kafka distribution),
+  copying TOPIC to the same name;
 - `naive`: the tuned consume→produce loop below (this file run with `naive ...`);
 - `engine`: `mirus task run CONNECTOR TASK`, one process per task, default connector settings.
 """
@@ -14,34 +17,32 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import common
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from mirus.faults.brokers import KafkaKit
+from replicator.configuration.connector import validate_submission
 
-from mirus.local.stack import LocalStack  # noqa: E402
-from mirus.waiting import wait_until  # noqa: E402
-from mirus_dagster.settings import PlatformSettings  # noqa: E402
-from replicator.configuration.connector import validate_submission  # noqa: E402
-from replicator.state.database import make_engine, upgrade  # noqa: E402
-from replicator.state.store import Store  # noqa: E402
+# What `put_baseline_connector` runs from a checkout's own apache_kafka.py: this one's, once it is the baseline.
+from replicator.state.database import make_engine, upgrade  # noqa: F401
+from replicator.state.store import Store
 
 # The kit's clusters, or others named as the suite names them (e.g. the second kit on 39192/49192).
-SOURCE = os.environ.get("MIRUS_SOURCE_BOOTSTRAP_SERVERS", "127.0.0.1:39092")
+KIT_SOURCE = "127.0.0.1:39092"
+SOURCE = os.environ.get("MIRUS_SOURCE_BOOTSTRAP_SERVERS", KIT_SOURCE)
 DESTINATION = os.environ.get("MIRUS_DESTINATION_BOOTSTRAP_SERVERS", "127.0.0.1:49092")
 KIT = Path(os.environ.get("MIRUS_KAFKA_KIT", "/work/shared/apache-kafka"))
-MIRUS = [sys.executable, "-c", "from mirus.cli.main import main; main()"]
 
 
 @dataclass
@@ -69,100 +70,110 @@ def kit_is_up() -> bool:
     return True
 
 
-def preload(topic: str, records: int, partitions: int) -> None:
-    """`records` 100-byte records into `topic` on cluster a, written by Kafka's own ProducerPerformance (the
-    kit's script knows only its own ports: another source is filled by a confluent-kafka producer)."""
-    if SOURCE != "127.0.0.1:39092":
-        create_topic(SOURCE, topic, partitions)
-        load(SOURCE, topic, records, partitions, 100)
+@contextmanager
+def private_clusters(work: Path) -> Iterator[tuple[KafkaKit, str, str]]:
+    """ZooKeeper and two single-broker Apache Kafka clusters of the suite's distribution (`MIRUS_KAFKA_HOME`) on free
+    ports under `work`, not the kit's; yields the kit and the source's and the destination's bootstrap servers."""
+    kafka = KafkaKit(work, common.free_port())
+    try:
+        kafka.start_zookeeper()
+        source, destination = (
+            kafka.broker(n, common.free_port(), None, common.free_port()) for n in ("source", "destination")
+        )
+        source.start()
+        destination.start()
+        yield kafka, source.bootstrap, destination.bootstrap
+    finally:
+        kafka.stop()
+
+
+def preload(
+    topic: str, records: int, partitions: int, size: int = 100, bootstrap: str = SOURCE, values: Sequence[bytes] = ()
+) -> None:
+    """`records` records of `size` bytes (or cycling through `values`) in a new topic: on the kit's source written by
+    Kafka's own ProducerPerformance (`preload.sh`, which knows only the kit's ports), elsewhere by `load`."""
+    if bootstrap == KIT_SOURCE and size == 100 and not values:
+        subprocess.run([str(KIT / "preload.sh"), str(records), topic, str(partitions)], check=True, capture_output=True)
         return
-    subprocess.run([str(KIT / "preload.sh"), str(records), topic, str(partitions)], check=True, capture_output=True)
+    common.create_topic(bootstrap, topic, partitions)
+    load(bootstrap, topic, records, partitions, size, values)
 
 
-def load(bootstrap: str, topic: str, records: int, partitions: int, size: int) -> None:
+def load(
+    bootstrap: str, topic: str, records: int, partitions: int, size: int = 100, values: Sequence[bytes] = ()
+) -> None:
+    """`records` records of `size` bytes (or cycling through `values`) over `partitions`, as fast as they go."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
             "linger.ms": 20,
-            "batch.num.messages": 10000,
-            "queue.buffering.max.messages": 500000,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 500_000,
         }
     )
-    value = b"x" * size
+    pool, produce = values or [b"x" * size], producer.produce
     for i in range(records):
         while True:
             try:
-                producer.produce(topic, value, partition=i % partitions)
+                produce(topic, pool[i % len(pool)], partition=i % partitions)
                 break
             except BufferError:
                 producer.poll(0.05)
-    producer.flush()
+    if producer.flush(300):
+        raise RuntimeError(f"records written to {topic} not acknowledged")
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
-    while topic not in admin.list_topics(timeout=5).topics:
-        time.sleep(0.05)
-
-
-def delete_topics(bootstrap: str, topics: list[str]) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.delete_topics(topics).values():
-        future.result(120)  # Kafka 1.0 takes long to delete thousands of partitions
-
-
-def destination_count(counter: Consumer, topic: str, partitions: int) -> int:
-    """Records at the destination (Apache Kafka's high watermarks are exact)."""
-    return sum(counter.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1] for p in range(partitions))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextmanager
-def platform_database(migrate: bool = True, name: str = "bench") -> Iterator[Store]:
-    """A private embedded Postgres (or `MIRUS_DATABASE_URL`), at this checkout's schema unless `migrate` is False."""
-    settings = PlatformSettings.from_env()
-    if settings.database_url:
-        engine = make_engine(settings.database_url)
-        upgrade(engine)
-        yield Store(engine)
-        return
-    state = Path(os.environ.get("TMPDIR", "/tmp")) / f"mirus-{name}-{os.getpid()}"
-    stack = LocalStack(
-        settings.model_copy(
-            update={
-                "state_dir": state,
-                "source_bootstrap_servers": SOURCE,
-                "destination_bootstrap_servers": DESTINATION,
-                "postgres_port": free_port(),
-            }
-        )
-    )
-    endpoints = stack.up()
-    try:
-        engine = make_engine(endpoints.database_url)
-        if migrate:
-            upgrade(engine)
-        yield Store(engine)
-        engine.dispose()
-    finally:
-        stack.down()
+def fill(names: list[str], partitions: int, bootstrap: str = SOURCE) -> None:
+    """One record in every partition of `names` that has none, so that every partition is read and committed (a busy
+    Kafka 1.0 broker times some out: retried)."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-fill"})
+    empty = [
+        (n, p)
+        for n in names
+        for p in range(partitions)
+        if reader.get_watermark_offsets(TopicPartition(n, p), timeout=30)[1] <= 0
+    ]
+    reader.close()
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50})
+    failed: list[tuple[str, int]] = []
+    while empty:
+        failed.clear()
+        for name, p in empty:
+            while True:
+                try:
+                    producer.produce(
+                        name,
+                        b"x",
+                        None,
+                        p,
+                        on_delivery=lambda err, msg: err and failed.append((msg.topic(), msg.partition())),
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+        producer.flush(600)
+        empty = list(failed)
 
 
 def put_engine_connector(
-    store: Store, name: str, topic: str, suffix: str, partitions: int, tasks: int, **extra: object
+    store: Store,
+    name: str,
+    topic: str,
+    suffix: str,
+    partitions: int,
+    tasks: int,
+    *,
+    source: str = SOURCE,
+    destination: str = DESTINATION,
+    **extra: object,
 ) -> None:
-    """A connector with default settings copying `topic` to `topic + suffix`, its partitions spread over tasks."""
+    """A connector with default settings but `extra` copying `topic` (several: comma-separated) to `topic + suffix`,
+    each topic's partitions spread over the tasks."""
     config = validate_submission(
         {
             "name": name,
-            "consumer.bootstrap.servers": SOURCE,
-            "destination.consumer.bootstrap.servers": DESTINATION,
+            "consumer.bootstrap.servers": source,
+            "destination.consumer.bootstrap.servers": destination,
             "topics.whitelist": topic,
             "destination.topic.name.suffix": suffix,
             "tasks.max": tasks,
@@ -170,7 +181,10 @@ def put_engine_connector(
         }
     )
     store.put_connector(name, config.raw, tasks)
-    store.write_assignment(name, {t: [(topic, p) for p in range(partitions) if p % tasks == t] for t in range(tasks)})
+    topics = topic.split(",")
+    store.write_assignment(
+        name, {t: [(tp, p) for tp in topics for p in range(partitions) if p % tasks == t] for t in range(tasks)}
+    )
 
 
 @contextmanager
@@ -178,7 +192,7 @@ def baseline_database(name: str) -> Iterator[str]:
     """A database of its own for the engine of another checkout (`engine-baseline`): its schema may be older than
     this checkout's, so that checkout's own code migrates it and stores its connectors (`put_baseline_connector`).
     Yields its URL."""
-    with platform_database(migrate=False, name=f"baseline-{name}") as store:
+    with common.platform_database(migrate=False, name=f"baseline-{name}") as store:
         yield store.engine.url.render_as_string(hide_password=False)
 
 
@@ -199,28 +213,43 @@ def baseline_argvs(checkout: str, argvs: list[list[str]], url: str) -> list[list
 
 
 def engine_argv(name: str, tasks: int) -> list[list[str]]:
-    return [[*MIRUS, "task", "run", name, str(t)] for t in range(tasks)]
+    return [common.task_argv(name, t) for t in range(tasks)]
 
 
-def mirrormaker_argv(topic: str) -> list[list[str]]:
-    return [[str(KIT / "mirrormaker.sh"), topic]]
+def mirrormaker_argv(
+    topic: str, source: str | None = None, destination: str | None = None, home: Path | None = None, work: Path = KIT
+) -> list[list[str]]:
+    """Apache MirrorMaker 1.0 copying `topic` to the same name: the kit's `mirrormaker.sh`, or, between `source` and
+    `destination`, the same settings and JVM options from the Kafka distribution at `home` (its files in `work`)."""
+    if source is None or destination is None or home is None:
+        return [[str(KIT / "mirrormaker.sh"), topic]]
+    consumer, producer = work / f"mm-consumer-{topic}.properties", work / f"mm-producer-{topic}.properties"
+    consumer.write_text(
+        f"bootstrap.servers={source}\ngroup.id=mm-{random.randrange(10**9)}\nauto.offset.reset=earliest\n"
+    )
+    producer.write_text(f"bootstrap.servers={destination}\nacks=1\nlinger.ms=5\nbatch.size=65536\n")
+    return [
+        [
+            "java",
+            "-Xmx1g",
+            f"-Dlog4j.configuration=file:{home / 'config' / 'tools-log4j.properties'}",
+            "-cp",
+            f"{home / 'libs'}/*",
+            "kafka.tools.MirrorMaker",
+            "--consumer.config",
+            str(consumer),
+            "--producer.config",
+            str(producer),
+            "--num.streams",
+            "2",
+            "--whitelist",
+            topic,
+        ]
+    ]
 
 
 def naive_argv(topic: str, target: str, records: int, partitions: int) -> list[list[str]]:
     return [[sys.executable, __file__, "naive", topic, target, str(records), str(partitions)]]
-
-
-def start_process(argv: list[str], env: dict[str, str], niceness: int = 0) -> subprocess.Popen[bytes]:
-    """A copier (or load) process at `niceness` (copiers at the default 0, whatever this process runs at)."""
-
-    def prepare() -> None:
-        # A shell may have started us with SIGINT ignored, which the child would inherit: give it back its default.
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.setpriority(os.PRIO_PROCESS, 0, niceness)
-
-    return subprocess.Popen(
-        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=prepare
-    )
 
 
 def timed_copy(
@@ -233,42 +262,55 @@ def timed_copy(
     stop_signal: int = signal.SIGINT,
     timeout_s: float = 300.0,
     copied: Callable[[], int] | None = None,
+    log: Path | None = None,
 ) -> Run:
-    """Start the copier's processes; wall = start until `target` holds `records` (or `copied()` reaches it: a
-    transactional copy's commit markers count in high watermarks); CPU-s of all its processes."""
-    counter = Consumer({"bootstrap.servers": DESTINATION, "group.id": "bench-counter"})
-    count = copied or (lambda: destination_count(counter, target, partitions))
-    load = os.getloadavg()[0]
+    """Start the copier's processes; wall = start until `target` holds `records` at the destination (or `copied()`
+    reaches it: a transactional copy's commit markers count in high watermarks); CPU-s of all its processes."""
+    counter = Consumer({"bootstrap.servers": DESTINATION, "group.id": "bench-counter"}) if copied is None else None
+    load = common.load_average()
+
+    def count() -> int:
+        if copied is not None:
+            return copied()
+        assert counter is not None
+        return common.records_in(counter, target, partitions)
 
     def copied_all() -> bool:
         if count() >= records:
             return True
         if any(p.poll() is not None and p.returncode != 0 for p in procs):
-            raise RuntimeError(f"{copier} exited with {[p.returncode for p in procs]}")
+            raise RuntimeError(
+                f"{copier} exited with {[p.returncode for p in procs]}" + (f" (see {log})" if log else "")
+            )
         return False
 
     start = time.perf_counter()
-    procs = [start_process(argv, env) for argv in argvs]
+    procs = [common.start_process(argv, env, log=log) for argv in argvs]
     try:
-        wait_until(copied_all, timeout_s, 0.02, f"{copier}: all {records} records at {target}")
+        common.wait_until(copied_all, timeout_s, 0.02, f"{copier}: all {records} records at {target}")
         wall = time.perf_counter() - start
     finally:
         for p in procs:
             if p.poll() is None:
                 p.send_signal(stop_signal)
-        counter.close()
-    cpu = 0.0
-    for p in procs:
-        _pid, _status, usage = os.wait4(p.pid, 0)
-        p.returncode = 0  # reaped here; keep Popen from waiting again
-        cpu += usage.ru_utime + usage.ru_stime
-    return Run(copier, wall, cpu, load)
+        if counter is not None:
+            counter.close()
+    return Run(copier, wall, sum(reap(p) for p in procs), load)
 
 
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+def reap(proc: subprocess.Popen[bytes], grace_s: float = 60.0) -> float:
+    """The CPU seconds of a process told to stop, once it has ended; killed after `grace_s` (a copier stuck on its
+    destination must not stall the benchmark)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        pid, _status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = 0  # reaped here; keep Popen from waiting again
+            return usage.ru_utime + usage.ru_stime
+        if time.monotonic() > deadline:
+            proc.kill()
+            deadline = float("inf")
+        time.sleep(0.05)
 
 
 def naive_copy(source: str, destination: str, topic: str, target: str, records: int, partitions: int) -> None:

@@ -13,33 +13,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import common
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mirus.local.stack import LocalStack
 from mirus.waiting import wait_until
-from mirus_dagster.settings import PlatformSettings
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import Store
 
 TARGET_MS = 100.0
 WARM_UP = 10
 NAME = "mirus-quickstart-source"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _answers(url: str) -> bool:
@@ -56,10 +45,8 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="mirus-bench-api-") as state:
-        ports = {"source_port": free_port(), "destination_port": free_port(), "postgres_port": free_port()}
-        settings = PlatformSettings.from_env().model_copy(update={"state_dir": Path(state), **ports})
-        api_port = free_port()
-        stack = LocalStack(settings)
+        stack = common.embedded_stack(Path(state))
+        api_port = common.free_port()
         endpoints = stack.up()
         api = None
         try:
@@ -68,7 +55,7 @@ def main() -> None:
             store = Store(engine)
             env = {**os.environ, **endpoints.as_env(), "MIRUS_STATE_DIR": state}
             argv = [sys.executable, "-m", "mirus.cli.main", "api", "--port", str(api_port)]
-            api = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            api = common.start_process(argv, env)
             url = f"http://127.0.0.1:{api_port}"
             wait_until(lambda: _answers(url), 60, 0.1, "mirus api to answer")
 

@@ -17,25 +17,11 @@ import argparse
 import statistics
 import time
 
-import apache_kafka as kit  # puts the project on the path
-import psutil
+import common
 
-# isort: split
 from replicator.state.store import Store
 
 CONNECTOR = "commit-bench"
-
-
-def postgres_cpu() -> float:
-    total = 0.0
-    for proc in psutil.process_iter(["name"]):
-        if proc.info["name"] == "postgres":
-            try:
-                times = proc.cpu_times()
-            except psutil.Error:
-                continue
-            total += times.user + times.system
-    return total
 
 
 def run(store: Store, topics: int, partitions: int, rounds: int) -> None:
@@ -52,9 +38,9 @@ def run(store: Store, topics: int, partitions: int, rounds: int) -> None:
         position += 1_000
         offsets = {(t, p): position + p for t in names for p in range(partitions)}
         destinations = {tp: offset * 3 for tp, offset in offsets.items()} if kind == "with destination" else None
-        cpu, wall = postgres_cpu(), time.perf_counter()
+        cpu, wall = common.cpu_s(common.postgres_processes()), time.perf_counter()
         store.commit(lease, offsets, destinations)
-        wall, cpu = time.perf_counter() - wall, postgres_cpu() - cpu
+        wall, cpu = time.perf_counter() - wall, common.cpu_s(common.postgres_processes()) - cpu
         if r >= 2:  # the first of each kind warms caches and the statement
             results[kind][0].append(wall)
             results[kind][1].append(cpu)
@@ -70,7 +56,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
-    with kit.platform_database() as store:
+    with common.platform_database() as store:
         run(store, args.topics, args.partitions, args.rounds)
 
 

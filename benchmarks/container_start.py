@@ -23,25 +23,17 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+import apache_kafka as kit
+import common
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mirus.faults.brokers import KafkaKit
-from mirus.local.stack import LocalStack, free_port
 from mirus.waiting import wait_until
 from mirus_dagster.constants import ENV_DATABASE_URL
-from mirus_dagster.settings import PlatformSettings
-from replicator.configuration.connector import validate_submission
-from replicator.state.database import make_engine, upgrade
 from replicator.state.store import Store
 
 IMAGES = ("mirus-dagster:local", "mirus-dagster-spark:local")
@@ -77,23 +69,9 @@ def preloaded_connector(store: Store, source: str, destination: str, name: str, 
     topic = f"{name}-t"
     # The destination topic too: outside Dagster, no metadata watcher creates it.
     for cluster in (source, destination):
-        admin = AdminClient({"bootstrap.servers": cluster})
-        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-    producer = Producer({"bootstrap.servers": source, "linger.ms": 5})
-    for i in range(records):
-        producer.produce(topic, b"%08d" % i, partition=0)
-    assert producer.flush(30) == 0, "records unacknowledged"
-    config = validate_submission(
-        {
-            "name": name,
-            "consumer.bootstrap.servers": source,
-            "destination.consumer.bootstrap.servers": destination,
-            "topics.whitelist": topic,
-            "tasks.max": 1,
-        }
-    )
-    store.put_connector(name, config.raw, 1)
-    store.write_assignment(name, {0: [(topic, 0)]})
+        common.create_topic(cluster, topic)
+    kit.load(source, topic, records, 1, size=8)
+    kit.put_engine_connector(store, name, topic, "", 1, 1, source=source, destination=destination)
 
 
 def first_commit(store: Store, image: str, name: str, database_url: str) -> Start:
@@ -125,45 +103,25 @@ def main() -> None:
         print(f"{image}: {image_size_mb(image):.0f} MB", flush=True)
 
     starts: list[Start] = []
-    with tempfile.TemporaryDirectory() as state:
-        kit = KafkaKit(Path(state) / "kafka", free_port())
-        stack: LocalStack | None = None
-        try:
-            kit.start_zookeeper()
-            source, destination = (kit.broker(n, free_port(), None, free_port()) for n in ("source", "destination"))
-            source.start()
-            destination.start()
-            # Only Postgres from the embedded stack (unless MIRUS_DATABASE_URL names one): the clusters are the kit's.
-            settings = PlatformSettings.from_env().model_copy(
-                update={
-                    "state_dir": Path(state),
-                    "postgres_port": free_port(),
-                    "source_bootstrap_servers": source.bootstrap,
-                    "destination_bootstrap_servers": destination.bootstrap,
-                }
-            )
-            stack = LocalStack(settings)
-            database_url = stack.up().database_url
-            store = Store(make_engine(database_url))
-            upgrade(store.engine)
-            prefix = f"start-{int(time.time())}"
-            for round_ in range(args.rounds):
-                order = IMAGES if round_ % 2 == 0 else IMAGES[::-1]
-                for image in order:
-                    name = f"{prefix}-{round_}-{'spark' if 'spark' in image else 'runtime'}"
-                    preloaded_connector(store, source.bootstrap, destination.bootstrap, name, args.records)
-                    start = first_commit(store, image, name, database_url)
-                    starts.append(start)
-                    print(
-                        f"  round {round_ + 1} {image}: first commit {start.from_run_s:.2f} s after `docker run`, "
-                        f"{start.from_start_s:.2f} s after the container started (load {os.getloadavg()[0]:.1f})",
-                        flush=True,
-                    )
-            store.engine.dispose()
-        finally:
-            if stack is not None:
-                stack.down()
-            kit.stop()
+    with (
+        tempfile.TemporaryDirectory() as state,
+        kit.private_clusters(Path(state) / "kafka") as (_, source, destination),
+        common.platform_database() as store,
+    ):
+        database_url = store.engine.url.render_as_string(hide_password=False)
+        prefix = f"start-{int(time.time())}"
+        for round_ in range(args.rounds):
+            order = IMAGES if round_ % 2 == 0 else IMAGES[::-1]
+            for image in order:
+                name = f"{prefix}-{round_}-{'spark' if 'spark' in image else 'runtime'}"
+                preloaded_connector(store, source, destination, name, args.records)
+                start = first_commit(store, image, name, database_url)
+                starts.append(start)
+                print(
+                    f"  round {round_ + 1} {image}: first commit {start.from_run_s:.2f} s after `docker run`, "
+                    f"{start.from_start_s:.2f} s after the container started (load {common.load_average():.1f})",
+                    flush=True,
+                )
     print()
     for image in IMAGES:
         mine = [s for s in starts if s.image == image]

@@ -10,39 +10,27 @@ MIRUS_DESTINATION_BOOTSTRAP_SERVERS / MIRUS_DATABASE_URL). Figures are medians o
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import apache_kafka as kit
+import common
 import psutil
-from confluent_kafka.admin import AdminClient, NewTopic
 from sqlalchemy import text
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mirus.local.stack import LocalStack
-from mirus_dagster.settings import PlatformSettings, StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import ConnectorConfig, validate_submission
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.engine.metrics import BUCKET_LABELS
 from replicator.state.database import make_engine, upgrade
 from replicator.state.records import ConnectorState, MetricInterval, MetricRow
 from replicator.state.store import Store
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def median_ms(fn: Callable[[int], object], repeat: int) -> float:
@@ -54,35 +42,15 @@ def median_ms(fn: Callable[[int], object], repeat: int) -> float:
     return statistics.median(times)
 
 
-def postgres_cpu_s(pid: int) -> float:
-    """CPU seconds used so far by the Postgres server: postmaster and every backend."""
-    server = psutil.Process(pid)
-    total = 0.0
-    for proc in [server, *server.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-            total += times.user + times.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def timed(fn: Callable[[int], object], repeat: int, pid: int | None) -> str:
     """Median wall time of one call (client included) and the Postgres server's CPU per call."""
-    before = postgres_cpu_s(pid) if pid else 0.0
+    server = common.tree(psutil.Process(pid)) if pid else []  # the postmaster and every backend
+    before = common.cpu_s(server)
     ms = median_ms(fn, repeat)
     if not pid:
         return f"{ms:7.2f} ms"
-    server_ms = (postgres_cpu_s(pid) - before) / repeat * 1000
+    server_ms = (common.cpu_s(server) - before) / repeat * 1000
     return f"{ms:7.2f} ms wall, {server_ms:6.2f} ms Postgres CPU"
-
-
-def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for start in range(0, len(names), 50):
-        futures = admin.create_topics([NewTopic(n, partitions, 1) for n in names[start : start + 50]])
-        for future in futures.values():
-            future.result()
 
 
 def connector(store: Store, ep: StackEndpoints, name: str, regex: str, tasks: int) -> ConnectorConfig:
@@ -126,8 +94,8 @@ def monitor_costs(store: Store, ep: StackEndpoints, total: int) -> None:
     topics = [f"cap{int(time.time())}-{i:04d}" for i in range(max(total // per_topic, 1))]
     print(f"Monitor: {len(topics)} topics x {per_topic} partitions = {len(topics) * per_topic:,} partitions")
     start = time.perf_counter()
-    create_topics(ep.source_bootstrap_servers, topics, per_topic)
-    create_topics(ep.destination_bootstrap_servers, [f"{t}.mirror" for t in topics], per_topic)
+    common.create_topics(ep.source_bootstrap_servers, dict.fromkeys(topics, per_topic), batch=50)
+    common.create_topics(ep.destination_bootstrap_servers, {f"{t}.mirror": per_topic for t in topics}, batch=50)
     print(f"  (created both sides in {time.perf_counter() - start:.1f} s)")
     prefix = topics[0].rsplit("-", 1)[0]
     name = f"{prefix}-conn"
@@ -165,8 +133,8 @@ def sensor_costs(store: Store, ep: StackEndpoints, database_url: str, counts: li
     with dg.instance_for_test(overrides=overrides) as instance:
         for count in counts:
             new = [f"{prefix}-{i:03d}" for i in range(created, count)]
-            create_topics(ep.source_bootstrap_servers, new, 4)
-            create_topics(ep.destination_bootstrap_servers, [f"{t}.mirror" for t in new], 4)
+            common.create_topics(ep.source_bootstrap_servers, dict.fromkeys(new, 4), batch=50)
+            common.create_topics(ep.destination_bootstrap_servers, {f"{t}.mirror": 4 for t in new}, batch=50)
             for topic in new:
                 connector(store, ep, topic, topic, 2)
             created = count
@@ -196,62 +164,28 @@ def sensor_costs(store: Store, ep: StackEndpoints, database_url: str, counts: li
             )
 
 
-def rss(proc: psutil.Process) -> int:
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += p.memory_info().rss
-    return total
-
-
 def task_memory(store: Store, ep: StackEndpoints, database_url: str, records: int) -> None:
     """A real replicator run (`dagster job execute`, the run worker's code path) copying a pre-loaded topic."""
-    from confluent_kafka import Producer
-
     topic = f"mem{int(time.time())}"
-    create_topics(ep.source_bootstrap_servers, [topic], 4)
-    create_topics(ep.destination_bootstrap_servers, [f"{topic}.mirror"], 4)
-    producer = Producer(
-        {"bootstrap.servers": ep.source_bootstrap_servers, "linger.ms": 20, "queue.buffering.max.messages": 500000}
-    )
-    for i in range(records):
-        while True:
-            try:
-                producer.produce(topic, b"x" * 100, partition=i % 4)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush()
+    common.create_topic(ep.source_bootstrap_servers, topic, 4)
+    common.create_topic(ep.destination_bootstrap_servers, f"{topic}.mirror", 4)
+    kit.load(ep.source_bootstrap_servers, topic, records, 4)
     config = connector(store, ep, topic, topic, 1)
     store.write_assignment(config.name, {0: [(topic, p) for p in range(4)]})
     with tempfile.TemporaryDirectory() as home:
-        run_config = Path(home) / "run.yaml"
-        run_config.write_text(json.dumps({"ops": {"replicate": {"config": {"connector": config.name, "task_id": 0}}}}))
-        env = {**os.environ, "MIRUS_DATABASE_URL": database_url, "DAGSTER_HOME": home}
-        argv = [
-            sys.executable,
-            "-m",
-            "dagster",
-            "job",
-            "execute",
-            "-m",
-            "mirus_dagster.definitions",
-            "-j",
-            "replicator",
-            "-c",
-            str(run_config),
-        ]
-        run = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run_config = json.dumps({"ops": {"replicate": {"config": {"connector": config.name, "task_id": 0}}}})
+        env = {**os.environ, "MIRUS_DATABASE_URL": database_url}
+        run = common.dagster_run("replicator", run_config, env, Path(home) / "run.log")
         proc = psutil.Process(run.pid)
-        before = peak = 0
+        before = peak = 0.0
         started = 0.0
         try:
             while run.poll() is None:
-                now = rss(proc)
+                now = common.rss_mib(common.tree(proc))
                 if not started and store.lease_of(config.name, 0):
                     before, started = now, time.perf_counter()  # the task claimed its lease: set up, not copying
                 peak = max(peak, now)
-                if started and sum(store.load_offsets(config.name).values()) >= records:
+                if started and common.committed(store, config.name) >= records:
                     seconds = time.perf_counter() - started
                     # Paused, the task commits and stops, and the run ends.
                     store.set_connector_state(config.name, ConnectorState.PAUSED)
@@ -262,10 +196,9 @@ def task_memory(store: Store, ep: StackEndpoints, database_url: str, records: in
             if run.poll() is None:
                 run.terminate()
                 run.wait(30)
-    mb = 1024 * 1024
     print(
         f"Replicator run (dagster job execute, {records:,} x 100 B over 4 partitions): "
-        f"RSS {before / mb:.0f} MB when the task starts, peak {peak / mb:.0f} MB while copying "
+        f"RSS {before:.0f} MB when the task starts, peak {peak:.0f} MB while copying "
         f"at {records / seconds:,.0f} records/s"
     )
 
@@ -278,10 +211,8 @@ def main() -> None:
     parser.add_argument("--sections", default="postgres,memory,monitor,sensors", help="Which figures to measure.")
     args = parser.parse_args()
 
-    settings = PlatformSettings.from_env()
     with tempfile.TemporaryDirectory() as state:
-        ports = {"source_port": free_port(), "destination_port": free_port(), "postgres_port": free_port()}
-        stack = LocalStack(settings.model_copy(update={"state_dir": Path(state), **ports}))
+        stack = common.embedded_stack(Path(state))
         ep = stack.up()
         try:
             engine = make_engine(ep.database_url)

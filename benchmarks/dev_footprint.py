@@ -17,20 +17,16 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
+import common
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-# isort: split
 from mirus.waiting import wait_until
 from mirus_dagster.constants import DEMO_CONNECTOR, DEMO_PARTITIONS, DEMO_TOPIC
 from replicator.state.database import make_engine
@@ -49,16 +45,6 @@ class Footprint:
     pss_mb: float
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def tree(root: psutil.Process) -> list[psutil.Process]:
-    return [root, *root.children(recursive=True)]
-
-
 def is_run(proc: psutil.Process) -> bool:
     """A Dagster run's process: the code server starts each as a multiprocessing child (`spawn_main`)."""
     try:
@@ -68,24 +54,22 @@ def is_run(proc: psutil.Process) -> bool:
     return "execute_run" in line or ("spawn_main" in line and "resource_tracker" not in line)
 
 
-def measure(shape: str, mirus: str) -> Footprint:
+def measure(shape: str) -> Footprint:
     with tempfile.TemporaryDirectory(prefix="mirus-dev-footprint-") as work:
-        ports = {name: free_port() for name in ("source", "destination", "postgres", "ui", "api")}
+        ports = {name: common.free_port() for name in ("source", "destination", "postgres", "ui", "api")}
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MIRUS_", "DAGSTER_"))}
         env |= {
+            "PYTHONPATH": str(common.ROOT),  # this checkout's code in every process `mirus dev` starts
             "MIRUS_SOURCE_PORT": str(ports["source"]),
             "MIRUS_DESTINATION_PORT": str(ports["destination"]),
             "MIRUS_POSTGRES_PORT": str(ports["postgres"]),
         }
         if shape == "runs":
             env["MIRUS_REPLICATOR_WORKERS"] = "0"
-        argv = [mirus, "dev", "--port", str(ports["ui"]), "--api-port", str(ports["api"])]
-        with open(Path(work) / "console.log", "wb") as out:
-            dev = subprocess.Popen(
-                argv, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        argv = [*common.MIRUS, "dev", "--port", str(ports["ui"]), "--api-port", str(ports["api"])]
+        console = Path(work) / "console.log"
+        dev = common.start_process(argv, env, log=console, cwd=work)
         try:
-            console = Path(work) / "console.log"
             wait_until(lambda: "Dagster UI:" in console.read_text(), 300, 1, what="the UI")
             store = Store(make_engine(f"postgresql+psycopg2://postgres@127.0.0.1:{ports['postgres']}/mirus"))
             demo = [(DEMO_TOPIC, p) for p in range(DEMO_PARTITIONS)]
@@ -97,23 +81,18 @@ def measure(shape: str, mirus: str) -> Footprint:
             )
             store.engine.dispose()
             root = psutil.Process(dev.pid)
-            seen, since = {p.pid for p in tree(root)}, time.monotonic()
+            seen, since = {p.pid for p in common.tree(root)}, time.monotonic()
             while time.monotonic() - since < STABLE_S:
                 time.sleep(1)
-                now = {p.pid for p in tree(root)}
+                now = {p.pid for p in common.tree(root)}
                 if now != seen:
                     seen, since = now, time.monotonic()
-            procs = tree(root)
+            procs = common.tree(root)
             runs = [p for p in procs if is_run(p)]
             for p in procs:
-                print(f"    {p.memory_info().rss / 2**20:6.0f} MiB {' '.join(p.cmdline())[:140]}", flush=True)
-            rss = {p.pid: p.memory_info().rss for p in procs}
-            pss = sum(p.memory_full_info().pss for p in procs)
-            run_rss = sum(rss[p.pid] for p in runs)
-            mb = 1024 * 1024
-            return Footprint(
-                shape, len(runs), run_rss / mb, (sum(rss.values()) - run_rss) / mb, sum(rss.values()) / mb, pss / mb
-            )
+                print(f"    {common.rss_mib([p]):6.0f} MiB {' '.join(p.cmdline())[:140]}", flush=True)
+            (rss, pss), run_rss = common.memory_mib(procs), common.rss_mib(runs)
+            return Footprint(shape, len(runs), run_rss, rss - run_rss, rss, pss)
         finally:
             os.killpg(dev.pid, signal.SIGINT)
             try:
@@ -128,11 +107,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--shapes", default="runs,default")
     args = parser.parse_args()
-    mirus = str(Path(sys.executable).parent / "mirus")
     results: dict[str, list[Footprint]] = {}
     for round_ in range(args.rounds):
         for shape in args.shapes.split(","):
-            figures = measure(shape, mirus)
+            figures = measure(shape)
             results.setdefault(shape, []).append(figures)
             print(
                 f"round {round_ + 1} {shape}: {figures.runs} run processes ({figures.run_rss_mb:.0f} MiB), "

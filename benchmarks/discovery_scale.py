@@ -24,28 +24,16 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
+import common
 from confluent_kafka import Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
-from sqlalchemy import text
+from orchestration_latency import Traffic, destination_reader, first_record, report
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.orchestration_latency import (
-    Traffic,
-    benchmark_stack,
-    destination_reader,
-    first_record,
-    load,
-    report,
-    standby_waiting,
-)
 from mirus.waiting import wait_until
 from mirus_dagster.constants import ENV_DATABASE_URL
 from replicator.configuration.connector import validate_submission
@@ -55,16 +43,6 @@ from replicator.state.store import Store
 from replicator.topics import provenance
 
 PORTS = {"source_port": 29492, "destination_port": 29493, "postgres_port": 25652}
-
-
-def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    names = list(topics)
-    for i in range(0, len(names), 20):
-        batch = names[i : i + 20]
-        for future in admin.create_topics([NewTopic(t, topics[t], 1) for t in batch]).values():
-            future.result(timeout=120)
-    wait_until(lambda: set(names) <= set(admin.list_topics(timeout=30).topics), 120, 0.2, "the topics to be visible")
 
 
 class Rounds:
@@ -95,14 +73,18 @@ class Rounds:
 
 
 def task_process(database_url: str, connector: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, ENV_DATABASE_URL: database_url}
-    argv = [sys.executable, "-c", "from mirus.cli.main import main; main()", "task", "run", connector, "0"]
-    return subprocess.Popen(argv, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
+    return common.start_process(common.task_argv(connector), {**os.environ, ENV_DATABASE_URL: database_url}, log=log)
 
 
-def committed_transactions(store: Store) -> int:
+def standby_waiting(store: Store) -> bool:
+    """A session waits on an advisory lock: the standby blocked on the owner's epoch lock (it waits again each
+    `WAIT_S`)."""
     with store.engine.connect() as conn:
-        return int(conn.scalar(text("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")))
+        for _ in range(30):
+            if conn.exec_driver_sql("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").first():
+                return True
+            time.sleep(0.05)
+    return False
 
 
 def main() -> None:
@@ -115,7 +97,7 @@ def main() -> None:
     per_topic = args.partitions // args.connectors
 
     with tempfile.TemporaryDirectory() as state:
-        stack = benchmark_stack(Path(state), PORTS)
+        stack = common.embedded_stack(Path(state), PORTS)
         endpoints = stack.up()
         store = Store(make_engine(endpoints.database_url))
         processes: list[subprocess.Popen[bytes]] = []
@@ -126,7 +108,7 @@ def main() -> None:
             names = [f"{prefix}-{i:03d}" for i in range(args.connectors)]
             print(f"creating {args.connectors} topics x {per_topic} partitions on both clusters ...", flush=True)
             for bootstrap in (src, dst):
-                create_topics(bootstrap, {name: per_topic for name in names})
+                common.create_topics(bootstrap, dict.fromkeys(names, per_topic), poll_s=0.2)
             for name in names:
                 config = validate_submission(
                     {
@@ -144,7 +126,7 @@ def main() -> None:
             wait_until(lambda: all(store.read_assignment(n) for n in names), 600, 0.05, "every connector assigned")
             print(
                 f"first assignment of {args.connectors} connectors / {per_topic * args.connectors} partitions: "
-                f"{time.monotonic() - started:.1f} s (load {load()})",
+                f"{time.monotonic() - started:.1f} s (load {common.load_average():.1f})",
                 flush=True,
             )
 
@@ -162,22 +144,22 @@ def main() -> None:
                 )
 
                 watched_from = time.monotonic()
-                commits_from = committed_transactions(store)
+                commits_from = common.database_writes(store.engine)[0]
                 print(f"\n(a) new topic -> first record at the destination, {args.topics} times", flush=True)
                 created: list[float] = []
                 for i in range(args.topics):
                     topic = f"{subject}-new{i}"
-                    create_topics(dst, {topic: 1})
+                    common.create_topic(dst, topic)
                     new_reader = destination_reader(dst, topic)
                     producer = Producer({"bootstrap.servers": src, "linger.ms": 0})
                     producer.list_topics(timeout=10)
                     clock = time.monotonic()
-                    create_topics(src, {topic: 1})
+                    common.create_topic(src, topic)
                     producer.produce(topic, b"first", b"k", 0)
                     producer.flush(10)
                     created.append(first_record(new_reader, lambda msg: True, 60) - clock)
                     new_reader.close()
-                    print(f"  topic {i + 1}: {created[-1]:.1f} s (load {load()})", flush=True)
+                    print(f"  topic {i + 1}: {created[-1]:.1f} s (load {common.load_average():.1f})", flush=True)
 
                 print(f"\n(b) kill -9 of the owner process -> resumed replication, {args.kills} times", flush=True)
                 resumed: list[float] = []
@@ -189,14 +171,14 @@ def main() -> None:
                     clock = time.monotonic()
                     victim.send_signal(signal.SIGKILL)
                     victim.wait(10)
-                    kill_point = traffic.highest_acked()
+                    kill_point = traffic.acked_by(time.monotonic())
 
                     def after_kill(msg: Message, point: int = kill_point) -> bool:
                         origin = provenance.parse(msg.headers())
                         return origin is not None and origin.source_offset > point
 
                     resumed.append(first_record(reader, after_kill, 120) - clock)
-                    print(f"  kill {i + 1}: {resumed[-1]:.1f} s (load {load()})", flush=True)
+                    print(f"  kill {i + 1}: {resumed[-1]:.1f} s (load {common.load_average():.1f})", flush=True)
                     processes.append(task_process(endpoints.database_url, subject, log))  # the next standby
                     wait_until(lambda: standby_waiting(store), 120, 0.05, "a new standby")
                 watched = rounds.since(watched_from)
@@ -205,7 +187,7 @@ def main() -> None:
                 reader.close()
                 rounds.stop()
             elapsed = time.monotonic() - watched_from
-            commits = committed_transactions(store) - commits_from
+            commits = common.database_writes(store.engine)[0] - commits_from
             requests: Counter[str] = Counter()
             for r in watched:
                 requests.update(r.requests)

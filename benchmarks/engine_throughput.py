@@ -10,37 +10,18 @@ MIRUS_DATABASE_URL), loads the source topic once, then copies it twice: with the
 from __future__ import annotations
 
 import argparse
-import resource
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from confluent_kafka.admin import AdminClient, NewTopic
+import apache_kafka as kit
+import common
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from apache_kafka import load, naive_copy
-
-from mirus.local.stack import LocalStack
-from mirus_dagster.settings import PlatformSettings
-from replicator.configuration.connector import validate_submission
 from replicator.engine.task import ReplicationTask
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import Store
-
-
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def create(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        future.result()
 
 
 def engine_copy(
@@ -53,19 +34,11 @@ def engine_copy(
     partitions: int,
     provenance: bool,
 ) -> None:
-    name = f"bench-{target}"
-    config = validate_submission(
-        {
-            "name": name,
-            "consumer.bootstrap.servers": source,
-            "destination.consumer.bootstrap.servers": destination,
-            "topics.whitelist": topic,
-            "destination.topic.name.suffix": target.removeprefix(topic),
-            "provenance.headers.enabled": provenance,
-        }
+    name, suffix = f"bench-{target}", target.removeprefix(topic)
+    headers = {"provenance.headers.enabled": provenance}
+    kit.put_engine_connector(
+        store, name, topic, suffix, partitions, 1, source=source, destination=destination, **headers
     )
-    store.put_connector(name, config.raw, 1)
-    store.write_assignment(name, {0: [(topic, p) for p in range(partitions)]})
     task = ReplicationTask(store, name, 0, "benchmark")
 
     def done() -> bool:
@@ -75,9 +48,9 @@ def engine_copy(
 
 
 def measure(label: str, fn: Callable[[], object], records: int) -> tuple[float, float]:
-    wall, cpu = time.perf_counter(), cpu_seconds()
+    wall, cpu = time.perf_counter(), common.own_cpu_s()
     fn()
-    wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
+    wall, cpu = time.perf_counter() - wall, common.own_cpu_s() - cpu
     print(
         f"{label:<30} {records / wall:>10,.0f} records/s  {wall:7.2f} s wall  "
         f"{cpu / (records / 1e6):6.2f} CPU-s per million records"
@@ -92,25 +65,24 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100)
     args = parser.parse_args()
 
-    settings = PlatformSettings.from_env()
     with tempfile.TemporaryDirectory() as state:
         ports = {"source_port": 29092, "destination_port": 29093, "postgres_port": 25432}
-        stack = LocalStack(settings.model_copy(update={"state_dir": Path(state), **ports}))
+        stack = common.embedded_stack(Path(state), ports)
         endpoints = stack.up()
         try:
             engine = make_engine(endpoints.database_url)
             upgrade(engine)
             src, dst = endpoints.source_bootstrap_servers, endpoints.destination_bootstrap_servers
             topic = f"bench-{int(time.time())}"
-            create(src, topic, args.partitions)
+            common.create_topic(src, topic, args.partitions)
             for target in (f"{topic}.naive", f"{topic}.engine", f"{topic}.engine-plain"):
-                create(dst, target, args.partitions)
+                common.create_topic(dst, target, args.partitions)
             print(f"loading {args.records:,} records of {args.size} bytes over {args.partitions} partitions ...")
-            load(src, topic, args.records, args.partitions, args.size)
+            kit.load(src, topic, args.records, args.partitions, args.size)
 
             n = args.records
             naive, naive_cpu = measure(
-                "naive", lambda: naive_copy(src, dst, topic, f"{topic}.naive", n, args.partitions), n
+                "naive", lambda: kit.naive_copy(src, dst, topic, f"{topic}.naive", n, args.partitions), n
             )
             store = Store(engine)
             for label, target, headers in (

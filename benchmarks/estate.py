@@ -36,22 +36,21 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from statistics import median
 
-import apache_kafka as kit  # puts the project on the path
+import apache_kafka as kit
+import common
 import psutil
 from apache_kafka import DESTINATION, SOURCE
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource
 from sqlalchemy import Engine, create_engine, text
 
-# isort: split
 from replicator.clusters import log_offsets
-from replicator.configuration.connector import validate_submission
 from replicator.engine.source_reader import DORMANT_AFTER_S, QUIET_AFTER_S
 from replicator.state.store import Store
 
@@ -112,42 +111,18 @@ def broker_process() -> psutil.Process:
     raise RuntimeError("the source broker's process (server-a.properties) was not found")
 
 
-def postgres_processes() -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres"]
-
-
-def cpu(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for proc in procs:
-        with suppress(psutil.NoSuchProcess):
-            total += sum(proc.cpu_times()[:2])
-    return total
-
-
-def database_writes(engine: Engine) -> tuple[int, int]:
-    """Transactions committed and rows written in the current database so far (the statistics collector's)."""
-    with engine.connect() as conn:
-        row = conn.execute(
-            text(
-                "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted FROM pg_stat_database "
-                "WHERE datname = current_database()"
-            )
-        ).one()
-    return int(row[0]), int(row[1])
-
-
 def measure(task: psutil.Process | None, engine: Engine, seconds: float = WINDOW_S) -> Window:
-    broker, postgres = broker_process(), postgres_processes()
+    broker, postgres = broker_process(), common.postgres_processes()
     tasks = [task] if task else []
-    before = (cpu(tasks), cpu([broker]), cpu(postgres), *database_writes(engine))
+    before = (common.cpu_s(tasks), common.cpu_s([broker]), common.cpu_s(postgres), *common.database_writes(engine))
     time.sleep(seconds)
     time.sleep(0.6)  # statistics reach pg_stat_database up to 500 ms after the transaction
-    after = (cpu(tasks), cpu([broker]), cpu(postgres), *database_writes(engine))
+    after = (common.cpu_s(tasks), common.cpu_s([broker]), common.cpu_s(postgres), *common.database_writes(engine))
     delta = [(a - b) / seconds for a, b in zip(after, before, strict=True)]
     # The window's own two statistics reads are one transaction each.
     return Window(
         delta[0],
-        task.memory_info().rss / 2**20 if task else 0.0,
+        common.rss_mib([task]) if task else 0.0,
         delta[1],
         delta[2],
         max(delta[3] - 2 / seconds, 0),
@@ -159,21 +134,12 @@ def measure(task: psutil.Process | None, engine: Engine, seconds: float = WINDOW
 APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 
 
-def create_topics(names: list[str], partitions: int) -> None:
+def create_estate_topics(topics: dict[str, int]) -> None:
+    """`topics` on both clusters, one request each (Kafka 1.0 creates thousands of partitions slowly); the source's
+    keep LogAppendTime."""
     for bootstrap in (SOURCE, DESTINATION):
-        admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 300_000})
         config = APPEND_TIME if bootstrap == SOURCE else {}
-        for name in names:  # one request each: Kafka 1.0 creates thousands of partitions slowly
-            try:
-                topic = NewTopic(name, partitions, 1, config=config)
-                admin.create_topics([topic], request_timeout=600)[name].result(600)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise
-        while not all(
-            len(getattr(admin.list_topics(n, timeout=60).topics.get(n), "partitions", {})) == partitions for n in names
-        ):
-            time.sleep(1)
+        common.create_topics(bootstrap, topics, config, batch=1, timeout_s=600, poll_s=1.0)
 
 
 def stamp_appends(names: list[str]) -> None:
@@ -183,38 +149,7 @@ def stamp_appends(names: list[str]) -> None:
         future.result(60)
 
 
-def fill(names: list[str], partitions: int) -> None:
-    """One record in every source partition that has none (a busy Kafka 1.0 broker times some out: retried)."""
-    reader = Consumer({"bootstrap.servers": SOURCE, "group.id": "estate-fill"})
-    empty = [
-        (n, p)
-        for n in names
-        for p in range(partitions)
-        if reader.get_watermark_offsets(TopicPartition(n, p), timeout=30)[1] <= 0
-    ]
-    reader.close()
-    producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 50})
-    failed: list[tuple[str, int]] = []
-    while empty:
-        failed.clear()
-        for name, p in empty:
-            while True:
-                try:
-                    producer.produce(
-                        name,
-                        b"x",
-                        None,
-                        p,
-                        on_delivery=lambda err, msg: err and failed.append((msg.topic(), msg.partition())),
-                    )
-                    break
-                except BufferError:
-                    producer.poll(0.1)
-        producer.flush(600)
-        empty = list(failed)
-
-
-def load(topics: str, partitions: int, rate: int, seconds: float) -> None:
+def load_spread(topics: str, partitions: int, rate: int, seconds: float) -> None:
     """Write `rate` records/s of 100 bytes for `seconds`, one partition after another over every partition; print
     the rate written (acknowledged records over the time until the last acknowledgement). A producer per topic, as
     the task's own (`replicator.engine.producers`): one librdkafka producer over 10,000 partitions wrote only
@@ -311,19 +246,11 @@ def task_log(connector: str, role: str) -> Path:
 @contextmanager
 def task_process(code: str | None, url: str, connector: str, role: str = "owner") -> Iterator[psutil.Process]:
     """`mirus task run` of the code under test (this checkout's own when `code` is None), its log in a file."""
-    env = {**os.environ, "MIRUS_DATABASE_URL": url, "PYTHONPATH": code or str(kit.ROOT)}
+    env = {**os.environ, "MIRUS_DATABASE_URL": url, "PYTHONPATH": code or str(common.ROOT)}
     log = task_log(connector, role)
-    with log.open("w") as out:
-        # Run from the code's own directory: `python -c` puts the working directory ahead of PYTHONPATH.
-        proc = subprocess.Popen(
-            [*kit.MIRUS, "task", "run", connector, "0"],
-            env=env,
-            stdout=out,
-            stderr=out,
-            cwd=code or kit.ROOT,
-            start_new_session=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
+    log.write_text("")  # a standby is known to stand by by its log: not by an earlier round's
+    # Run from the code's own directory: `python -c` puts the working directory ahead of PYTHONPATH.
+    proc = common.start_process(common.task_argv(connector), env, log=log, cwd=code or common.ROOT)
     try:
         yield psutil.Process(proc.pid)
     finally:
@@ -367,7 +294,7 @@ def takeover(code: str | None, url: str, topic: str, partition: int, owner: psut
     return took
 
 
-def committed(engine: Engine, connector: str) -> tuple[int, int]:
+def stored_offsets(engine: Engine, connector: str) -> tuple[int, int]:
     """Partitions with a stored offset, and the sum of those offsets, whichever layout the code under test uses."""
     with engine.connect() as conn:
         per_topic = conn.execute(
@@ -385,61 +312,37 @@ def committed(engine: Engine, connector: str) -> tuple[int, int]:
         return int(count), int(total)
 
 
-def end_offsets(topics: list[str], partitions: int) -> int:
-    """The sum of the source partitions' end offsets: where a task that has copied everything has committed."""
-    wanted = [(t, p) for t in topics for p in range(partitions)]
-    ends = log_offsets(AdminClient({"bootstrap.servers": SOURCE}), wanted, latest=True)
-    if len(ends) < len(wanted):
-        raise RuntimeError(f"the source gave {len(ends):,} of {len(wanted):,} end offsets")
-    return sum(ends.values())
-
-
 def caught_up(engine: Engine, connector: str, partitions: int, end: int) -> bool:
-    count, total = committed(engine, connector)
+    count, total = stored_offsets(engine, connector)
     return count >= partitions and total >= end
-
-
-def database_for(admin: Engine, code: str | None, name: str) -> tuple[str, Engine]:
-    """A fresh database migrated by the code under test."""
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = admin.url.set(database=name).render_as_string(hide_password=False)
-    env = {**os.environ, **({"PYTHONPATH": code} if code else {})}
-    migrate = "import sys; from replicator.state.database import migrated_engine; migrated_engine(sys.argv[1])"
-    subprocess.run([sys.executable, "-c", migrate, url], env=env, check=True, cwd=code or kit.ROOT)
-    return url, create_engine(url.replace("postgresql://", "postgresql+psycopg2://", 1))
-
-
-def put_connector(store: Store, name: str, topics: list[str], partitions: int) -> None:
-    config = validate_submission(
-        {
-            "name": name,
-            "consumer.bootstrap.servers": SOURCE,
-            "destination.consumer.bootstrap.servers": DESTINATION,
-            "topics.whitelist": ",".join(topics),
-            "tasks.max": 1,
-        }
-    )
-    store.put_connector(name, config.raw, 1)
-    store.write_assignment(name, {0: [(t, p) for t in topics for p in range(partitions)]})
 
 
 def one_round(
     admin: Engine, code: str | None, label: str, wide: list[str], narrow: str, args: argparse.Namespace, tag: str
 ) -> dict[str, float]:
+    # A database of its own, migrated by the code under test.
+    with common.fresh_database(admin, f"estate_{tag}", code) as url:
+        engine = create_engine(url.replace("postgresql://", "postgresql+psycopg2://", 1))
+        try:
+            return measure_code(engine, url, code, label, wide, narrow, args)
+        finally:
+            engine.dispose()
+
+
+def measure_code(
+    engine: Engine, url: str, code: str | None, label: str, wide: list[str], narrow: str, args: argparse.Namespace
+) -> dict[str, float]:
     partitions, total = args.partitions, len(wide) * args.partitions
-    url, engine = database_for(admin, code, f"estate_{tag}")
     store = Store(engine)
     figures: dict[str, float] = {}
-    put_connector(store, "wide", wide, partitions)
-    end = end_offsets(wide, partitions)
+    kit.put_engine_connector(store, "wide", ",".join(wide), "", partitions, 1)
+    end = sum(common.end_offsets(SOURCE, wide, partitions).values())
     with task_process(code, url, "wide") as task:
         started = time.monotonic()
         while not caught_up(engine, "wide", total, end):
             if not task.is_running() or task.status() == psutil.STATUS_ZOMBIE:
                 raise RuntimeError(
-                    f"{label}: the task exited; {committed(engine, 'wide')[0]:,} of {total:,} partitions committed"
+                    f"{label}: the task exited; {stored_offsets(engine, 'wide')[0]:,} of {total:,} partitions committed"
                 )
             if time.monotonic() - started > 600:
                 raise TimeoutError(f"{label}: not everything copied and committed after 600 s")
@@ -448,7 +351,7 @@ def one_round(
         print(
             f"  {label:<9} {total:,} partitions, {end:,} records: all copied and committed after "
             f"{figures['start_s']:.1f} s, "
-            f"{task.memory_info().rss / 2**20:.0f} MiB",
+            f"{common.rss_mib([task]):.0f} MiB",
             flush=True,
         )
         time.sleep(10)
@@ -492,8 +395,8 @@ def one_round(
         flow_pg=flowing.postgres_cpu,
         p99=p99,
     )
-    put_connector(store, "narrow", [narrow], NARROW)
-    end = end_offsets([narrow], NARROW)
+    kit.put_engine_connector(store, "narrow", narrow, "", NARROW, 1)
+    end = sum(common.end_offsets(SOURCE, [narrow], NARROW).values())
     with task_process(code, url, "narrow") as task:
         while not caught_up(engine, "narrow", NARROW, end):
             time.sleep(0.2)
@@ -517,12 +420,11 @@ def one_round(
         check=True,
         capture_output=True,
         text=True,
-        cwd=code or kit.ROOT,
+        cwd=code or common.ROOT,
     ).stdout
     wall_ms, pg_ms = (float(x) for x in out.split())
     figures.update(commit_ms=wall_ms, commit_pg_ms=pg_ms)
     print(f"  {label:<9} one commit of {total:,} partitions: {wall_ms:.0f} ms, Postgres CPU {pg_ms:.1f} ms", flush=True)
-    engine.dispose()
     return figures
 
 
@@ -530,14 +432,14 @@ def idle_beside_mirrormaker(wide: list[str], partitions: int, admin: Engine) -> 
     nobody = measure(None, admin)
     print(f"  no copier: source broker {nobody.broker_cpu:.1%}", flush=True)
     env = dict(os.environ)
-    proc = kit.start_process([str(kit.KIT / "mirrormaker.sh"), "|".join(wide)], env)
+    proc = common.start_process(kit.mirrormaker_argv("|".join(wide))[0], env)
     try:
         mm = psutil.Process(proc.pid)
         started, busy = time.monotonic(), 1.0
         while busy > 0.1 and time.monotonic() - started < 300:  # joined its group, copied everything, idle since
-            before = cpu([mm])
+            before = common.cpu_s([mm])
             time.sleep(5)
-            busy = (cpu([mm]) - before) / 5
+            busy = (common.cpu_s([mm]) - before) / 5
         print(f"  (MirrorMaker idle after {time.monotonic() - started:.0f} s)", flush=True)
         window = measure(psutil.Process(proc.pid), admin)
         print(
@@ -552,7 +454,7 @@ def idle_beside_mirrormaker(wide: list[str], partitions: int, admin: Engine) -> 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "load":
-        load(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
+        load_spread(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--topics", type=int, default=20)
@@ -573,21 +475,20 @@ def main() -> None:
     )
     started = time.perf_counter()
     if not args.prefix:
-        create_topics(wide, args.partitions)
-        create_topics([narrow], NARROW)
+        create_estate_topics({**dict.fromkeys(wide, args.partitions), narrow: NARROW})
     else:
         stamp_appends([*wide, narrow])
-    fill(wide, args.partitions)
-    fill([narrow], NARROW)
+    kit.fill(wide, args.partitions)
+    kit.fill([narrow], NARROW)
     print(f"  ready in {time.perf_counter() - started:.0f} s", flush=True)
     codes: list[tuple[str, str | None]] = [("this", None)] + ([("baseline", args.baseline)] if args.baseline else [])
     results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in codes}
-    with kit.platform_database() as store:
+    with common.platform_database() as store:
         admin = store.engine.execution_options(isolation_level="AUTOCOMMIT")
         if args.mirrormaker:
             idle_beside_mirrormaker(wide, args.partitions, admin)
         for round_ in range(args.rounds):
-            print(f"round {round_ + 1} (load average {os.getloadavg()[0]:.1f})", flush=True)
+            print(f"round {round_ + 1} (load average {common.load_average():.1f})", flush=True)
             for label, code in codes if round_ % 2 == 0 else codes[::-1]:
                 try:
                     results[label].append(one_round(admin, code, label, wide, narrow, args, f"{label}_{round_}"))

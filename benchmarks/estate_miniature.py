@@ -43,18 +43,15 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-import apache_kafka as kit  # puts the project on the path
+import apache_kafka as kit
+import common
 import estate
 import psutil
-import workers
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from orchestration_latency import benchmark_stack, create_topic, load
 from sqlalchemy import text
 
-# isort: split
 from mirus.local.devserver import DagsterDev, dagster_dev
-from mirus.local.stack import free_port
 from mirus_dagster.constants import (
     ENV_DESTINATION_BOOTSTRAP,
     ENV_REPLICATOR_WORKERS,
@@ -74,9 +71,8 @@ from replicator.state.store import Store
 from replicator.tools.verify import verify_replication
 from replicator.topics import provenance
 
-MIB = 2**20
-# `verify`'s bound on a quiet partition (3 s by default): reading 5,000 partitions on a busy broker, a first run of
-# this benchmark (2026-11-27) saw no record for 3 s in partitions that held some, and left them unchecked.
+# `verify`'s bound on a quiet partition (3 s by default): read from a busy broker, one of 5,000 partitions may yield
+# nothing for longer than that although it holds records, and would be left unchecked.
 VERIFY_IDLE_S = 30.0
 # Dagster's own processes, named by what their command line runs (the first match wins).
 DAGSTER_ROLES = (
@@ -105,13 +101,6 @@ class Groups:
         return "this benchmark" if pid == os.getpid() else f"pid {pid}"
 
 
-def tree(root: psutil.Process) -> list[psutil.Process]:
-    try:
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
 def listening(ports: Iterable[int]) -> list[psutil.Process]:
     """The processes listening on these TCP ports (the brokers, found whoever started them)."""
     wanted = set(ports)
@@ -124,7 +113,7 @@ def postmaster(store: Store) -> list[psutil.Process]:
     with store.engine.connect() as conn:
         backend = psutil.Process(conn.scalar(text("SELECT pg_backend_pid()")))
     parent = backend.parent()
-    return tree(parent) if parent is not None else []
+    return common.tree(parent) if parent is not None else []
 
 
 def groups(
@@ -140,9 +129,9 @@ def groups(
                 continue
             name = f"{label} {run.tags[TAG_WORKER]}" if job == WORKER_JOB else label
             index[run.run_id] = name
-            procs[name] = tree(worker)
+            procs[name] = common.tree(worker)
             in_runs |= {p.pid for p in procs[name]}
-    for proc in tree(psutil.Process(dev.process.pid)):
+    for proc in common.tree(psutil.Process(dev.process.pid)):
         if proc.pid in in_runs:
             continue
         with suppress(psutil.Error):
@@ -154,16 +143,6 @@ def groups(
     return Groups(dict(sorted(procs.items())), index)
 
 
-def memory(procs: list[psutil.Process]) -> tuple[float, float]:
-    """RSS and PSS (MiB) of these processes, each counted alone (`workers.memory` adds their children)."""
-    rss = pss = 0.0
-    for proc in procs:
-        with suppress(psutil.NoSuchProcess):
-            info = proc.memory_full_info()
-            rss, pss = rss + info.rss, pss + info.pss
-    return rss / MIB, pss / MIB
-
-
 def summed(figures: dict[str, tuple[float, ...]], *prefixes: str) -> tuple[float, ...]:
     chosen = [v for k, v in figures.items() if k.startswith(prefixes)]
     return tuple(sum(column) for column in zip(*chosen, strict=True)) if chosen else (0.0, 0.0, 0.0)
@@ -171,15 +150,18 @@ def summed(figures: dict[str, tuple[float, ...]], *prefixes: str) -> tuple[float
 
 def footprint(label: str, found: Groups, window: float) -> dict[str, tuple[float, ...]]:
     """CPU (% of one core) over `window` seconds, then RSS and PSS, per group; printed with the totals."""
-    before = {p.pid: estate.cpu([p]) for procs in found.procs.values() for p in procs}
+    before = {p.pid: common.cpu_s([p]) for procs in found.procs.values() for p in procs}
     time.sleep(window)
-    after = {p.pid: estate.cpu([p]) for procs in found.procs.values() for p in procs if p.is_running()}
+    after = {p.pid: common.cpu_s([p]) for procs in found.procs.values() for p in procs if p.is_running()}
     # Only processes alive at both ends count (a Postgres backend that ended took its CPU time with it).
     figures = {
-        name: (sum(after[p.pid] - before[p.pid] for p in procs if p.pid in after) / window * 100, *memory(procs))
+        name: (
+            sum(after[p.pid] - before[p.pid] for p in procs if p.pid in after) / window * 100,
+            *common.memory_mib(procs),
+        )
         for name, procs in found.procs.items()
     }
-    print(f"{label} (load {load()}): CPU over {window:.0f} s, resident memory", flush=True)
+    print(f"{label} (load {common.load_average():.1f}): CPU over {window:.0f} s, resident memory", flush=True)
     for name, (cpu, rss, pss) in figures.items():
         print(f"  {name:<42} {cpu:6.1f} % CPU  RSS {rss:6.0f} MiB  PSS {pss:6.0f} MiB", flush=True)
     totals = {
@@ -262,15 +244,7 @@ def standing_by(dev: DagsterDev, names: list[str]) -> bool:
 
 
 def every_partition_committed(store: Store, names: list[str], ends: dict[str, int]) -> Callable[[], bool]:
-    return lambda: all(workers.committed(store, n) >= ends[n] for n in names)
-
-
-def source_ends(admin: AdminClient, names: list[str], partitions: int) -> dict[str, int]:
-    """Per topic, the sum of its partitions' end offsets (one ListOffsets request)."""
-    offsets = log_offsets(admin, [(n, p) for n in names for p in range(partitions)], latest=True)
-    if len(offsets) < len(names) * partitions:
-        raise RuntimeError(f"the source gave {len(offsets)} of {len(names) * partitions} end offsets")
-    return {n: sum(offsets[(n, p)] for p in range(partitions)) for n in names}
+    return lambda: all(common.committed(store, n) >= ends[n] for n in names)
 
 
 def takeover(dev: DagsterDev, store: Store, names: list[str], partitions: int, timeout: float) -> None:
@@ -290,7 +264,11 @@ def takeover(dev: DagsterDev, store: Store, names: list[str], partitions: int, t
     source = AdminClient({"bootstrap.servers": src})
     markers = Producer({"bootstrap.servers": src, "linger.ms": 5})
     markers.list_topics(timeout=10)  # connected before the kill
-    print(f"takeover: killing the worker run {victim[:8]}, owner of {len(owned)} task(s) (load {load()})", flush=True)
+    print(
+        f"takeover: killing the worker run {victim[:8]}, owner of {len(owned)} task(s) "
+        f"(load {common.load_average():.1f})",
+        flush=True,
+    )
     killed = dev.kill_run_worker(victim)  # returns once the worker and its children are gone
     kill_point = log_offsets(source, wanted, latest=True)  # a record at or past these was produced after the kill
     for topic, partition in wanted:
@@ -322,7 +300,7 @@ def takeover(dev: DagsterDev, store: Store, names: list[str], partitions: int, t
         )
     print(
         f"  worker killed -> all {len(owned)} task(s) replicating again: {max(first.values(), default=0):.2f} s "
-        f"(load {load()})",
+        f"(load {common.load_average():.1f})",
         flush=True,
     )
     replacement = dev.wait_for_runs(
@@ -359,19 +337,20 @@ def main() -> None:
     total = args.connectors * args.partitions
     print(
         f"{args.connectors} connectors x {args.partitions} partitions ({total:,}) on {args.workers} worker runs; "
-        f"{os.cpu_count()} cores; source {src}, destination {dst} (load {load()})",
+        f"{os.cpu_count()} cores; source {src}, destination {dst} (load {common.load_average():.1f})",
         flush=True,
     )
     started = time.monotonic()
-    for name in names:
-        create_topic(src, name, args.partitions)
-    estate.fill(names, args.partitions)  # one record in every source partition
-    print(f"source topics created and filled in {time.monotonic() - started:.0f} s (load {load()})", flush=True)
-    source = AdminClient({"bootstrap.servers": src})
-    ends = source_ends(source, names, args.partitions)
+    common.create_topics(src, dict.fromkeys(names, args.partitions))
+    kit.fill(names, args.partitions)
+    print(
+        f"source topics created and filled in {time.monotonic() - started:.0f} s (load {common.load_average():.1f})",
+        flush=True,
+    )
+    ends = common.end_offsets(src, names, args.partitions)
 
     with tempfile.TemporaryDirectory(prefix="estate-miniature-") as state:
-        stack = benchmark_stack(Path(state), {"postgres_port": free_port()})
+        stack = common.embedded_stack(Path(state), {"postgres_port": common.free_port()})
         endpoints = stack.up()
         store = Store(make_engine(endpoints.database_url, pool_size=1, max_overflow=0))
         pg_port = store.engine.url.port or 5432
@@ -380,14 +359,14 @@ def main() -> None:
             upgrade(store.engine)
             env = {**endpoints.as_env(), ENV_REPLICATOR_WORKERS: str(args.workers), ENV_REPORT_SCHEDULE: "stopped"}
             with dagster_dev(env, Path(state) / "dagster-dev") as dev:
-                print(f"dagster dev on {dev.url} (log: {dev.log}; load {load()})", flush=True)
+                print(f"dagster dev on {dev.url} (log: {dev.log}; load {common.load_average():.1f})", flush=True)
                 put_at = time.monotonic()
                 put_connectors(dev, names, src, dst)
                 print(f"{args.connectors} connectors put in {time.monotonic() - put_at:.1f} s", flush=True)
                 dev.until(every_partition_committed(store, names, ends), 900, "every partition committed", 1.0)
                 print(
                     f"start: every partition committed {time.monotonic() - put_at:.1f} s after the first put "
-                    f"(load {load()})",
+                    f"(load {common.load_average():.1f})",
                     flush=True,
                 )
                 dev.until(lambda: standing_by(dev, names), 300, "a standby standing by for every task", 2.0)
@@ -415,7 +394,7 @@ def main() -> None:
                 print(f"load written at {estate.written(loader):,.0f} records/s", flush=True)
                 loader = None
 
-                ends = source_ends(source, names, args.partitions)
+                ends = common.end_offsets(src, names, args.partitions)
                 caught_up = time.monotonic()
                 dev.until(every_partition_committed(store, names, ends), 600, "every partition committed", 1.0)
                 print(
@@ -444,7 +423,7 @@ def main() -> None:
             stack.down()
             for bootstrap in (src, dst):
                 try:
-                    kit.delete_topics(bootstrap, names)
+                    common.delete_topics(bootstrap, names)
                 except Exception as exc:  # Kafka 1.0 can take minutes over thousands of partitions: say so, go on
                     print(f"deleting the topics on {bootstrap}: {exc}", file=sys.stderr)
 

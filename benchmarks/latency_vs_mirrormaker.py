@@ -31,11 +31,11 @@ from bisect import bisect_left
 from pathlib import Path
 from statistics import median
 
-import apache_kafka as kit  # puts the project on the path
+import apache_kafka as kit
+import common
 from apache_kafka import DESTINATION, SOURCE
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-# isort: split
 from replicator.engine.metrics import BUCKET_LABELS
 from replicator.state.store import Store
 
@@ -60,7 +60,7 @@ def autogroup_warning() -> str | None:
     return None
 
 
-def load(topic: str, rate: int, seconds: float) -> None:
+def load_steady(topic: str, rate: int, seconds: float) -> None:
     """Write `rate` records/s for `seconds`, CreateTime = the moment of `produce()`."""
     producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000})
     value, produce = b"v" * 100, producer.produce
@@ -146,23 +146,22 @@ def one_run(
     """One copier at one rate: the printed line and its percentiles; `engine`: connector properties the engine's
     connector gets beside its defaults; `baseline`: the checkout `engine-baseline` runs from."""
     topic = f"lat-{tag}-{copier}-{rate}"
-    kit.create_topic(SOURCE, topic, PARTITIONS)
+    common.create_topic(SOURCE, topic, PARTITIONS)
     procs = []
     if copier == "direct":
         target, bootstrap = topic, SOURCE
     elif copier == "mirrormaker":
         target, bootstrap = topic, DESTINATION
-        kit.create_topic(DESTINATION, target, PARTITIONS)
-        procs = [kit.start_process(argv, env) for argv in kit.mirrormaker_argv(topic)]
+        common.create_topic(DESTINATION, target, PARTITIONS)
+        procs = [common.start_process(argv, env) for argv in kit.mirrormaker_argv(topic)]
     else:
         target, bootstrap = f"{topic}.engine", DESTINATION
-        kit.create_topic(DESTINATION, target, PARTITIONS)
+        common.create_topic(DESTINATION, target, PARTITIONS)
         kit.put_engine_connector(store, topic, topic, ".engine", PARTITIONS, 1, **engine)
         argvs = kit.engine_argv(topic, 1)
-        if copier == "engine-baseline":
-            # -P: `python -c` would put the working directory (this checkout) ahead of PYTHONPATH.
-            argvs = [["env", f"PYTHONPATH={baseline}", argv[0], "-P", *argv[1:]] for argv in argvs]
-        procs = [kit.start_process(argv, env) for argv in argvs]
+        if copier == "engine-baseline" and baseline:
+            argvs = kit.baseline_argvs(baseline, argvs, env["MIRUS_DATABASE_URL"])
+        procs = [common.start_process(argv, env) for argv in argvs]
     consumer = reader(bootstrap, target)
     try:
         ping = Producer({"bootstrap.servers": SOURCE})
@@ -171,8 +170,8 @@ def one_run(
         pinged = measure(consumer, 1, 120)
         if not pinged:
             raise TimeoutError(f"{copier} did not forward a first record within 120 s")
-        load_avg = os.getloadavg()[0]
-        loader = kit.start_process(
+        load_avg = common.load_average()
+        loader = common.start_process(
             [sys.executable, __file__, "load", topic, str(rate), str(seconds)], env, niceness=MEASURING_NICENESS
         )
         seen = measure(consumer, int(rate * seconds), seconds + 60)
@@ -181,11 +180,7 @@ def one_run(
         consumer.close()
         for p in procs:
             p.send_signal(signal.SIGTERM if copier == "mirrormaker" else signal.SIGINT)
-        cpu = 0.0
-        for p in procs:
-            _pid, _status, usage = os.wait4(p.pid, 0)
-            p.returncode = 0
-            cpu += usage.ru_utime + usage.ru_stime
+        cpu = sum(kit.reap(p) for p in procs)
     first = min(created for created, _ in seen)
     kept = [arrived - created for created, arrived in seen if created >= first + WARMUP_S * 1000]
     stats = percentiles(kept)
@@ -200,9 +195,9 @@ def one_run(
             f"\n{'':>22}all records, external: mean {every['mean']:.0f} ms, max {every['max']:.0f} ms; "
             f"engine's own metric: {engine_metric(store, topic)}"
         )
-    kit.delete_topics(SOURCE, [topic])
+    common.delete_topics(SOURCE, [topic])
     if target != topic or copier == "mirrormaker":
-        kit.delete_topics(DESTINATION, [target])
+        common.delete_topics(DESTINATION, [target])
     return line, stats
 
 
@@ -248,7 +243,7 @@ def main() -> None:
     os.setpriority(os.PRIO_PROCESS, 0, MEASURING_NICENESS)  # the reading consumer (copiers are started at 0)
     if warning := autogroup_warning():
         print(warning, flush=True)
-    with kit.platform_database() as store:
+    with common.platform_database() as store:
         env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
         tag = str(int(time.time()))
         runs: dict[tuple[int, str], list[dict[str, float]]] = {}
@@ -266,6 +261,6 @@ def main() -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["load"]:
-    load(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    load_steady(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
 elif __name__ == "__main__":
     main()

@@ -19,42 +19,22 @@ import os
 import signal
 import time
 
-import apache_kafka as kit  # puts the project on the path
+import apache_kafka as kit
+import common
 import psutil
 from apache_kafka import DESTINATION, SOURCE
-from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
-# isort: split
 from replicator.configuration.connector import validate_submission
 from replicator.discovery.monitor import KafkaMonitor
 
 
 def create_wide_topics(prefix: str, topics: int, partitions: int) -> list[str]:
-    """Create the topics (one request each: a broker creates thousands of partitions slowly), fill each partition."""
+    """The topics on the source (a record in every partition) and namesakes of one partition at the destination."""
     names = [f"{prefix}-{i:03d}" for i in range(topics)]
     for bootstrap, count in ((SOURCE, partitions), (DESTINATION, 1)):
-        admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 300_000})
-        for name in names:
-            try:
-                admin.create_topics([NewTopic(name, count, 1)], request_timeout=600)[name].result(600)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise
-        while not all(
-            len(getattr(admin.list_topics(n, timeout=60).topics.get(n), "partitions", {})) == count for n in names
-        ):
-            time.sleep(1)
-    producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 50})
-    for name in names:
-        for p in range(partitions):
-            while True:
-                try:
-                    producer.produce(name, b"x", partition=p)
-                    break
-                except BufferError:
-                    producer.poll(0.1)
-    producer.flush(600)
+        # One request each: a broker creates thousands of partitions slowly.
+        common.create_topics(bootstrap, dict.fromkeys(names, count), batch=1, timeout_s=600, poll_s=1.0)
+    kit.fill(names, partitions)
     return names
 
 
@@ -70,9 +50,9 @@ def main() -> None:
     print(f"creating {args.topics} topics x {args.partitions} partitions ({total:,}) ...", flush=True)
     started = time.perf_counter()
     names = create_wide_topics(prefix, args.topics, args.partitions)
-    print(f"  created and filled in {time.perf_counter() - started:.0f} s (load average {os.getloadavg()[0]:.1f})")
+    print(f"  created and filled in {time.perf_counter() - started:.0f} s (load average {common.load_average():.1f})")
 
-    with kit.platform_database() as store:
+    with common.platform_database() as store:
         name = f"{prefix}-connector"
         config = validate_submission(
             {
@@ -91,13 +71,13 @@ def main() -> None:
             owned = {task: len(tps) for task, tps in result.tasks.items()}
             print(
                 f"monitor cycle {cycle + 1}: {time.perf_counter() - t:.2f} s (new generation: {result.changed}; "
-                f"partitions per task {owned}; load average {os.getloadavg()[0]:.1f})",
+                f"partitions per task {owned}; load average {common.load_average():.1f})",
                 flush=True,
             )
 
         env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
         mine = set(result.tasks[0])
-        proc = kit.start_process([*kit.MIRUS, "task", "run", name, "0"], env)
+        proc = common.start_process(common.task_argv(name), env)
         started = time.perf_counter()
         try:
             while len(set(store.load_offsets(name)) & mine) < len(mine):
@@ -107,21 +87,21 @@ def main() -> None:
             task = psutil.Process(proc.pid)
             print(
                 f"task 0 owns {len(mine):,} partitions: every one committed after "
-                f"{time.perf_counter() - started:.0f} s; resident memory {task.memory_info().rss / 2**20:.0f} MiB"
+                f"{time.perf_counter() - started:.0f} s; resident memory {common.rss_mib([task]):.0f} MiB"
             )
             time.sleep(10)
-            cpu = task.cpu_times()
+            cpu = common.cpu_s([task])
             time.sleep(20)
-            busy = sum(task.cpu_times()[:2]) - sum(cpu[:2])
+            busy = common.cpu_s([task]) - cpu
             print(
-                f"  idle: resident memory {task.memory_info().rss / 2**20:.0f} MiB, CPU {busy / 20:.0%} of a core "
-                f"(load average {os.getloadavg()[0]:.1f})"
+                f"  idle: resident memory {common.rss_mib([task]):.0f} MiB, CPU {busy / 20:.0%} of a core "
+                f"(load average {common.load_average():.1f})"
             )
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(120)
-    kit.delete_topics(SOURCE, names)
-    kit.delete_topics(DESTINATION, names)
+    common.delete_topics(SOURCE, names)
+    common.delete_topics(DESTINATION, names)
 
 
 if __name__ == "__main__":

@@ -32,9 +32,7 @@ worker runs.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -42,13 +40,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import common
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from confluent_kafka.admin import AdminClient
 
 from mirus.local.devserver import LOGS_QUERY, DagsterDev, RunInfo, dagster_dev
-from mirus.local.stack import LocalStack
 from mirus.waiting import wait_until
 from mirus_dagster.constants import (
     ENV_REPLICATOR_WORKERS,
@@ -61,7 +57,7 @@ from mirus_dagster.constants import (
     WATCHER_JOB,
     WORKER_JOB,
 )
-from mirus_dagster.settings import PlatformSettings, StackEndpoints
+from mirus_dagster.settings import StackEndpoints
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import Store
 from replicator.topics import provenance
@@ -89,12 +85,6 @@ SHAPES = {
     "tasks": Shape("tasks", REPLICATOR_JOB, TAGS, {ENV_REPLICATOR_WORKERS: "0"}),
     "workers": Shape("workers", WORKER_JOB, {}, {ENV_REPLICATOR_WORKERS: str(WORKERS)}),
 }
-
-
-def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=30)
-    wait_until(lambda: topic in admin.list_topics(timeout=5).topics, 30, 0.05, f"topic {topic} to be visible")
 
 
 def destination_reader(bootstrap: str, topic: str) -> Consumer:
@@ -231,7 +221,7 @@ def new_topic_latency(
 ) -> tuple[float, str]:
     src, dst = endpoints.source_bootstrap_servers, endpoints.destination_bootstrap_servers
     if precreated:
-        create_topic(dst, topic)
+        common.create_topic(dst, topic)
     producer = Producer({"bootstrap.servers": src, "linger.ms": 0})
     producer.list_topics(timeout=10)  # connected before the clock starts
     looker = AdminClient({"bootstrap.servers": dst})
@@ -240,7 +230,7 @@ def new_topic_latency(
     ends.list_topics(timeout=10)
     try:
         started, started_wall = time.monotonic(), time.time()
-        create_topic(src, topic)
+        common.create_topic(src, topic)
         producer.produce(topic, b"first", b"k", 0)
         producer.flush(10)
         # The platform creates the destination topic (topic.creation.enable, the default) ...
@@ -325,12 +315,6 @@ def kill_latency(dev: DagsterDev, store: Store, shape: Shape, traffic: Traffic, 
     return latency, breakdown
 
 
-def benchmark_stack(state: Path, ports: dict[str, int]) -> LocalStack:
-    """The embedded stack on `ports`, except for ports and parts the environment gives (MIRUS_*)."""
-    ports = {name: port for name, port in ports.items() if f"MIRUS_{name.upper()}" not in os.environ}
-    return LocalStack(PlatformSettings.from_env().model_copy(update={"state_dir": state, **ports}))
-
-
 def resident_memory(dev: DagsterDev, store: Store, shape: Shape) -> str:
     """Resident memory of the owner, standby and watcher run processes (each with its children)."""
     owner = owner_run(dev, store, shape)
@@ -340,13 +324,8 @@ def resident_memory(dev: DagsterDev, store: Store, shape: Shape) -> str:
     for label, runs in (("owner", [owner]), ("standby", standby[:1]), ("watcher", watcher[:1])):
         worker = dev.run_worker(runs[0].run_id) if runs else None
         if worker is not None:
-            rss = sum(p.memory_info().rss for p in [worker, *worker.children(recursive=True)])
-            shown.append(f"{label} {rss / 2**20:.0f} MB")
+            shown.append(f"{label} {common.rss_mib(common.tree(worker)):.0f} MB")
     return ", ".join(shown)
-
-
-def load() -> str:
-    return f"{os.getloadavg()[0]:.1f}"
 
 
 def report(label: str, values: list[float], target: float) -> None:
@@ -368,7 +347,7 @@ def main() -> None:
     shape = SHAPES[args.shape]
 
     with tempfile.TemporaryDirectory() as state:
-        stack = benchmark_stack(Path(state), PORTS)
+        stack = common.embedded_stack(Path(state), PORTS)
         endpoints = stack.up()
         store = Store(make_engine(endpoints.database_url))
         try:
@@ -381,11 +360,11 @@ def main() -> None:
             ) as dev:
                 print(f"dagster dev on {dev.url} (log: {dev.log})", flush=True)
                 flow = f"{prefix}-flow"
-                create_topic(dst, flow)
-                create_topic(src, flow)
+                common.create_topic(dst, flow)
+                common.create_topic(src, flow)
                 if args.held:
-                    create_topic(dst, f"{prefix}-held", args.held)
-                    create_topic(src, f"{prefix}-held", args.held)
+                    common.create_topic(dst, f"{prefix}-held", args.held)
+                    common.create_topic(src, f"{prefix}-held", args.held)
                 properties = {
                     "name": CONNECTOR,
                     "connector.class": "com.salesforce.mirus.MirusSourceConnector",
@@ -415,7 +394,10 @@ def main() -> None:
                             dev, store, shape, endpoints, f"{prefix}-new{i}", args.precreated
                         )
                         created.append(latency)
-                        print(f"  topic {i + 1}: {latency:.2f} s  ({breakdown}; load {load()})", flush=True)
+                        print(
+                            f"  topic {i + 1}: {latency:.2f} s  ({breakdown}; load {common.load_average():.1f})",
+                            flush=True,
+                        )
 
                     print(
                         f"\n(b) kill -9 of the replicator run -> resumed replication (50 records/s), "
@@ -426,7 +408,10 @@ def main() -> None:
                     for i in range(args.kills):
                         latency, breakdown = kill_latency(dev, store, shape, traffic, reader)
                         resumed.append(latency)
-                        print(f"  kill {i + 1}: {latency:.2f} s  ({breakdown}; load {load()})", flush=True)
+                        print(
+                            f"  kill {i + 1}: {latency:.2f} s  ({breakdown}; load {common.load_average():.1f})",
+                            flush=True,
+                        )
                     print(f"\nresident memory: {resident_memory(dev, store, shape)}", flush=True)
                 finally:
                     traffic.stop()

@@ -13,18 +13,16 @@ measured figures and the per-day arithmetic for the engine's real cadence (`metr
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import common
 from sqlalchemy import Engine, text
 
-from mirus.local.stack import LocalStack, free_port
-from mirus_dagster.settings import PlatformSettings
 from replicator.engine.metrics import TopicCounters
-from replicator.state.database import make_engine, upgrade
+from replicator.state.database import upgrade
 from replicator.state.records import MetricInterval, MetricRow
 from replicator.state.store import Store
 from reports.lake import HOUR, export_hour, hour_floor, prune
@@ -124,27 +122,8 @@ def main() -> None:
     parser.add_argument("--every-s", type=int, default=600)
     parser.add_argument("--retention-hours", type=float, default=3.0)
     args = parser.parse_args()
-    url = os.environ.get("MIRUS_DATABASE_URL")
-    local = None
-    if url is None:
-        # "External" clusters that are never contacted: only the embedded Postgres starts.
-        settings = PlatformSettings.from_env().model_copy(
-            update={
-                "state_dir": Path(tempfile.mkdtemp(prefix="mirus-growth-")),
-                "postgres_port": free_port(),
-                "source_bootstrap_servers": "unused:9092",
-                "destination_bootstrap_servers": "unused:9092",
-            }
-        )
-        local = LocalStack(settings)
-        url = local.up().database_url
-    engine = make_engine(url)
-    try:
-        run(engine, args.partitions, args.hours, args.every_s, args.retention_hours)
-    finally:
-        engine.dispose()
-        if local is not None:
-            local.down()
+    with common.platform_database() as store:
+        run(store.engine, args.partitions, args.hours, args.every_s, args.retention_hours)
 
 
 if __name__ == "__main__":

@@ -18,24 +18,18 @@ CPU is this process's (librdkafka's threads included), from getrusage.
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 from statistics import median
 
-import apache_kafka as kit  # puts the project on the path
+import apache_kafka as kit
+import common
 from apache_kafka import DESTINATION, SOURCE
 from confluent_kafka import Producer
 
-# isort: split
 from replicator.configuration.connector import validate_submission
 from replicator.engine import producers
 
 VALUE = b"x" * 100
-
-
-def cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def layout(
@@ -69,19 +63,19 @@ def unacknowledged(made: list[Producer]) -> int:
 
 
 def burst(targets: list[tuple[str, int]], made: list[Producer], routes: list[Producer]) -> tuple[float, float]:
-    started, cpu = time.monotonic(), cpu_s()
+    started, cpu = time.monotonic(), common.own_cpu_s()
     for (topic, partition), producer in zip(targets, routes, strict=True):
         producer.produce(topic, VALUE, None, partition)
     while unacknowledged(made):
         for producer in made:
             producer.poll(0.005)
-    return time.monotonic() - started, cpu_s() - cpu
+    return time.monotonic() - started, common.own_cpu_s() - cpu
 
 
 def at_rate(
     targets: list[tuple[str, int]], made: list[Producer], routes: list[Producer], rate: int, seconds: float = 10.0
 ) -> tuple[float, int]:
-    started, cpu, sent = time.monotonic(), cpu_s(), 0
+    started, cpu, sent = time.monotonic(), common.own_cpu_s(), 0
     while (elapsed := time.monotonic() - started) < seconds:
         while sent < int(elapsed * rate):
             i = sent % len(targets)
@@ -90,7 +84,7 @@ def at_rate(
         for producer in made:
             producer.poll(0)
         time.sleep(max(sent / rate - (time.monotonic() - started), 0) + 0.005)
-    share, left = (cpu_s() - cpu) / (time.monotonic() - started), unacknowledged(made)
+    share, left = (common.own_cpu_s() - cpu) / (time.monotonic() - started), unacknowledged(made)
     while unacknowledged(made):
         for producer in made:
             producer.poll(0.05)

@@ -18,6 +18,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import common  # noqa: F401  (this checkout's code first on the path)
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq

@@ -29,15 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from uuid import uuid4
 
-import apache_kafka as kit  # puts the project on the path
+import apache_kafka as kit
+import common
 from apache_kafka import DESTINATION, SOURCE
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
 
-# isort: split
 from mirus.waiting import wait_until
-from replicator.clusters import log_offsets
-from replicator.configuration.connector import validate_submission
 from replicator.state.store import Store
 
 SETTINGS = {"default": False, "resume.after.destination.copies": True}
@@ -56,26 +53,13 @@ class Kill:
     lookup_s: float | None
 
 
-ADMINS = {bootstrap: AdminClient({"bootstrap.servers": bootstrap}) for bootstrap in (SOURCE, DESTINATION)}
-
-
 def ends(bootstrap: str, topic: str, partitions: int) -> int:
-    return sum(log_offsets(ADMINS[bootstrap], [(topic, p) for p in range(partitions)], latest=True).values())
-
-
-def committed(store: Store, connector: str) -> int:
-    return sum(store.load_offsets(connector).values())
+    return common.end_offsets(bootstrap, [topic], partitions)[topic]
 
 
 def start_task(url: str, connector: str, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("w") as out:
-        return subprocess.Popen(
-            [*kit.MIRUS, "task", "run", connector, "0"],
-            env={**os.environ, "MIRUS_DATABASE_URL": url},
-            stdout=out,
-            stderr=out,
-            cwd=kit.ROOT,
-        )
+    env = {**os.environ, "MIRUS_DATABASE_URL": url}
+    return common.start_process(common.task_argv(connector), env, log=log, cwd=common.ROOT)
 
 
 def steady_load(topic: str, partitions: int, rate: int, seconds: float) -> threading.Thread:
@@ -97,25 +81,16 @@ def steady_load(topic: str, partitions: int, rate: int, seconds: float) -> threa
 def one_kill(store: Store, url: str, setting: str, scenario: str, args: argparse.Namespace, work: Path) -> Kill:
     name = f"resend-{scenario}-{uuid4().hex[:8]}"
     for bootstrap in (SOURCE, DESTINATION):
-        kit.create_topic(bootstrap, name, args.partitions)
-    config = validate_submission(
-        {
-            "name": name,
-            "consumer.bootstrap.servers": SOURCE,
-            "destination.consumer.bootstrap.servers": DESTINATION,
-            "topics.whitelist": name,
-            "tasks.max": 1,
-            "resume.after.destination.copies": SETTINGS[setting],
-        }
+        common.create_topic(bootstrap, name, args.partitions)
+    kit.put_engine_connector(
+        store, name, name, "", args.partitions, 1, **{"resume.after.destination.copies": str(SETTINGS[setting]).lower()}
     )
-    store.put_connector(name, config.raw, 1)
-    store.write_assignment(name, {0: [(name, p) for p in range(args.partitions)]})
     load = None
     if scenario == "catch-up":
         kit.load(SOURCE, name, args.backlog, args.partitions, 100)
         first = start_task(url, name, work / f"{name}-first.log")
         wait_until(
-            lambda: committed(store, name) > 0 and ends(DESTINATION, name, args.partitions) >= args.backlog // 2,
+            lambda: common.committed(store, name) > 0 and ends(DESTINATION, name, args.partitions) >= args.backlog // 2,
             timeout=300,
             interval=0.01,
         )
@@ -125,12 +100,12 @@ def one_kill(store: Store, url: str, setting: str, scenario: str, args: argparse
         time.sleep(10)  # the kill lands at a moment of the load's choosing, not at a condition
     first.send_signal(signal.SIGKILL)
     first.wait(30)
-    uncommitted = ends(DESTINATION, name, args.partitions) - committed(store, name)
+    uncommitted = ends(DESTINATION, name, args.partitions) - common.committed(store, name)
     second = start_task(url, name, work / f"{name}-second.log")
     if load is not None:
         load.join()
     total = ends(SOURCE, name, args.partitions)
-    wait_until(lambda: committed(store, name) >= total, timeout=600, interval=0.2)
+    wait_until(lambda: common.committed(store, name) >= total, timeout=600, interval=0.2)
     second.send_signal(signal.SIGINT)
     second.wait(60)
     events = (work / f"{name}-second.log").read_text()
@@ -156,7 +131,7 @@ def main() -> None:
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"resend-{uuid4().hex[:6]}"
     work.mkdir(parents=True)
     kills: list[Kill] = []
-    with kit.platform_database() as store:
+    with common.platform_database() as store:
         url = store.engine.url.render_as_string(hide_password=False).replace("+psycopg2", "")
         print(f"{'setting':<34} {'scenario':<9} {'uncommitted':>11} {'re-sent':>8} {'counted':>8} {'look-up s':>9}")
         for _ in range(args.rounds):

@@ -15,18 +15,14 @@ embedded Postgres on free ports.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
+import common
 from sqlalchemy import Engine, text
 
 from mirus.api.metrics import StoreCollector
-from mirus.local.stack import LocalStack, free_port
-from mirus_dagster.settings import PlatformSettings
-from replicator.state.database import make_engine, upgrade
+from replicator.state.database import upgrade
 from replicator.state.store import Store
 
 CONNECTOR = "scrape-bench"
@@ -49,7 +45,7 @@ HISTOGRAM = (
 )
 
 
-def fill(engine: Engine, partitions: int, every_s: int, from_s: int, to_s: int) -> None:
+def fill_samples(engine: Engine, partitions: int, every_s: int, from_s: int, to_s: int) -> None:
     """Samples for intervals ending `to_s` .. `from_s` seconds ago (exclusive), and the totals and lags for them."""
     per_topic = partitions // TOPICS
     with engine.begin() as conn:
@@ -124,7 +120,7 @@ def run(engine: Engine, partitions: int, every_s: int, hours: list[float], round
     print(f"{'hours kept':>10} {'samples':>12} {'scrape now (ms)':>16} {'previous queries (ms)':>22}")
     filled_s = 0
     for h in hours:
-        fill(engine, partitions, every_s, int(h * 3600), filled_s)
+        fill_samples(engine, partitions, every_s, int(h * 3600), filled_s)
         filled_s = int(h * 3600)
         with engine.connect() as conn:
             samples = conn.execute(text("SELECT count(*) FROM metric_samples")).scalar_one()
@@ -151,22 +147,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     hours = [float(h) for h in args.hours.split(",")]
-    if url := os.environ.get("MIRUS_DATABASE_URL"):
-        run(make_engine(url), args.partitions, args.every_s, hours, args.rounds)
-        return
-    with tempfile.TemporaryDirectory(prefix="mirus-scrape-") as state:
-        settings = PlatformSettings(
-            state_dir=Path(state),
-            postgres_port=free_port(),
-            source_bootstrap_servers="unused:1",
-            destination_bootstrap_servers="unused:2",
-        )
-        local = LocalStack(settings)
-        endpoints = local.up()
-        try:
-            run(make_engine(endpoints.database_url), args.partitions, args.every_s, hours, args.rounds)
-        finally:
-            local.down()
+    with common.platform_database() as store:
+        run(store.engine, args.partitions, args.every_s, hours, args.rounds)
 
 
 if __name__ == "__main__":

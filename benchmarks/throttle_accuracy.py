@@ -16,26 +16,22 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
+import apache_kafka as kit
+import common
+import psutil
 from confluent_kafka import Consumer, Producer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mirus.faults.brokers import KafkaKit
-from mirus.local.stack import free_port
+from replicator.state.store import Store
 
 WARM_UP_S = 3.0
 WINDOW_S = 10.0
 PARTITIONS = 4
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 stop_writing = threading.Event()
@@ -54,11 +50,6 @@ def write_paced(bootstrap: str, topic: str, case: Case, records: int) -> None:
     producer.flush(30)
 
 
-def process_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
-
-
 @dataclass
 class Case:
     name: str
@@ -73,31 +64,32 @@ class Case:
         return self.records_per_s or self.bytes_per_s / self.size
 
 
-def run_case(ak: ModuleType, store: Any, case: Case, seconds: float, env: dict[str, str]) -> None:
+def run_case(store: Store, source: str, destination: str, case: Case, seconds: float, env: dict[str, str]) -> None:
     topic = f"throttle-{case.name}-{os.getpid()}"
     backlog = int((case.limit or case.live_per_s or 50_000) * (seconds + WARM_UP_S + 10))
-    ak.create_topic(ak.SOURCE, topic, PARTITIONS)
-    ak.create_topic(ak.DESTINATION, topic, PARTITIONS)
+    common.create_topic(source, topic, PARTITIONS)
+    common.create_topic(destination, topic, PARTITIONS)
     writer = None
     if case.live_per_s:
-        writer = threading.Thread(target=write_paced, args=(ak.SOURCE, topic, case, backlog), daemon=True)
+        writer = threading.Thread(target=write_paced, args=(source, topic, case, backlog), daemon=True)
         writer.start()
     else:
-        ak.load(ak.SOURCE, topic, backlog, PARTITIONS, case.size)
+        kit.load(source, topic, backlog, PARTITIONS, case.size)
     throttle = {
         "replication.throttle.records.per.second": case.records_per_s,
         "replication.throttle.bytes.per.second": case.bytes_per_s,
     }
-    ak.put_engine_connector(store, topic, topic, "", PARTITIONS, 1, **throttle)
-    counter = Consumer({"bootstrap.servers": ak.DESTINATION, "group.id": "bench-throttle"})
-    process = ak.start_process(ak.engine_argv(topic, 1)[0], env)
+    kit.put_engine_connector(store, topic, topic, "", PARTITIONS, 1, source=source, destination=destination, **throttle)
+    counter = Consumer({"bootstrap.servers": destination, "group.id": "bench-throttle"})
+    process = common.start_process(common.task_argv(topic), env)
+    task = psutil.Process(process.pid)
     samples: list[tuple[float, int, float]] = []  # (time, records at the destination, task CPU seconds)
     try:
         started = None
         deadline = time.monotonic() + 120
         while True:
-            now, count = time.monotonic(), ak.destination_count(counter, topic, PARTITIONS)
-            samples.append((now, count, process_cpu_s(process.pid)))
+            now, count = time.monotonic(), common.records_in(counter, topic, PARTITIONS)
+            samples.append((now, count, common.cpu_s([task])))
             if started is None and count > 0:
                 started = now
             if started is not None and (now - started >= seconds + WARM_UP_S or count >= backlog):
@@ -137,28 +129,19 @@ def main() -> None:
     parser.add_argument("--records-rate", type=int, default=20_000)
     parser.add_argument("--bytes-rate", type=int, default=5_000_000)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="mirus-throttle-") as work:
-        kit = KafkaKit(Path(work), free_port())
-        try:
-            kit.start_zookeeper()
-            for name in ("source", "destination"):
-                kit.broker(name, free_port(), None, free_port()).start()
-            source, destination = kit.brokers
-            os.environ["MIRUS_SOURCE_BOOTSTRAP_SERVERS"] = source.bootstrap
-            os.environ["MIRUS_DESTINATION_BOOTSTRAP_SERVERS"] = destination.bootstrap
-            import apache_kafka  # reads the clusters from the environment set just above
-
-            with apache_kafka.platform_database() as store:
-                env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
-                for case in (
-                    Case("records", 100, records_per_s=args.records_rate),
-                    Case("bytes", 1000, bytes_per_s=args.bytes_rate),
-                    Case("unthrottled-live", 100, live_per_s=args.records_rate),
-                    Case("unthrottled", 100),
-                ):
-                    run_case(apache_kafka, store, case, args.seconds, env)
-        finally:
-            kit.stop()
+    with (
+        tempfile.TemporaryDirectory(prefix="mirus-throttle-") as work,
+        kit.private_clusters(Path(work)) as (_, source, destination),
+        common.platform_database() as store,
+    ):
+        env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
+        for case in (
+            Case("records", 100, records_per_s=args.records_rate),
+            Case("bytes", 1000, bytes_per_s=args.bytes_rate),
+            Case("unthrottled-live", 100, live_per_s=args.records_rate),
+            Case("unthrottled", 100),
+        ):
+            run_case(store, source, destination, case, args.seconds, env)
 
 
 if __name__ == "__main__":

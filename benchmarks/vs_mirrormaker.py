@@ -16,8 +16,10 @@ import signal
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 import apache_kafka as kit
+import common
 from apache_kafka import DESTINATION, SOURCE, Run
 
 
@@ -64,9 +66,9 @@ def main() -> None:
     checkouts = {Path(b).name: b for b in (args.baseline or "").split(",") if b}
     n, parts = args.records, args.partitions
     runs: dict[str, list[Run]] = {c: [] for c in copiers}
-    with kit.platform_database() as store, contextlib.ExitStack() as stack:
+    with common.platform_database() as store, contextlib.ExitStack() as stack:
         for _ in range(args.busy):
-            spinner = kit.start_process([sys.executable, "-c", "while True: pass"], os.environ.copy())
+            spinner = common.start_process([sys.executable, "-c", "while True: pass"], os.environ.copy())
             stack.callback(spinner.kill)
         # Each checkout's engine runs on a database of its own, at that checkout's schema.
         baseline_urls = {path: stack.enter_context(kit.baseline_database(n)) for n, path in checkouts.items()}
@@ -100,12 +102,12 @@ def main() -> None:
                         argvs = kit.baseline_argvs(checkout, argvs, baseline_urls[checkout])
                     else:
                         kit.put_engine_connector(store, name, topic, target.removeprefix(topic), parts, tasks, **extra)
-                kit.create_topic(DESTINATION, target, parts)
+                common.create_topic(DESTINATION, target, parts)
                 targets.append(target)
                 # Exactly-once: commit markers count in high watermarks; its copies are all there (visible to
                 # read_committed readers) once Postgres holds every offset, which follows the transaction commit.
                 by_commits = copier.startswith("engine") and (args.until == "committed" or "eos" in copier)
-                committed = (lambda c=name: sum(store.load_offsets(c).values())) if by_commits else None
+                committed = (lambda c=name: common.committed(store, c)) if by_commits else None
                 run = kit.timed_copy(copier, argvs, target, parts, n, env, stop, copied=committed)
                 runs[copier].append(run)
                 print(
@@ -113,16 +115,16 @@ def main() -> None:
                     f"(load average {run.load:.2f})",
                     flush=True,
                 )
-            kit.delete_topics(DESTINATION, targets)
-            kit.delete_topics(SOURCE, [topic])
+            common.delete_topics(DESTINATION, targets)
+            common.delete_topics(SOURCE, [topic])
 
     print(f"\n{n:,} records x 100 B over {parts} partitions; median of {args.rounds} alternating runs")
     print(f"{'copier':<24}{'wall s':>8}{'CPU-s':>8}{'records/s':>12}{'wall/MM1':>10}{'CPU/MM1':>9}  load avg")
     mm = runs.get("mirrormaker")
-    mm_wall = kit.median([x.wall_s for x in mm]) if mm else None
-    mm_cpu = kit.median([x.cpu_s for x in mm]) if mm else None
+    mm_wall = median([x.wall_s for x in mm]) if mm else None
+    mm_cpu = median([x.cpu_s for x in mm]) if mm else None
     for copier, rs in runs.items():
-        wall, cpu = kit.median([x.wall_s for x in rs]), kit.median([x.cpu_s for x in rs])
+        wall, cpu = median([x.wall_s for x in rs]), median([x.cpu_s for x in rs])
         ratios = f"{wall / mm_wall:>10.2f}{cpu / mm_cpu:>9.2f}" if mm_wall and mm_cpu else f"{'':>19}"
         loads = "/".join(f"{x.load:.1f}" for x in rs)
         print(f"{copier:<24}{wall:>8.2f}{cpu:>8.2f}{n / wall:>12,.0f}{ratios}  {loads}")

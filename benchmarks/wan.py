@@ -35,6 +35,7 @@ import resource
 import shutil
 import signal
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -46,14 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import apache_kafka as kit
+import common
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from mirus.faults.brokers import BrokerProcess, KafkaKit
 from mirus.faults.proxy import TcpProxy
-from mirus.local.stack import free_port
-from mirus.waiting import wait_until
 from replicator.configuration.connector import validate_submission
-from replicator.state.store import Store
 
 # The engine with one producer setting changed (connector properties, as an operator would set them). The engine's
 # defaults: batch.size 1 MiB, linger.ms 5, compression none, and at most 5 requests in flight per connection (the
@@ -78,12 +77,9 @@ LOAD_LIMIT = 3.0  # 1-minute load average above which the machine is too busy to
 
 
 @dataclass
-class Run:
-    copier: str
-    records: int
-    wall_s: float
-    cpu_s: float
-    load: float  # 1-minute load average when the run started
+class LinkRun(kit.Run):
+    """A copier's run, and what crossed the link meanwhile."""
+
     wire_to: int  # bytes the proxy forwarded to the destination during the run
     wire_from: int  # and back
     proxy_cpu_s: float
@@ -93,7 +89,7 @@ class Run:
 class Sizes:
     value_bytes: int
     records: int
-    runs: dict[str, list[Run]] = field(default_factory=dict)
+    runs: dict[str, list[LinkRun]] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)  # copier -> why it could not run
 
 
@@ -161,14 +157,14 @@ class Clusters:
 @contextmanager
 def clusters(work: Path, delay_ms: float) -> Iterator[Clusters]:
     with ExitStack() as stack:
-        target, proxy_port, internal = free_port(), free_port(), free_port()
+        target, proxy_port, internal = common.free_port(), common.free_port(), common.free_port()
         # The proxy first, so that the port the destination advertises is held before the broker starts.
         proxy = ProxyProcess(target, proxy_port, delay_ms)
         stack.callback(proxy.close)
-        kafka = KafkaKit(work / "kafka", free_port())
+        kafka = KafkaKit(work / "kafka", common.free_port())
         stack.callback(kafka.stop)
         kafka.start_zookeeper()
-        source: BrokerProcess = kafka.broker("source", free_port(), None, free_port())
+        source: BrokerProcess = kafka.broker("source", common.free_port(), None, common.free_port())
         destination = kafka.broker("destination", target, proxy_port, internal)
         source.start()
         destination.start()
@@ -189,7 +185,7 @@ def round_trip_ms(address: str, samples: int = 9) -> float:
             size = struct.unpack(">i", _read(sock, 4))[0]
             _read(sock, size)
             times.append((time.perf_counter() - start) * 1000)
-    return kit.median(times)
+    return statistics.median(times)
 
 
 def _read(sock: socket.socket, n: int) -> bytes:
@@ -232,29 +228,6 @@ def payloads(size: int, count: int = 65_536, seed: int = 7) -> list[bytes]:
     return out
 
 
-def preload(bootstrap: str, topic: str, records: int, partitions: int, size: int) -> None:
-    kit.create_topic(bootstrap, topic, partitions)
-    pool = payloads(size)
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 20,
-            "batch.size": 1_000_000,
-            "queue.buffering.max.messages": 500_000,
-        }
-    )
-    produce = producer.produce
-    for i in range(records):
-        while True:
-            try:
-                produce(topic, pool[i % len(pool)], partition=i % partitions)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    if producer.flush(120):
-        raise RuntimeError(f"preload of {topic} not acknowledged")
-
-
 def codec_refusal(proxy: ProxyProcess, topic: str, codec: str) -> str | None:
     """None if a producer asking for `codec` compresses what crosses the link, else why not. Apache Kafka 1.0 has
     no zstd (it came with 2.1): librdkafka then sends those batches uncompressed, with no error, so only the bytes
@@ -285,51 +258,7 @@ def codec_refusal(proxy: ProxyProcess, topic: str, codec: str) -> str | None:
 # -- the copiers ------------------------------------------------------------------------------------------------
 
 
-def mirrormaker_argv(home: Path, work: Path, source: str, destination: str, topic: str) -> list[str]:
-    """The kit's `mirrormaker.sh`, with this benchmark's addresses: the same settings, the same JVM options."""
-    consumer, producer = work / f"mm-consumer-{topic}.properties", work / f"mm-producer-{topic}.properties"
-    group = f"mm-{random.randrange(10**9)}"
-    consumer.write_text(f"bootstrap.servers={source}\ngroup.id={group}\nauto.offset.reset=earliest\n")
-    producer.write_text(f"bootstrap.servers={destination}\nacks=1\nlinger.ms=5\nbatch.size=65536\n")
-    return [
-        "java",
-        "-Xmx1g",
-        f"-Dlog4j.configuration=file:{home / 'config' / 'tools-log4j.properties'}",
-        "-cp",
-        f"{home / 'libs'}/*",
-        "kafka.tools.MirrorMaker",
-        "--consumer.config",
-        str(consumer),
-        "--producer.config",
-        str(producer),
-        "--num.streams",
-        "2",
-        "--whitelist",
-        topic,
-    ]
-
-
-def put_engine_connector(
-    store: Store, name: str, source: str, destination: str, topic: str, suffix: str, partitions: int, **extra: str
-) -> None:
-    """One task, default settings but `extra`, copying `topic` to `topic + suffix` (as `apache_kafka.py`, with
-    this benchmark's clusters)."""
-    config = validate_submission(
-        {
-            "name": name,
-            "consumer.bootstrap.servers": source,
-            "destination.consumer.bootstrap.servers": destination,
-            "topics.whitelist": topic,
-            "destination.topic.name.suffix": suffix,
-            "tasks.max": 1,
-            **extra,
-        }
-    )
-    store.put_connector(name, config.raw, 1)
-    store.write_assignment(name, {0: [(topic, p) for p in range(partitions)]})
-
-
-def timed_copy(
+def timed_copy_over_link(
     copier: str,
     argv: list[str],
     env: dict[str, str],
@@ -341,57 +270,29 @@ def timed_copy(
     records: int,
     proxy: ProxyProcess,
     timeout_s: float,
-) -> Run:
-    """Run one copier process until `target` holds `records`; its CPU by wait4, the proxy's bytes and CPU by
-    difference."""
-    load = os.getloadavg()[0]
+) -> LinkRun:
+    """`apache_kafka.timed_copy` of one copier process, counted at the destination's direct listener, with the
+    proxy's bytes and CPU over the run."""
     before = proxy.stats()
-    with open(log, "ab") as out:
-        start = time.perf_counter()
-        proc = subprocess.Popen(
-            argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-        )
-
-    def copied_all() -> bool:
-        if kit.destination_count(counter, target, partitions) >= records:
-            return True
-        if proc.poll() is not None:
-            raise RuntimeError(f"{copier} exited with {proc.returncode} (see {log})")
-        return False
-
-    try:
-        wait_until(copied_all, timeout_s, 0.02, f"{copier}: all {records} records at {target}")
-        wall = time.perf_counter() - start
-    finally:
-        usage = stop_and_reap(proc, stop)
-    after = proxy.stats()
-    return Run(
+    run = kit.timed_copy(
         copier,
+        [argv],
+        target,
+        partitions,
         records,
-        wall,
-        usage.ru_utime + usage.ru_stime,
-        load,
-        int(after["to"] - before["to"]),
-        int(after["from"] - before["from"]),
-        after["cpu"] - before["cpu"],
+        env,
+        stop,
+        timeout_s,
+        copied=lambda: common.records_in(counter, target, partitions),
+        log=log,
     )
-
-
-def stop_and_reap(proc: subprocess.Popen[bytes], stop: int, grace_s: float = 60.0) -> resource.struct_rusage:
-    """Stop the copier (its clean shutdown: flush and commit) and return its resource usage; killed if it has not
-    ended after `grace_s` (a copier stuck on a link must not stall the benchmark)."""
-    if proc.poll() is None:
-        proc.send_signal(stop)
-    deadline = time.monotonic() + grace_s
-    while True:
-        pid, _status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            proc.returncode = 0  # reaped here; keep Popen from waiting again
-            return usage
-        if time.monotonic() > deadline:
-            proc.kill()
-            deadline = float("inf")
-        time.sleep(0.05)
+    after = proxy.stats()
+    return LinkRun(
+        **vars(run),
+        wire_to=int(after["to"] - before["to"]),
+        wire_from=int(after["from"] - before["from"]),
+        proxy_cpu_s=after["cpu"] - before["cpu"],
+    )
 
 
 # -- measuring --------------------------------------------------------------------------------------------------
@@ -421,15 +322,15 @@ def report(s: Sizes, partitions: int, delay_ms: float, rounds: int) -> float | N
         f"{'MB to dest':>11}{'B/rec':>7}{'proxy CPU-s':>12}  load avg"
     )
     mm = s.runs.get("mirrormaker")
-    mm_rate = s.records / kit.median([r.wall_s for r in mm]) if mm else None
+    mm_rate = s.records / statistics.median([r.wall_s for r in mm]) if mm else None
     ratio = None
     for copier, runs in s.runs.items():
         if not runs:
             continue
-        wall = kit.median([r.wall_s for r in runs])
-        cpu = kit.median([r.cpu_s for r in runs])
-        wire = kit.median([r.wire_to for r in runs])
-        proxy_cpu = kit.median([r.proxy_cpu_s for r in runs])
+        wall = statistics.median([r.wall_s for r in runs])
+        cpu = statistics.median([r.cpu_s for r in runs])
+        wire = statistics.median([r.wire_to for r in runs])
+        proxy_cpu = statistics.median([r.proxy_cpu_s for r in runs])
         rate = s.records / wall
         times = f"{rate / mm_rate:>7.2f}" if mm_rate else f"{'':>7}"
         if copier == "engine" and mm_rate:
@@ -466,7 +367,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="mirus-wan-"))
     try:
-        with clusters(work, args.delay_ms) as c, kit.platform_database() as store:
+        with clusters(work, args.delay_ms) as c, common.platform_database() as store:
             print(
                 f"source {c.source}; destination {c.destination} through the proxy "
                 f"({args.delay_ms:g} ms each way), {c.destination_direct} directly"
@@ -485,13 +386,14 @@ def main() -> None:
             ).producer_settings(0)
             shown = ("batch.size", "linger.ms", "compression.type", "enable.idempotence", "acks")
             print("engine producer defaults: " + ", ".join(f"{k}={defaults.get(k)}" for k in shown))
-            kit.create_topic(c.destination_direct, "wan-probe", 1)
+            common.create_topic(c.destination_direct, "wan-probe", 1)
             for copier in copiers:
                 codec = VARIANTS.get(copier, {}).get("producer.compression.type")
                 if codec not in (None, "none") and (why := codec_refusal(c.proxy, "wan-probe", codec)):
                     for s in sizes:
                         s.refused[copier] = why
             env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
+            cluster_pair = {"source": c.source, "destination": c.destination}
             counter = Consumer({"bootstrap.servers": c.destination_direct, "group.id": "wan-counter"})
             wait_for_quiet(LOAD_LIMIT, 60, args.max_wait_min * 60)
             deleted_at = 0.0
@@ -499,7 +401,7 @@ def main() -> None:
                 for s in sizes:
                     runnable = [x for x in copiers if x not in s.refused]
                     topic = f"wan-{s.value_bytes}-{int(time.time())}-{r}"
-                    preload(c.source, topic, s.records, parts, s.value_bytes)
+                    kit.preload(topic, s.records, parts, s.value_bytes, c.source, payloads(s.value_bytes))
                     # The brokers delete a deleted topic's files a minute later (Kafka's file.delete.delay.ms): not
                     # while a copier is measured.
                     time.sleep(max(0.0, deleted_at + FILE_DELETE_DELAY_S - time.monotonic()))
@@ -513,21 +415,21 @@ def main() -> None:
                     for copier in order:
                         if copier == "mirrormaker":
                             target, stop = topic, signal.SIGTERM  # MirrorMaker 1.0 keeps the topic's name
-                            argv = mirrormaker_argv(c.home, work, c.source, c.destination, topic)
+                            argv = kit.mirrormaker_argv(topic, c.source, c.destination, c.home, work)[0]
                         else:
                             name, target, stop = f"{topic}-{copier}", f"{topic}.{copier}", signal.SIGINT
-                            put_engine_connector(
-                                store, name, c.source, c.destination, topic, f".{copier}", parts, **VARIANTS[copier]
+                            kit.put_engine_connector(
+                                store, name, topic, f".{copier}", parts, 1, **VARIANTS[copier], **cluster_pair
                             )
-                            argv = kit.engine_argv(name, 1)[0]
-                        kit.create_topic(c.destination_direct, target, parts)
+                            argv = common.task_argv(name)
+                        common.create_topic(c.destination_direct, target, parts)
                         targets.append(target)
                         log = work / f"{copier}.log"
                         # Every run starts with nothing left to write back to disk from the preload or the run
                         # before: that writeback costs CPU, which the engine (CPU-bound here) feels and MirrorMaker
                         # (bound by its one request in flight) hardly does.
                         os.sync()
-                        run = timed_copy(
+                        run = timed_copy_over_link(
                             copier, argv, env, stop, log, counter, target, parts, s.records, c.proxy, args.timeout_s
                         )
                         s.runs.setdefault(copier, []).append(run)
@@ -538,8 +440,8 @@ def main() -> None:
                             f"(load average {run.load:.2f})",
                             flush=True,
                         )
-                    kit.delete_topics(c.destination_direct, targets)
-                    kit.delete_topics(c.source, [topic])
+                    common.delete_topics(c.destination_direct, targets)
+                    common.delete_topics(c.source, [topic])
                     deleted_at = time.monotonic()
             counter.close()
     finally:

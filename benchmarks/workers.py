@@ -22,25 +22,23 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
-import apache_kafka as kit  # puts the project on the path
+import apache_kafka as kit
+import common
 import psutil
 from apache_kafka import DESTINATION, SOURCE
-from confluent_kafka import Consumer, Producer, TopicPartition
-from sqlalchemy import text
+from confluent_kafka import Producer
+from sqlalchemy import Engine, text
 
-# isort: split
 from mirus.waiting import wait_until
-from replicator.state.database import make_engine, upgrade
+from replicator.state.database import make_engine
 from replicator.state.store import Store
 
 IDLE_AFTER_S = 10.0
@@ -60,21 +58,6 @@ class Figures:
     handed_over: int
 
 
-def dagster_run(job: str, config: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """The process a run launcher starts for a run of `job`, as `dagster job execute` of the code location."""
-    path = log.with_suffix(".yaml")
-    path.write_text(config)
-    # A Dagster home of its own (an empty one: the default storage in it), not a temporary one in the working directory.
-    home = log.with_suffix(".home")
-    home.mkdir()
-    env = {**env, "DAGSTER_HOME": str(home)}
-    argv = [sys.executable, "-m", "dagster", "job", "execute", "-m", "mirus_dagster.definitions", "-j", job]
-    with log.open("w") as out:
-        return subprocess.Popen(
-            [*argv, "-c", str(path)], env=env, stdout=out, stderr=out, cwd=kit.ROOT, start_new_session=True
-        )
-
-
 def task_config(connector: str) -> str:
     return f"ops:\n  replicate:\n    config:\n      connector: {connector!r}\n      task_id: 0\n"
 
@@ -83,126 +66,80 @@ def worker_config(worker: int, workers: int) -> str:
     return f"ops:\n  host_tasks:\n    config:\n      worker: {worker}\n      workers: {workers}\n"
 
 
-def memory(procs: list[psutil.Process]) -> tuple[float, float]:
-    rss = pss = 0.0
-    for proc in procs:
-        with suppress(psutil.NoSuchProcess):
-            for p in [proc, *proc.children(recursive=True)]:
-                info = p.memory_full_info()
-                rss, pss = rss + info.rss, pss + info.pss
-    return rss / 2**20, pss / 2**20
-
-
-def cpu(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for proc in procs:
-        with suppress(psutil.NoSuchProcess):
-            for p in [proc, *proc.children(recursive=True)]:
-                total += sum(p.cpu_times()[:2])
-    return total
-
-
-def committed(store: Store, connector: str) -> int:
-    return sum(store.load_offsets(connector).values())
-
-
-def source_ends(topics: list[str], partitions: int) -> dict[str, int]:
-    """Each topic's records in all (the sum of its high watermarks; Apache Kafka's are exact)."""
-    consumer = Consumer({"bootstrap.servers": SOURCE, "group.id": "bench-workers"})
-    try:
-        return {
-            t: sum(consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1] for p in range(partitions))
-            for t in topics
-        }
-    finally:
-        consumer.close()
-
-
-@contextmanager
-def fresh_database(admin_url: str, name: str) -> Iterator[tuple[Store, str]]:
-    admin = make_engine(admin_url).execution_options(isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = admin_url.rsplit("/", 1)[0] + f"/{name}"
-    engine = make_engine(url, pool_size=1, max_overflow=0)
-    upgrade(engine)
-    try:
-        yield Store(engine), url
-    finally:
-        engine.dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-def measure(layout: str, admin_url: str, names: list[str], partitions: int, workers: int, tag: str) -> Figures:
-    with fresh_database(admin_url, f"bench_workers_{tag}") as (store, url):
-        for name in names:
-            kit.put_engine_connector(store, name, name, "", partitions, 1)
-        ends = source_ends(names, partitions)  # the first layout's takeover left a record more in some topics
-        env = {**os.environ, "MIRUS_DATABASE_URL": url}
-        logs = Path(tempfile.mkdtemp(prefix=f"bench-workers-{tag}-"))
-        started = time.monotonic()
-        if layout == "runs":
-            popens = [
-                dagster_run("replicator", task_config(n), env, logs / f"{n}-{copy}.log")
-                for n in names
-                for copy in (0, 1)
-            ]
-        else:
-            popens = [
-                dagster_run("replicator_worker", worker_config(w, workers), env, logs / f"worker-{w}.log")
-                for w in range(workers)
-            ]
-        procs = [psutil.Process(p.pid) for p in popens]
+def measure(layout: str, server: Engine, names: list[str], partitions: int, workers: int, tag: str) -> Figures:
+    with common.fresh_database(server, f"bench_workers_{tag}") as url:
+        store = Store(make_engine(url, pool_size=1, max_overflow=0))
         try:
-            wait_until(
-                lambda: all(committed(store, n) == ends[n] for n in names),
-                timeout=600,
-                interval=0.2,
-                what=f"{layout}: every partition committed (logs in {logs})",
-            )
-            start_s = time.monotonic() - started
-            time.sleep(IDLE_AFTER_S)  # a fixed wait on purpose: what is measured is the idle state after it
-            before = cpu(procs)
-            time.sleep(WINDOW_S)
-            idle_cpu_pct = (cpu(procs) - before) / WINDOW_S * 100
-            rss_mb, pss_mb = memory(procs)
-            with store.engine.connect() as conn:
-                connections = conn.scalar(
-                    text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
-                )
-            connections -= 1  # this query's own
-
-            # Takeover: kill the process owning the first connector's task; a record to each topic it owned.
-            owner = store.lease_of(names[0], 0)
-            assert owner is not None
-            pid = int(owner.owner.split(":")[1])
-            owned = [n for n in names if (lease := store.lease_of(n, 0)) and int(lease.owner.split(":")[1]) == pid]
-            os.kill(pid, signal.SIGKILL)
-            killed, killed_at = time.monotonic(), time.time()
-            producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 0})
-            for name in owned:
-                producer.produce(name, b"after the kill", partition=0)
-            producer.flush(30)
-            wait_until(
-                lambda: all(committed(store, n) == ends[n] + 1 for n in owned),
-                timeout=120,
-                interval=0.05,
-                what=f"{layout}: the standbys took over {len(owned)} task(s)",
-            )
-            takeover_s = time.monotonic() - killed
-            claims = sorted(store.lease_of(n, 0).claimed_at.timestamp() - killed_at for n in owned)
-            print(f"  {layout}: claimed {', '.join(f'{c:.2f}' for c in claims)} s after the kill", flush=True)
+            return measure_layout(layout, store, url, names, partitions, workers, tag)
         finally:
-            for p in popens:
-                with suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait(30)
-        return Figures(
-            layout, len(popens), start_s, rss_mb, pss_mb, idle_cpu_pct, int(connections), takeover_s, len(owned)
+            store.engine.dispose()
+
+
+def measure_layout(
+    layout: str, store: Store, url: str, names: list[str], partitions: int, workers: int, tag: str
+) -> Figures:
+    for name in names:
+        kit.put_engine_connector(store, name, name, "", partitions, 1)
+    # The first layout's takeover left a record more in some topics.
+    ends = common.end_offsets(SOURCE, names, partitions)
+    env = {**os.environ, "MIRUS_DATABASE_URL": url}
+    logs = Path(tempfile.mkdtemp(prefix=f"bench-workers-{tag}-"))
+    started = time.monotonic()
+    if layout == "runs":
+        popens = [
+            common.dagster_run("replicator", task_config(n), env, logs / f"{n}-{copy}.log")
+            for n in names
+            for copy in (0, 1)
+        ]
+    else:
+        popens = [
+            common.dagster_run("replicator_worker", worker_config(w, workers), env, logs / f"worker-{w}.log")
+            for w in range(workers)
+        ]
+    procs = [psutil.Process(p.pid) for p in popens]
+    try:
+        wait_until(
+            lambda: all(common.committed(store, n) == ends[n] for n in names),
+            timeout=600,
+            interval=0.2,
+            what=f"{layout}: every partition committed (logs in {logs})",
         )
+        start_s = time.monotonic() - started
+        time.sleep(IDLE_AFTER_S)  # a fixed wait on purpose: what is measured is the idle state after it
+        before = common.cpu_s(q for p in procs for q in common.tree(p))
+        time.sleep(WINDOW_S)
+        idle_cpu_pct = (common.cpu_s(q for p in procs for q in common.tree(p)) - before) / WINDOW_S * 100
+        rss_mb, pss_mb = common.memory_mib(q for p in procs for q in common.tree(p))
+        with store.engine.connect() as conn:
+            connections = conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"))
+        connections -= 1  # this query's own
+
+        # Takeover: kill the process owning the first connector's task; a record to each topic it owned.
+        owner = store.lease_of(names[0], 0)
+        assert owner is not None
+        pid = int(owner.owner.split(":")[1])
+        owned = [n for n in names if (lease := store.lease_of(n, 0)) and int(lease.owner.split(":")[1]) == pid]
+        os.kill(pid, signal.SIGKILL)
+        killed, killed_at = time.monotonic(), time.time()
+        producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 0})
+        for name in owned:
+            producer.produce(name, b"after the kill", partition=0)
+        producer.flush(30)
+        wait_until(
+            lambda: all(common.committed(store, n) == ends[n] + 1 for n in owned),
+            timeout=120,
+            interval=0.05,
+            what=f"{layout}: the standbys took over {len(owned)} task(s)",
+        )
+        takeover_s = time.monotonic() - killed
+        claims = sorted(store.lease_of(n, 0).claimed_at.timestamp() - killed_at for n in owned)
+        print(f"  {layout}: claimed {', '.join(f'{c:.2f}' for c in claims)} s after the kill", flush=True)
+    finally:
+        for p in popens:
+            with suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(30)
+    return Figures(layout, len(popens), start_s, rss_mb, pss_mb, idle_cpu_pct, int(connections), takeover_s, len(owned))
 
 
 def main() -> None:
@@ -215,23 +152,19 @@ def main() -> None:
     args = kit.parse_args(parser)
     results: list[Figures] = []
     names = [f"bench-workers-{os.getpid()}-{c}" for c in range(args.connectors)]
-    for name in names:
-        kit.create_topic(SOURCE, name, args.partitions)
-        kit.create_topic(DESTINATION, name, args.partitions)
-    producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 5})
-    for name in names:
-        for p in range(args.partitions):
-            producer.produce(name, b"x" * 100, partition=p)
-    producer.flush(60)
+    for bootstrap in (SOURCE, DESTINATION):
+        common.create_topics(bootstrap, dict.fromkeys(names, args.partitions))
+    kit.fill(names, args.partitions)
     try:
-        with kit.platform_database() as platform:
-            admin_url = platform.engine.url.render_as_string(hide_password=False)
+        with common.platform_database() as platform:
             for round_ in range(args.rounds):
                 # Each layout on a database of its own: it copies every topic from the start, the same work for both.
                 layouts = args.layouts.split(",")
                 order = layouts if round_ % 2 == 0 else layouts[::-1]
                 for layout in order:
-                    figures = measure(layout, admin_url, names, args.partitions, args.workers, f"{round_}_{layout}")
+                    figures = measure(
+                        layout, platform.engine, names, args.partitions, args.workers, f"{round_}_{layout}"
+                    )
                     results.append(figures)
                     print(
                         f"round {round_ + 1} {layout:8s} processes {figures.processes:3d}  start "
@@ -243,7 +176,7 @@ def main() -> None:
     finally:
         for bootstrap in (SOURCE, DESTINATION):
             try:
-                kit.delete_topics(bootstrap, names)
+                common.delete_topics(bootstrap, names)
             except Exception as exc:  # Kafka 1.0 can take minutes over thousands of partitions: say so, go on
                 print(f"deleting the topics on {bootstrap}: {exc}", file=sys.stderr)
     print(

@@ -108,7 +108,7 @@ def termination_as_a_stop() -> Iterator[Callable[[], bool]]:
 
     Dagster otherwise raises DagsterExecutionInterruptedError wherever the main thread is; one that lands while a
     pooled database connection is handed back loses that connection, and the task's final commit then waits for one
-    that never comes (seen: a process that did not end for 30 s)."""
+    that never comes, and the process does not end."""
     with capture_interrupts():
         yield check_captured_interrupt
         terminated = check_captured_interrupt()

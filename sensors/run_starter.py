@@ -4,8 +4,8 @@ tasks between them; and it keeps the `connectors` dynamic partitions and asset c
 
 Built by `build_run_starter` from what it launches (the replicator and watcher jobs) and the asset event it
 records, so that it imports neither `assets/` nor the jobs. Metadata is read by the watcher run
-(`replicator/discovery/watcher.py`), not here: a tick waits for the sensor daemon's 5 s loop, the watcher looks every
-second. A tick touches no Kafka cluster.
+(`replicator/discovery/watcher.py`), not here: a tick waits for the sensor daemon's 5 s loop, the watcher looks twice
+a second. A tick touches no Kafka cluster.
 """
 
 import time

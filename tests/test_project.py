@@ -78,6 +78,112 @@ def test_the_architecture_map_is_short_and_every_part_it_names_is_where_it_says(
     assert not unknown, f"classes and functions the map names that the code does not define: {unknown}"
 
 
+def test_the_maps_links_into_the_benchmarks_name_their_sections() -> None:
+    headings = re.findall(r"^#+ (.+)$", (ROOT / "benchmarks" / "README.md").read_text(), re.MULTILINE)
+    # The anchors GitHub gives headings: lower case, punctuation dropped, spaces as hyphens.
+    anchors = {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+    linked = set(re.findall(r"benchmarks/README\.md#([\w-]+)", ARCHITECTURE.read_text()))
+    assert linked, "the map links its figures to the benchmarks' sections"
+    assert not linked - anchors, (
+        f"sections of benchmarks/README.md the map links to that it does not have: {linked - anchors}"
+    )
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s"
+
+
+def _times_a_second(interval_s: float) -> str:
+    return {1: "once", 2: "twice", 5: "five times"}[round(1 / interval_s)] + " a second"
+
+
+def _property_default(name: str) -> int:
+    from replicator.configuration.properties import PROPERTIES
+
+    return int(str(next(spec.default for spec in PROPERTIES if spec.name == name)))
+
+
+def quoted_figures() -> dict[str, str]:
+    """Every figure the map quotes about the code, as the phrase the map must hold when rendered from the code."""
+    import inspect
+
+    import yaml
+    from dagster._daemon.sensor import MIN_INTERVAL_LOOP_TIME
+
+    from mirus_dagster.report_schedule import DEFAULT_REPORT_CRON
+    from replicator.discovery.watcher import WATCH_INTERVAL_S
+    from replicator.engine.deliveries import MAX_BLOCK_S
+    from replicator.engine.destinations import DESTINATION_CHECK_PARTITIONS
+    from replicator.engine.partitions import RETRY_BACKOFF_S
+    from replicator.engine.task import ReplicationTask
+    from replicator.engine.worker import POLL_S, STANDBY_POLL_S
+
+    dagster_yaml = yaml.safe_load((ROOT / "mirus_dagster" / "dagster.yaml").read_text())["run_coordinator"]["config"]
+    slots = dagster_yaml["max_concurrent_runs"]
+    replicator_slots = next(t["limit"] for t in dagster_yaml["tag_concurrency_limits"] if t["value"] == "replicator")
+    metrics_s = inspect.signature(ReplicationTask.__init__).parameters["metrics_interval_s"].default
+    standbys = _property_default("task.standby.runs")
+    return {
+        "never longer than `MAX_BLOCK_S` ({})": _seconds(MAX_BLOCK_S),
+        "every `offset.flush.interval.ms` ({}):": _seconds(_property_default("offset.flush.interval.ms") / 1000),
+        "`DESTINATION_CHECK_INTERVAL_S` per {} partitions": f"{DESTINATION_CHECK_PARTITIONS:,}",
+        "every {} `TaskMetrics` writes": _seconds(metrics_s),
+        "(`RETRY_BACKOFF_S`, {};": f"{_seconds(RETRY_BACKOFF_S[0])} … {_seconds(RETRY_BACKOFF_S[-1])}",
+        "`commit.failure.restart.ms` ({} min)": f"{_property_default('commit.failure.restart.ms') / 60_000:g}",
+        "`task.standby.runs` (default {}) standbys": str(standbys),
+        "(`task.standby.runs`, default {})": str(standbys),
+        "reads the running connectors {};": _times_a_second(POLL_S),
+        "(a statement {})": _times_a_second(STANDBY_POLL_S),
+        "a takeover up to {} later": _seconds(STANDBY_POLL_S),
+        "reads each distinct cluster {} with one Metadata request": _times_a_second(WATCH_INTERVAL_S),
+        "the watcher looks {},": _times_a_second(WATCH_INTERVAL_S),
+        "`MIRUS_REPORT_CRON` ({} min)": DEFAULT_REPORT_CRON.split()[0].removeprefix("*/"),
+        "keeps {} run slots free of replicator runs": f"{slots - replicator_slots} of {slots}",
+        "the sensor daemon evaluates at most every {};": _seconds(MIN_INTERVAL_LOOP_TIME),
+    }
+
+
+# A figure: a number with a unit, or how often something happens.
+FIGURE = re.compile(
+    r"\b\d[\d,.]* ?(?:ms|s|min|h|KB|MB|MiB|GB|%)(?![\w-])"
+    r"|\b(?:once|twice|\w+ times|within) a (?:second|minute)\b"
+)
+
+
+def map_blocks(text: str) -> list[str]:
+    """The map's paragraphs, list items and table rows, each on one line."""
+    blocks: list[str] = []
+    current: list[str] = []
+    for line in [*text.splitlines(), ""]:
+        starts_block = re.match(r"\s*(?:[-|]|\d+\.)\s", line) is not None
+        if (not line.strip() or starts_block) and current:
+            blocks.append(" ".join(current))
+            current = []
+        if line.strip():
+            current.append(line.strip())
+    return blocks
+
+
+def test_every_figure_the_architecture_map_quotes_is_the_codes_or_a_benchmarks() -> None:
+    # A figure about the code is rendered here from the constant it quotes, so the map cannot drift from it; any other
+    # figure stands in a paragraph that links to where it was measured.
+    blocks = map_blocks(ARCHITECTURE.read_text())
+    phrases = [template.format(value) for template, value in quoted_figures().items()]
+    stale = [phrase for phrase in phrases if not any(phrase in block for block in blocks)]
+    assert not stale, f"figures the map quotes that differ from the code (or that it no longer quotes): {stale}"
+    unchecked = []
+    for block in blocks:
+        if "benchmarks/README.md" in block:
+            continue
+        quoted = [(m.start(), m.end()) for phrase in phrases for m in re.finditer(re.escape(phrase), block)]
+        for figure in FIGURE.finditer(block):
+            if not any(start <= figure.start() and figure.end() <= end for start, end in quoted):
+                unchecked.append(f"{figure.group()!r} in: {block[max(0, figure.start() - 60) : figure.end() + 20]}")
+    assert not unchecked, "figures the map states that no test checks (add them to quoted_figures): " + "\n".join(
+        unchecked
+    )
+
+
 PRODUCT_PACKAGES = ["replicator", "reports", "mirus_dagster", "assets", "sensors", "mirus"]
 
 

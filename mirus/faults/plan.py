@@ -38,7 +38,6 @@ class FaultPlan:
         if needs_kafka and not self.apache_kafka:
             raise ValueError(f"faults {', '.join(sorted(needs_kafka))} need Apache Kafka (--apache-kafka)")
         if self.exactly_once and not self.apache_kafka:
-            # Measured on Tansu 0.6: records of aborted transactions are returned to read_committed readers.
             raise ValueError(
                 "--exactly-once needs Apache Kafka (--apache-kafka): the embedded broker shows aborted "
                 "transactions' records to read_committed readers"

@@ -7,11 +7,11 @@ fault harness starts its brokers that way (`brokers.py`).
 A cut closes every open connection and then accepts new ones only to close them at once: clients see resets
 and refused requests, as when a link or a load balancer goes away, and the listening port stays reserved.
 
-With `delay_s` the link is also a long one (a wide-area link without netem, which this kernel lacks): every
+With `delay_s` the link is also a long one (a wide-area link without netem, which a kernel may lack): every
 chunk read from either side is written to the other `delay_s` later, so a request and its response take
 twice `delay_s` more, whatever their size. Only latency is added: the proxy reads each side as soon as data
-arrives and holds up to `window` bytes per direction and connection in its delay line (far more than a
-50 ms link carries at the rates measured here), so it neither limits bandwidth nor slows the sender's TCP.
+arrives and holds up to `window` bytes per direction and connection in its delay line (see `WINDOW`), so it
+neither limits bandwidth nor slows the sender's TCP.
 `bytes_to_target` / `bytes_from_target` count what it forwarded, in both modes.
 """
 

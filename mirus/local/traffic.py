@@ -1,7 +1,7 @@
 """The demo's traffic: a steady stream of orders to the demo clusters' source topics, until interrupted.
 
-`mirus dev` runs it as `python -m mirus.local.traffic`, a process that imports only what it writes with (~35 MiB
-resident, against ~75 for the whole `mirus` command line); `mirus demo traffic` is the same command.
+`mirus dev` runs it as `python -m mirus.local.traffic`, a process that imports only what it writes with, not the
+whole `mirus` command line; `mirus demo traffic` is the same command.
 """
 
 from __future__ import annotations

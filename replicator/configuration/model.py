@@ -122,8 +122,8 @@ class ConnectorConfig(PropertyFields):
             "fetch.queue.backoff.ms": 20,
             "socket.nagle.disable": True,  # small fetch and produce requests leave at once, not after an ACK
             # The broker answers a fetch after at most 3 ms, with whatever arrived by then: a record waits at most
-            # that long, and a steady trickle of small appends no longer costs a fetch each (at 5,000 records/s that
-            # halved the task's CPU and with it the tail latency). A newly assigned partition joins the next fetch.
+            # that long, and a steady trickle of small appends does not cost a fetch each (a task's CPU, and with it
+            # its tail latency, at moderate rates). A newly assigned partition joins the next fetch.
             # Partitions that go quiet move to a consumer fetching as MirrorMaker's does (`source_reader.py`), so an
             # idle task does not ask each source broker ~330 times a second.
             "fetch.wait.max.ms": 3,
@@ -159,8 +159,8 @@ class ConnectorConfig(PropertyFields):
             "batch.size": 1024 * 1024,
             "batch.num.messages": 10000,
             # Room for ten consume batches; the task reads no more while a batch would not fit (its intake limit),
-            # so a slow destination leaves the backlog in Kafka: at 1,000,000 a task catching up over 10,000
-            # partitions held 490 MiB, at 100,000 under 300 MiB, in the same time.
+            # so a slow destination leaves the backlog in Kafka, not in the task's memory; a larger queue catches up
+            # no faster.
             "queue.buffering.max.messages": 100_000,
             "socket.nagle.disable": True,
             "client.id": f"mirus-{self.name}-{task_id}",

@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 
 COMMIT_WAIT_S = 30  # how long a commit that must come first (hand-over, shutdown) may wait for the background one
 # While no batch was read and no run acknowledged (`PartitionBook.touched`), a commit is a heartbeat without visiting
-# the partitions (10,000 of them: ~10 ms a second); still, every partition is looked at this often, for a change
-# made elsewhere (a pause, a re-read) that moved a committable offset.
+# the partitions (a walk over thousands of them every second); still, every partition is looked at this often, for a
+# change made elsewhere (a pause, a re-read) that moved a committable offset.
 UNTOUCHED_RESCAN_S = 10.0
 # At least once, a start that cannot read its copies at the destination within this long resumes at the committed
 # offsets (re-sending, as without the read) rather than wait longer for a destination that may be down.

@@ -181,7 +181,7 @@ class Deliveries:
         cut short once it has; a fatal error ends the wait (the loop replaces the producer).
 
         Not `flush()`: a fatal error raised while confluent-kafka's flush waits comes out as a SystemError or as an
-        object no `except` clause catches (seen on a gapless producer whose batch the broker refused), where
+        object no `except` clause catches (a gapless producer whose batch the broker refused does this), where
         `poll()` raises it as the KafkaException `poll_acks` handles."""
         producers = self.producers
         deadline = time.monotonic() + timeout

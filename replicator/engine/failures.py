@@ -25,7 +25,7 @@ from replicator.engine.record_limits import broker_refusal_hint
 
 # The destination no longer accepts this producer's identity (id, epoch, sequence), or the producer stopped after
 # an error that could leave a gap (`enable.gapless.guarantee`): retrying with the same producer cannot succeed, a
-# new one can (seen after a network cut timed records out mid-flight). A timeout (only with a user-set
+# new one can (as after a network cut timed records out mid-flight). A timeout (only with a user-set
 # `producer.message.timeout.ms`) replaces it too, so no later record of the partition is written before the
 # timed-out one is sent again.
 PRODUCER_BROKEN = {

@@ -154,7 +154,7 @@ class Forwarder:
                     produced = self._refuse_unsent(ustate, run, uoffset, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), why)
                 else:
                     try:
-                        # Positional: confluent-kafka parses keyword arguments at a cost per record (~0.3 µs). The
+                        # Positional: confluent-kafka parses keyword arguments at a cost per record. The
                         # order is its keyword list's: topic, value, key, partition, callback, on_delivery,
                         # timestamp, headers.
                         ustate.produce(

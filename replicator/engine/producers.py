@@ -3,11 +3,10 @@
 
 Why more than one: a librdkafka producer sends a produce request per partition (its issue #1700) and its broker
 thread visits every partition of every topic it knows at each wake-up, so its cost grows with records/s x the
-partitions of its topics. Measured on Apache Kafka (benchmarks/README.md, "Producers per group of topics"): one
-record to each of 10,000 partitions (20 topics x 500) took one producer 6-7 s of a core, twenty producers of one
-topic each 0.9 s; at 2,000 records/s spread over them, one producer fell behind at a whole core, twenty kept up at
-a third of one. Splitting a topic's partitions over producers does not help (each then knows every topic: the
-dearest layout measured), so a group holds whole topics and a topic wider than the limit has a producer of its own.
+partitions of its topics, and one producer over thousands of evenly loaded partitions falls behind. Splitting a
+topic's partitions over producers does not help (each then knows every topic), so a group holds whole topics and a
+topic wider than the limit has a producer of its own. The layouts compared: benchmarks/README.md, "Producers per
+group of topics".
 
 A partition writes through its topic's producer only (`PartitionState.produce`), so its records stay in order and
 one acknowledgement still stands for a run. Exactly-once mode keeps one producer: a transaction spans the task's
@@ -15,9 +14,8 @@ partitions, and a transactional id belongs to one producer.
 
 A producer that holds nothing and delivered no acknowledgement for as long as a partition takes to turn dormant is
 closed (`close_idle`) and made again at its topics' next record (`open`): an idle producer's threads still wake
-several times a second and visit its topics' partitions (measured on Apache Kafka: twenty idle producers of 500
-partitions each, 0.43 % of a core, a fifth of an idle task of 10,000 partitions). The record that reopens one waits
-for its connection and metadata (tens of milliseconds), after at least a minute of silence.
+several times a second and visit its topics' partitions. The record that reopens one waits for its connection and
+metadata, after at least a minute of silence.
 
 A task that stops or makes its clients again closes its producers (`close`): left to Python, a producer is destroyed
 only by the cyclic collector (its error callback is a method of the deliveries that hold it), its threads running

@@ -2,9 +2,9 @@
 
 A destination topic accepts record batches up to its `max.message.bytes` (the broker's `message.max.bytes` where
 the topic sets none), but librdkafka's producer refuses any record above its own `message.max.bytes`, 1,000,000 by
-default: a 5 MB record between two topics of 10 MB was refused by the task itself, paused, retried and refused for
-good. So the task reads its topics' limits with DescribeConfigs — one request per cluster, for the topics it does not
-know yet — when it starts and when its topics change (`AssignmentFollower.start`), again for a partition paused for
+default: left so, a 5 MB record between two topics of 10 MB would be refused by the task itself, for good. So the
+task reads its topics' limits with DescribeConfigs — one request per cluster, for the topics it does not know yet —
+when it starts and when its topics change (`AssignmentFollower.start`), again for a partition paused for
 its size before it is retried, and for every topic it serves each `LIMITS_REFRESH_S` (an operator or the topic
 config sync may change one at any time). Its clients are made to fit (`RecordLimits.client_settings`):
 - the producers: `message.max.bytes` = the largest destination limit, so no record a topic takes is refused, and

@@ -2,37 +2,31 @@
 
 librdkafka fixes a consumer's fetch wait when it is created, and every fetch request names every partition the
 consumer holds (neither librdkafka nor Apache Kafka before 1.1 has incremental fetch sessions). One setting cannot
-read every partition, so partitions live in three tiers:
-- flowing (the connector's consumer settings; by default `fetch.wait.max.ms` 3 with `fetch.min.bytes` 1 MB): the
-  broker answers within 3 ms, so a record waits at most that long, at up to ~330 fetches a second per broker;
-- quiet (no record for `quiet_after_s`): `fetch.wait.max.ms` 500 with `fetch.min.bytes` 1, as MirrorMaker's Java
-  consumer fetches: the broker holds the fetch until the first byte arrives, so a new record is answered at once,
-  and an idle partition costs two fetches a second per broker instead of 330;
-- dormant (quiet for `dormant_after_s` more): the same, waiting up to 10 s: one fetch every 10 s when idle, still
-  answered at the first byte (measured on Apache Kafka, five idle consumers of 2,000: 0.9 % of a core waiting 5 s,
-  0.63 % waiting 10 s, 0.53 % waiting 30 s). It is a tier of its own because a partition added to a consumer joins
-  its *next* fetch: one that went quiet a moment ago waits at most 500 ms for the fetch in flight, not 10 s.
-A task places the partitions it starts (at its start, a takeover, a new assignment) in the quiet tier: a backlog is
-answered there at once, and a start of 10,000 partitions no longer begins with 10,000 partitions fetched every 3 ms
-(measured on Apache Kafka: the source broker at 80-90 % of a core for the first seconds, starving the destination).
+read every partition well, so partitions live in three tiers:
+- flowing (the connector's consumer settings; by default `fetch.wait.max.ms` 3 with `fetch.min.bytes` 1 MB): a
+  record waits at most the fetch wait;
+- quiet (no record for `quiet_after_s`): `QUIET_SETTINGS`, as MirrorMaker's Java consumer fetches: the broker holds
+  the fetch until the first byte arrives, so a new record is answered at once and an idle partition costs two
+  fetches a second per broker;
+- dormant (quiet for `dormant_after_s` more): `DORMANT_SETTINGS`, the same waiting up to 10 s. A tier of its own
+  because a partition added to a consumer joins its *next* fetch: one that went quiet a moment ago waits for the
+  quiet fetch in flight, not 10 s.
+A task places the partitions it starts (at its start, a takeover, a new assignment) in the quiet tier, where a
+backlog is answered at once, so that a large start does not fetch every partition eagerly and starve the brokers.
 A few (`EAGER_START_PARTITIONS`: a new topic, a grown one) start in the flowing tier instead: the quiet consumer's
-fetch in flight holds every other request on its connection for up to 500 ms, so their metadata and their first
-fetch would wait that long behind it (measured: 0.43 s of each new topic's 1.4-2.5 s to its first copy, in a task
-holding 1,000 idle partitions). Silent, they go quiet at `retier` like any flowing partition. A quiet or dormant
-partition that yields records keeps being read where it is (answered at the first byte) and moves to the flowing
-tier at the next `retier` if it has a backlog or yielded records at an earlier `retier` less than `quiet_after_s`
-before: one record, or a start's few, is no traffic. A flowing partition counts as stopped only while the task keeps
-up with the flowing consumers (they returned less than was asked after the partition's last record): records waiting
-behind a busy or stalled loop do not make a partition quiet. (Measured before that rule, 5,000 partitions at 2,000
-records/s: after the loop stalled for 9 s, ~1,900 partitions moved to the quiet tier in one `retier` and back a few
-seconds later.) A partition is in exactly one consumer; moving it is an unassign from one and an assign at an
-explicit offset on the other (librdkafka drops what the first had prefetched).
+fetch in flight holds every other request on its connection, so their metadata and first fetch would wait behind
+it. Silent, they go quiet at `retier` like any flowing partition. A quiet or dormant partition that yields records
+keeps being read where it is (answered at the first byte) and moves to the flowing tier at the next `retier` if it
+has a backlog or yielded records at an earlier `retier` less than `quiet_after_s` before: one record, or a start's
+few, is no traffic. A flowing partition counts as stopped only while the task keeps up with the flowing consumers
+(they returned less than was asked after the partition's last record): records waiting behind a busy or stalled
+loop do not make a partition quiet. A partition is in exactly one consumer; moving it is an unassign from one and
+an assign at an explicit offset on the other (librdkafka drops what the first had prefetched).
 
 Each tier spreads its partitions over consumers of at most `SHARD_PARTITIONS`: a librdkafka consumer's broker
-thread visits every partition it holds at each wake-up, so its cost grows faster than its partitions (measured on
-Apache Kafka, idle at 500 ms: one consumer of 10,000 partitions 50-90 % of a core; four of 2,500, 12 %; at 5 s, one
-of 10,000: 84 %, two of 5,000: 3.4 %, five of 2,000: 0.9 %). A consumer left empty is closed (but the flowing
-tier's first): an idle librdkafka client still wakes its threads.
+thread visits every partition it holds at each wake-up, so its cost grows faster than its partitions. A consumer
+left empty is closed (but the flowing tier's first): an idle librdkafka client still wakes its threads. What the
+tiers cost: benchmarks/README.md, "Holding thousands of partitions".
 """
 
 from __future__ import annotations
@@ -61,8 +55,7 @@ EAGER_START_PARTITIONS = 100  # a start of at most this many partitions is fetch
 SHARD_QUEUE_KBYTES = 16_384
 # While several consumers hold partitions, a wait for records waits on the first in slices this long and polls the
 # others between slices; when none of them is flowing, in longer slices: the first record of a waking partition
-# may wait that much longer, and five idle dormant consumers cost 10 rounds a second instead of 100 (measured: the
-# 100 rounds were 3 % of a core).
+# may wait that much longer, and idle dormant consumers cost 10 rounds a second instead of 100.
 SLICE_S = 0.01
 QUIET_SLICE_S = 0.1
 
@@ -266,13 +259,12 @@ class SourceReader:
         after the last commit, as a takeover finds them), in the flowing tier; the others in the quiet tier (a backlog
         is answered there at once, and only the partitions that keep flowing move to eager fetching at `retier`).
         A quiet consumer given many partitions at once sends its first fetch before it holds them all and waits out
-        that fetch (500 ms when those are idle) before the others join (measured: a partition with records among
-        1,000 idle ones, its first record after 0.51 s; assigned to a consumer of its own, 0.013 s).
+        that fetch (500 ms when those are idle) before the others join.
 
         Each consumer reads the metadata of the topics it is given first (a topic grown or created a moment ago is
         known then, not at librdkafka's next topic scan): before it fetches them, since a request waits behind the
-        consumer's fetch in flight (a quiet consumer's long poll, up to 500 ms, on the same connection) — asked
-        after, topic by topic, a start of 20 topics took 10 s."""
+        consumer's fetch in flight (a quiet consumer's long poll, up to 500 ms, on the same connection), so asked
+        after, topic by topic, a start of many topics would wait a long poll for each."""
         now = time.monotonic()
         if len(partitions) <= self.eager_start_partitions:
             self._place(self.flowing, partitions, metadata_timeout)
@@ -329,7 +321,7 @@ class SourceReader:
 
     def _take_out(self, partitions: list[SourcePartition]) -> None:
         """Unassign `partitions` from their consumers, closing those left empty (but the flowing tier's first):
-        an idle librdkafka client still wakes its threads (measured: 14 clients of a task, ~0.25 % of a core each)."""
+        an idle librdkafka client still wakes its threads."""
         for shard, mine in self._by_shard(partitions):
             shard.consumer.incremental_unassign(mine)
             shard.assigned -= len(mine)

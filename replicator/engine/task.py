@@ -140,9 +140,8 @@ class ReplicationTask:
         task claims now, fencing any owner.
         """
         # A batch of up to 10,000 records outlives many young collections while it is forwarded: at Python's
-        # default threshold (700) its objects are promoted and full collections (45-117 ms each, the whole heap)
-        # came every few seconds at 100,000 records/s. The setting is the process's: a worker's tasks share it, which
-        # suits them alike.
+        # default threshold (700) its objects are promoted, and full collections (of the whole heap) come every few
+        # seconds at high rates. The setting is the process's: a worker's tasks share it, which suits them alike.
         gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
         self.should_stop = should_stop
         self.lease = lease or self.store.claim_task(self.connector, self.task_id, self.owner)

@@ -1,10 +1,11 @@
 """A worker: one process hosting the tasks of many connectors, as a Kafka Connect worker does.
 
-An estate of many small connectors paid a process per task and per standby (150-290 MB each); a worker shares one
-interpreter, its imports and its Dagster run among all the tasks it hosts. Which tasks a worker hosts is decided by
-rendezvous hashing (`hosts`): every task ranks the estate's N workers by a hash of (task, worker) and is hosted by
-the first `1 + task.standby.runs` of them (at most N). Adding or removing a connector moves no other task, and no
-coordination is needed: each worker reads the connectors and assignments from Postgres and computes its own share.
+A run per task and per standby makes an estate of many small connectors pay a whole process for each; a worker
+shares one interpreter, its imports and its Dagster run among all the tasks it hosts. Which tasks a worker hosts is
+decided by rendezvous hashing (`hosts`): every task ranks the estate's N workers by a hash of (task, worker) and is
+hosted by the first `1 + task.standby.runs` of them (at most N). Adding or removing a connector moves no other task,
+and no coordination is needed: each worker reads the connectors and assignments from Postgres and computes its own
+share.
 
 Every host runs its copy of the task through `run_owned` (`replicator.engine.ownership`), exactly as a per-task run
 does: the first to claim the lease replicates, the others stand by on its epoch lock and take over the moment the

@@ -130,7 +130,7 @@ class MetricStore(StoreBase):
         with self.engine.begin() as conn:
             if interval.samples:
                 # One statement compiled once and cached, its rows sent in batches (executemany): a multi-row
-                # VALUES statement built per call costs Python ~0.5 ms a row to compile.
+                # VALUES statement built per call costs Python far more per row to compile.
                 conn.execute(insert(MetricSample), [{"connector": connector, **r.__dict__} for r in interval.samples])
                 conn.execute(_add_to_totals(connector, interval.samples))
             if interval.lags:

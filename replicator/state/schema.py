@@ -107,7 +107,7 @@ class Offset(Base):
     """A source topic's offsets, element p + 1 for partition p (NULL: none stored).
 
     One row per topic, not per partition: a task holding thousands of partitions commits them all as a few array
-    updates (2 µs of Postgres a partition, against 15 µs for a row each). Two tasks sharing a topic merge element by
+    updates, far cheaper for Postgres than a row each. Two tasks sharing a topic merge element by
     element under the row lock, so neither overwrites the other's partitions.
 
     Deliberately not tied to `connectors`: like Kafka Connect, a re-created connector resumes.

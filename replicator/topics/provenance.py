@@ -54,7 +54,8 @@ def copy_headers(
 ) -> list[tuple[str, bytes | None]]:
     """The headers of a record's copy: its own headers without provenance (order and duplicates kept), then this
     hop's provenance; the origin an earlier hop recorded is kept, else it is `origin`. The forwarding loop
-    (`replicator.engine.task`) writes the same inline, since a call per record costs; a test holds the two together."""
+    (`replicator.engine.forwarder`) writes the same inline, since a call per record costs; a test holds the two
+    together."""
     first = origin_cluster(headers) or origin
     return [
         *user_headers(headers),
