@@ -248,8 +248,9 @@ def mirrormaker_argv(
     ]
 
 
-def naive_argv(topic: str, target: str, records: int, partitions: int) -> list[list[str]]:
-    return [[sys.executable, __file__, "naive", topic, target, str(records), str(partitions)]]
+def naive_argv(topic: str, target: str, records: int, partitions: int, kind: str = "naive") -> list[list[str]]:
+    """`naive` (tuned as a user would) or `bare` (the engine's client settings) copying `topic` to `target`."""
+    return [[sys.executable, __file__, kind, topic, target, str(records), str(partitions)]]
 
 
 def timed_copy(
@@ -313,27 +314,40 @@ def reap(proc: subprocess.Popen[bytes], grace_s: float = 60.0) -> float:
         time.sleep(0.05)
 
 
-def naive_copy(source: str, destination: str, topic: str, target: str, records: int, partitions: int) -> None:
-    """A hand-written copier tuned as a user would tune it (no offsets, metrics or headers; flush at the end)."""
-    consumer = Consumer(
-        {
+def naive_copy(
+    source: str, destination: str, topic: str, target: str, records: int, partitions: int, bare: bool = False
+) -> None:
+    """A hand-written copier: consume → produce with key, value, partition, timestamp and headers, nothing else (no
+    offsets, metrics or provenance; flush at the end). `naive` is tuned as a user would tune it; `bare` uses the
+    engine's own client settings (a default connector's), so that the engine's CPU beyond it is its bookkeeping."""
+    if bare:
+        config = validate_submission(
+            {
+                "name": "bench-bare",
+                "consumer.bootstrap.servers": source,
+                "destination.consumer.bootstrap.servers": destination,
+                "topics.whitelist": topic,
+            }
+        )
+        consumer_settings, producer_settings = config.consumer_settings(), config.producer_settings(0)
+    else:
+        consumer_settings = {
             "bootstrap.servers": source,
             "group.id": "bench-naive",
             "enable.auto.commit": False,
             "fetch.max.bytes": 50 * 1024 * 1024,
             "queued.min.messages": 200_000,
         }
-    )
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    producer = Producer(
-        {
+        producer_settings = {
             "bootstrap.servers": destination,
             "enable.idempotence": True,
             "linger.ms": 5,
             "batch.size": 1024 * 1024,
             "queue.buffering.max.messages": 1_000_000,
         }
-    )
+    consumer = Consumer(consumer_settings)
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    producer = Producer(producer_settings)
     produce: Callable[..., None] = producer.produce
     copied = 0
     while copied < records:
@@ -341,15 +355,9 @@ def naive_copy(source: str, destination: str, topic: str, target: str, records: 
             if msg.error():
                 continue
             while True:
-                try:
-                    produce(
-                        target,
-                        msg.value(),
-                        msg.key(),
-                        msg.partition(),
-                        timestamp=msg.timestamp()[1],
-                        headers=msg.headers(),
-                    )
+                try:  # positional, as the engine: topic, value, key, partition, callback, on_delivery, ts, headers
+                    ts, headers = msg.timestamp()[1], msg.headers()
+                    produce(target, msg.value(), msg.key(), msg.partition(), None, None, ts, headers)
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -359,5 +367,5 @@ def naive_copy(source: str, destination: str, topic: str, target: str, records: 
     consumer.close()
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["naive"]:
-    naive_copy(SOURCE, DESTINATION, sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+if __name__ == "__main__" and sys.argv[1:2] in (["naive"], ["bare"]):
+    naive_copy(SOURCE, DESTINATION, *sys.argv[2:4], int(sys.argv[4]), int(sys.argv[5]), bare=sys.argv[1] == "bare")

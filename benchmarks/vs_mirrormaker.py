@@ -27,13 +27,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=2_000_000)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--size", type=int, default=100, help="bytes per record")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", default="1", help="engine runs with these tasks.max values, e.g. 1,2,4")
     parser.add_argument(
         "--copiers",
         default="mirrormaker,naive,engine",
-        help="also: engine-plain (the engine with provenance headers off), engine-eos "
-        "(exactly.once.support=required), engine-baseline (the engine of --baseline)",
+        help="also: bare (a consume→produce loop on the engine's own client settings, headers and timestamps kept, "
+        "nothing else: the floor of Python's per-record work), engine-plain (the engine with provenance headers "
+        "off), engine-eos (exactly.once.support=required), engine-baseline (the engine of --baseline)",
     )
     parser.add_argument(
         "--baseline",
@@ -75,15 +77,15 @@ def main() -> None:
         env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
         for r in range(args.rounds):
             topic = f"copy-{int(time.time())}-{r}"
-            kit.preload(topic, n, parts)
+            kit.preload(topic, n, parts, args.size)
             targets = []
             order = copiers[r % len(copiers) :] + copiers[: r % len(copiers)]
             for copier in order:
                 if copier == "mirrormaker":
                     target, argvs, stop = topic, kit.mirrormaker_argv(topic), signal.SIGTERM
-                elif copier == "naive":
-                    target, stop = f"{topic}.naive", signal.SIGINT
-                    argvs = kit.naive_argv(topic, target, n, parts)
+                elif copier in ("naive", "bare"):
+                    target, stop = f"{topic}.{copier}", signal.SIGINT
+                    argvs = kit.naive_argv(topic, target, n, parts, copier)
                 else:
                     tasks = int(copier.partition("x")[2] or 1)
                     kind, _, checkout = copier.split()[0].removeprefix("engine-").partition(":")
@@ -118,7 +120,7 @@ def main() -> None:
             common.delete_topics(DESTINATION, targets)
             common.delete_topics(SOURCE, [topic])
 
-    print(f"\n{n:,} records x 100 B over {parts} partitions; median of {args.rounds} alternating runs")
+    print(f"\n{n:,} records x {args.size} B over {parts} partitions; median of {args.rounds} alternating runs")
     print(f"{'copier':<24}{'wall s':>8}{'CPU-s':>8}{'records/s':>12}{'wall/MM1':>10}{'CPU/MM1':>9}  load avg")
     mm = runs.get("mirrormaker")
     mm_wall = median([x.wall_s for x in mm]) if mm else None
