@@ -32,6 +32,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from mirus.faults.brokers import KafkaKit
+from replicator.batches.copier import BatchCopier
+from replicator.batches.wire import KafkaWire, Partition
 from replicator.configuration.connector import validate_submission
 
 # What `put_baseline_connector` runs from a checkout's own apache_kafka.py: this one's, once it is the baseline.
@@ -88,19 +90,43 @@ def private_clusters(work: Path) -> Iterator[tuple[KafkaKit, str, str]]:
 
 
 def preload(
-    topic: str, records: int, partitions: int, size: int = 100, bootstrap: str = SOURCE, values: Sequence[bytes] = ()
+    topic: str,
+    records: int,
+    partitions: int,
+    size: int = 100,
+    bootstrap: str = SOURCE,
+    values: Sequence[bytes] = (),
+    compression: str = "none",
 ) -> None:
     """`records` records of `size` bytes (or cycling through `values`) in a new topic: on the kit's source written by
-    Kafka's own ProducerPerformance (`preload.sh`, which knows only the kit's ports), elsewhere by `load`."""
-    if bootstrap == KIT_SOURCE and size == 100 and not values:
+    Kafka's own ProducerPerformance (`preload.sh`, which knows only the kit's ports), elsewhere or compressed by
+    `load`."""
+    if bootstrap == KIT_SOURCE and size == 100 and not values and compression == "none":
         subprocess.run([str(KIT / "preload.sh"), str(records), topic, str(partitions)], check=True, capture_output=True)
         return
     common.create_topic(bootstrap, topic, partitions)
-    load(bootstrap, topic, records, partitions, size, values)
+    load(bootstrap, topic, records, partitions, size, values, compression)
+
+
+def event_values(size: int, count: int = 1000) -> list[bytes]:
+    """`count` JSON-like events of `size` bytes, as compressible as a topic's events usually are."""
+    values = []
+    for i in range(count):
+        event = b'{"id":%d,"user":"user-%04d","action":"%s","amount":%d.%02d,"note":"' % (
+            i, i % 977, (b"view", b"click", b"buy", b"return")[i % 4], i % 500, i % 100
+        )  # fmt: skip
+        values.append((event + b"x" * max(size - len(event) - 2, 0) + b'"}')[:size])
+    return values
 
 
 def load(
-    bootstrap: str, topic: str, records: int, partitions: int, size: int = 100, values: Sequence[bytes] = ()
+    bootstrap: str,
+    topic: str,
+    records: int,
+    partitions: int,
+    size: int = 100,
+    values: Sequence[bytes] = (),
+    compression: str = "none",
 ) -> None:
     """`records` records of `size` bytes (or cycling through `values`) over `partitions`, as fast as they go."""
     producer = Producer(
@@ -109,6 +135,7 @@ def load(
             "linger.ms": 20,
             "batch.size": 1_000_000,
             "queue.buffering.max.messages": 500_000,
+            "compression.type": compression,
         }
     )
     pool, produce = values or [b"x" * size], producer.produce
@@ -249,7 +276,8 @@ def mirrormaker_argv(
 
 
 def naive_argv(topic: str, target: str, records: int, partitions: int, kind: str = "naive") -> list[list[str]]:
-    """`naive` (tuned as a user would) or `bare` (the engine's client settings) copying `topic` to `target`."""
+    """`naive` (tuned as a user would), `bare` (the engine's client settings) or `batches` (the batch copier of
+    `replicator.batches`, alone) copying `topic` to `target`."""
     return [[sys.executable, __file__, kind, topic, target, str(records), str(partitions)]]
 
 
@@ -366,6 +394,27 @@ def naive_copy(
     producer.flush()
     consumer.close()
 
+
+def batch_copy(source: str, destination: str, topic: str, target: str, records: int, partitions: int) -> None:
+    """The batch path's copier alone (`replicator.batches.copier`; no engine around it: no offsets, metrics or
+    cycle guard): every partition's batches fetched and produced as bytes until `records` are copied."""
+    with (
+        KafkaWire({"bootstrap.servers": source}, fetch_max_bytes=16 * 1024 * 1024) as fetcher,
+        KafkaWire({"bootstrap.servers": destination}, fetch_max_bytes=1024 * 1024) as producer,
+    ):
+        copier = BatchCopier(fetcher, producer, partition_fetch_bytes=4 * 1024 * 1024)
+        for p in range(partitions):
+            copier.start(Partition(topic, p), 0, target, 1_000_012)
+        copied = 0
+        while copied < records:
+            step = copier.step()
+            if step.problems or step.handed_back:
+                raise RuntimeError(f"batch copy stopped: {step.problems or step.handed_back}")
+            copied += step.records
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["batches"]:
+    batch_copy(SOURCE, DESTINATION, *sys.argv[2:4], int(sys.argv[4]), int(sys.argv[5]))
 
 if __name__ == "__main__" and sys.argv[1:2] in (["naive"], ["bare"]):
     naive_copy(SOURCE, DESTINATION, *sys.argv[2:4], int(sys.argv[4]), int(sys.argv[5]), bare=sys.argv[1] == "bare")

@@ -28,12 +28,16 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=2_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--size", type=int, default=100, help="bytes per record")
+    parser.add_argument(
+        "--compression", default="none", help="the source topic's batches compressed so (lz4, gzip, snappy, zstd)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", default="1", help="engine runs with these tasks.max values, e.g. 1,2,4")
     parser.add_argument(
         "--copiers",
         default="mirrormaker,naive,engine",
-        help="also: bare (a consume→produce loop on the engine's own client settings, headers and timestamps kept, "
+        help="also: batches (the batch path's copier alone, replicator.batches), bare (a consume→produce loop on "
+        "the engine's own client settings, headers and timestamps kept, "
         "nothing else: the floor of Python's per-record work), engine-plain (the engine with provenance headers "
         "off), engine-eos (exactly.once.support=required), engine-baseline (the engine of --baseline)",
     )
@@ -77,13 +81,17 @@ def main() -> None:
         env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
         for r in range(args.rounds):
             topic = f"copy-{int(time.time())}-{r}"
-            kit.preload(topic, n, parts, args.size)
+            if args.compression == "none":
+                kit.preload(topic, n, parts, args.size)
+            else:  # JSON-like events, as compressible as a topic's events usually are
+                values = kit.event_values(args.size)
+                kit.preload(topic, n, parts, args.size, values=values, compression=args.compression)
             targets = []
             order = copiers[r % len(copiers) :] + copiers[: r % len(copiers)]
             for copier in order:
                 if copier == "mirrormaker":
                     target, argvs, stop = topic, kit.mirrormaker_argv(topic), signal.SIGTERM
-                elif copier in ("naive", "bare"):
+                elif copier in ("naive", "bare", "batches"):
                     target, stop = f"{topic}.{copier}", signal.SIGINT
                     argvs = kit.naive_argv(topic, target, n, parts, copier)
                 else:
