@@ -152,7 +152,7 @@ def stamp_appends(names: list[str]) -> None:
 def load_spread(topics: str, partitions: int, rate: int, seconds: float) -> None:
     """Write `rate` records/s of 100 bytes for `seconds`, one partition after another over every partition; print
     the rate written (acknowledged records over the time until the last acknowledgement). A producer per topic, as
-    the task's own (`replicator.engine.producers`): one librdkafka producer over 10,000 partitions wrote only
+    the task's own (`replicator.engine.deliveries`): one librdkafka producer over 10,000 partitions wrote only
     116-8,009 records/s of 10,000."""
     names = topics.split(",")
     targets = [(t, p) for p in range(partitions) for t in names]

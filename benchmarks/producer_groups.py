@@ -27,7 +27,7 @@ from apache_kafka import DESTINATION, SOURCE
 from confluent_kafka import Producer
 
 from replicator.configuration.connector import validate_submission
-from replicator.engine import producers
+from replicator.engine import deliveries as producers
 
 VALUE = b"x" * 100
 

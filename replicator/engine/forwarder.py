@@ -4,7 +4,7 @@
               flow are fetched eagerly, quiet ones cheaply (`replicator.engine.source_reader`)
   map         `forward`: destination topic and partition, user headers plus provenance headers, cycle guard
   produce     `forward`: `produce()` of the producer writing the record's destination topic (one per group of
-              topics, `replicator.engine.producers`) with key, value, headers and source timestamp (`_produce_again`
+              topics, `replicator.engine.deliveries`) with key, value, headers and source timestamp (`_produce_again`
               when the local queue is full or the record is refused before sending; a record too large for its
               destination topic is refused before that, `replicator.engine.record_limits`)
 

@@ -80,7 +80,7 @@ class PartitionState:
         self.destination_topic = destination_topic
         self.destination_partition = UNASSIGNED_PARTITION
         self.routed = False  # whether destination metadata has decided `destination_partition` yet
-        # `produce` of the producer writing `destination_topic` (`replicator.engine.producers`), once routed.
+        # `produce` of the producer writing `destination_topic` (`replicator.engine.deliveries`), once routed.
         self.produce: Callable[..., None] = _not_routed
         self.ordered = False  # whether one acknowledgement stands for a whole run (see InFlight)
         self.source_prefix = provenance.source_prefix(source_cluster, self.topic, self.partition)

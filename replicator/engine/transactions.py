@@ -27,12 +27,11 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from replicator.assignment import SourcePartition
 from replicator.engine.committer import COMMIT_WAIT_S, Committer, CommitterTask
-from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Deliveries
+from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Deliveries, close_producer
 from replicator.engine.destination_copies import DestinationReadError, copies_end
 from replicator.engine.destinations import Destinations
 from replicator.engine.failures import DeliveryFailures
 from replicator.engine.partitions import PartitionState
-from replicator.engine.producers import close_producer
 from replicator.engine.source_reader import SourceReader
 from replicator.state.records import FencedError
 
