@@ -37,9 +37,9 @@ def main() -> None:
         "--copiers",
         default="mirrormaker,naive,engine",
         help="also: batches (the batch path's copier alone, replicator.batches), bare (a consume→produce loop on "
-        "the engine's own client settings, headers and timestamps kept, "
-        "nothing else: the floor of Python's per-record work), engine-plain (the engine with provenance headers "
-        "off), engine-eos (exactly.once.support=required), engine-baseline (the engine of --baseline)",
+        "the engine's own client settings, headers and timestamps kept, nothing else: the floor of Python's "
+        "per-record work), engine-batches (copy.mode=batches), engine-plain (provenance headers off), "
+        "engine-eos (exactly.once.support=required), engine-baseline (the engine of --baseline)",
     )
     parser.add_argument(
         "--baseline",
@@ -104,6 +104,7 @@ def main() -> None:
                     extra = {
                         "plain": {"provenance.headers.enabled": "false"},
                         "eos": {"exactly.once.support": "required"},
+                        "batches": {"copy.mode": "batches"},
                     }.get(kind, {})
                     argvs, stop = kit.engine_argv(name, tasks), signal.SIGINT
                     if kind == "baseline":

@@ -79,6 +79,8 @@ class Step:
     segments: dict[Partition, list[Segment]] = field(default_factory=dict)
     handed_back: dict[Partition, HandBack] = field(default_factory=dict)
     problems: dict[Partition, Problem] = field(default_factory=dict)
+    high_watermarks: dict[Partition, int] = field(default_factory=dict)  # as each fetch answered
+    bytes_copied: dict[Partition, int] = field(default_factory=dict)
     records: int = 0
     bytes: int = 0
 
@@ -130,6 +132,10 @@ class BatchCopier:
         self.lanes[source] = Lane(destination, max_message_bytes, offset, self.partition_fetch_bytes)
         self.sequences.setdefault(destination, 0)
 
+    def stop(self, source: Partition) -> None:
+        """Copy `source` no more (its destination partition's sequence is kept)."""
+        self.lanes.pop(source, None)
+
     def step(self) -> Step:
         step = Step()
         if not self.lanes:
@@ -145,6 +151,7 @@ class BatchCopier:
             if result.problem is not None:
                 self._failed(source, result.problem, step)
             else:
+                step.high_watermarks[source] = result.high_watermark
                 plans[source] = self._plan(self.lanes[source], result.records, result.aborted)
         batches = {self.lanes[p].destination: plan.rewritten for p, plan in plans.items() if plan.rewritten}
         produced = self.destination.produce(batches) if batches else {}
@@ -188,6 +195,7 @@ class BatchCopier:
             self.sequences[lane.destination] = next_sequence(self.sequences[lane.destination], batch.records_count)
             step.records += batch.records_count
             step.bytes += batch.size
+            step.bytes_copied[source] = step.bytes_copied.get(source, 0) + batch.size
         else:
             if plan.hand_back is not None:
                 step.handed_back[source] = plan.hand_back

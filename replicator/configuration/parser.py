@@ -80,6 +80,12 @@ class ConnectorParser(ClientRules, TopicRules):
         fields.update(self.clients())
         if fields.get("exactly_once_support", "disabled") != "disabled":
             self.check_exactly_once(fields)
+            if fields.get("copy_mode") == "batches":
+                self.fail(
+                    "copy.mode",
+                    "must be records with exactly.once.support: the batch path writes no transactions, the record "
+                    "path copies exactly once",
+                )
         if fields.get("resume_after_destination_copies") and fields.get("provenance_headers_enabled") is False:
             self.fail(
                 "provenance.headers.enabled",

@@ -238,6 +238,15 @@ class PropertyFields(BaseModel):
         "pre-flight check of the connector plug-in. A destination without transactions fails the task with the "
         "broker's error. `disabled`: at-least-once.",
         choices=frozenset({"disabled", "requested", "required"}), expected="disabled, requested or required")
+    copy_mode: str = Property(
+        "records", "`batches`: a partition's record batches are copied as bytes wherever they can pass (the partition "
+        "kept, offsets without gaps, magic 2, within the destination topic's max.message.bytes): their records, "
+        "compression, timestamps and headers untouched, no provenance headers added; the record path copies what "
+        "cannot pass, in order, and every partition until it moves to batches (nothing in flight, its destination "
+        "partition and size limit known). Copies made as batches carry no provenance headers: offset translation "
+        "and `mirus verify` do not see them yet, and a flow back to the source must not copy them (no cycle guard "
+        "yet). `records`: every record through the record path, with provenance headers. At least once only.",
+        choices=frozenset({"records", "batches"}), expected="records or batches")
     task_heartbeat_interval_ms: int = Property(
         2000, "How often a task proves it is alive: every offset commit heartbeats its lease, and when commits are "
         "further apart (offset.flush.interval.ms) a heartbeat alone is written this often.", minimum=100)

@@ -24,6 +24,7 @@ from typing import Any, cast
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from replicator.configuration.connector import ConnectorConfig
+from replicator.engine.batch_lanes import BatchLanes
 from replicator.engine.committer import Committer
 from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Deliveries, Refusal
 from replicator.engine.partitions import InFlight, PartitionBook, PartitionState
@@ -53,6 +54,7 @@ class Forwarder:
         destination_cluster: str,
         origin_header: tuple[str, bytes],
         throttle: ThrottleShare,
+        lanes: BatchLanes | None = None,
     ) -> None:
         self.config = config
         self.reader = reader
@@ -66,12 +68,17 @@ class Forwarder:
         queue_limit = int(deliveries.settings["queue.buffering.max.messages"])
         self.intake_limit = max(queue_limit - BATCH, queue_limit // 2)  # records waiting above which none are read
         self.throttle = throttle  # this task's share of the connector's throttle, asked before each batch
+        self.lanes = lanes  # copy.mode=batches: the partitions copied as record batches (`BatchLanes`)
 
     # -- fetch, map, produce ----------------------------------------------------------------------------
 
     def poll_once(self) -> None:
         deliveries, reader = self.deliveries, self.reader
         timeout = min(self.config.poll_timeout_ms / 1000, MAX_BLOCK_S)
+        if self.lanes is not None:
+            self.lanes.step(time.monotonic())  # its fetch waits for records: the record path's wait is short then
+            if self.lanes.lanes:
+                timeout = ACK_POLL_S
         if not self.book.states:
             time.sleep(min(timeout, 0.2))  # nothing assigned yet; housekeeping will pick work up
             return

@@ -158,6 +158,13 @@ class PartitionState:
         else:
             self.pending.pop()
 
+    def copied_as_batches(self, next_offset: int, next_destination_offset: int | None) -> None:
+        """The batch path copied the partition up to `next_offset` (control batches and aborted transactions
+        included), acknowledged at once; its next copy goes to `next_destination_offset`, where known."""
+        self.next_offset = next_offset
+        if next_destination_offset is not None:
+            self.next_destination_offset = next_destination_offset
+
     def skipped(self, offset: int) -> None:
         """A record not copied (it came from the destination cluster): the partition moves past it."""
         self.next_offset = offset + 1
@@ -293,6 +300,7 @@ class PartitionBook:
         self.states: dict[SourcePartition, PartitionState] = {}
         self.paused: dict[SourcePartition, PartitionState] = {}
         self.waiting: set[SourcePartition] = set()
+        self.removals = 0  # partitions removed (or the book cleared): the batch path's lanes follow
         # Counts batches read and runs acknowledged: while it stands still, no partition's position or committable
         # offset moved, so an idle task's commits and lag readings need not visit its thousands of partitions.
         self.touched = 0
@@ -303,10 +311,12 @@ class PartitionBook:
     def remove(self, tp: SourcePartition) -> None:
         self.states.pop(tp, None)
         self.paused.pop(tp, None)
+        self.removals += 1
 
     def clear(self) -> None:
         self.states = {}
         self.paused = {}
+        self.removals += 1
 
     def next_offset(self, tp: SourcePartition) -> int | None:
         """The next offset of `tp` to read (None: nothing read or stored yet)."""

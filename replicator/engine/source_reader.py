@@ -300,11 +300,16 @@ class SourceReader:
         self.paused.difference_update(partitions)
 
     def seek(self, tp: SourcePartition, offset: int) -> None:
-        self.shard[tp].consumer.seek(TopicPartition(tp[0], tp[1], offset))
+        """Read `tp` from `offset` on (a partition not assigned here, on the batch path, has nothing to seek)."""
+        if (shard := self.shard.get(tp)) is not None:
+            shard.consumer.seek(TopicPartition(tp[0], tp[1], offset))
 
     def watermarks(self, tp: SourcePartition) -> tuple[int, int]:
-        """The partition's low and high watermarks as its consumer last heard them (no request)."""
-        return self.shard[tp].consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+        """The partition's low and high watermarks as its consumer last heard them (no request; -1 when it is not
+        assigned here)."""
+        if (shard := self.shard.get(tp)) is None:
+            return -1, -1
+        return shard.consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
 
     @staticmethod
     def _read_metadata(shard: Shard, topics: list[str], timeout: float) -> None:

@@ -38,6 +38,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.clusters import ClusterAdmin, ClusterIdentityError, cluster_id
 from replicator.configuration.connector import ConnectorConfig, load
+from replicator.engine.batch_lanes import BatchLanes
 from replicator.engine.committer import Committer, CommitWatchdogError
 from replicator.engine.deliveries import Deliveries
 from replicator.engine.destinations import Destinations
@@ -115,6 +116,7 @@ class ReplicationTask:
         self.reader: SourceReader
         self.deliveries: Deliveries
         self.forwarder: Forwarder
+        self.lanes: BatchLanes | None = None  # copy.mode=batches: partitions copied as record batches
         self.clients_open = False
         self.source_cluster = self.destination_cluster = ""  # Kafka cluster ids, read by `rebuild`
         self.identified: tuple[object, ...] = ()  # the cluster settings those ids were last read with
@@ -218,6 +220,8 @@ class ReplicationTask:
         self.clients_open = False  # a failure while closing has nothing left to close
         try:
             self.reader.close()
+            if self.lanes is not None:
+                self.lanes.close()
         finally:
             self.deliveries.close()
 
@@ -276,6 +280,11 @@ class ReplicationTask:
         consumer, producer = self.limits.client_settings(config, self.task_id)
         self.sized_for = self.limits.sizes_of(config, self.task_id)
         self.reader = SourceReader(consumer, self.reader_limits)
+        self.lanes = (
+            BatchLanes.open(config, self.book, self.reader, self.metrics, self.on_event)
+            if (config.copy_mode == "batches")
+            else None
+        )
         self.deliveries = deliveries = Deliveries(
             producer,
             self.book,
@@ -304,6 +313,7 @@ class ReplicationTask:
             destination_cluster=self.destination_cluster,
             origin_header=self.origin_header,
             throttle=self.throttle,
+            lanes=self.lanes,
         )
         self.throttle.share(config, self.follower.tasks)
         if self.owning:
@@ -354,7 +364,7 @@ class ReplicationTask:
         if now is not None and read is not None and read[0] == touched and now - read[1] < UNTOUCHED_LAGS_S:
             lags = None  # nothing moved: the lags last read stand
         else:
-            lags = self.book.lags(self.reader.watermarks)
+            lags = self.book.lags(self.reader.watermarks if self.lanes is None else self.lanes.watermarks)
             self.lags_read = (touched, now or time.monotonic())
         self.background.submit(self._store_metrics, self.metrics.drain(lags))
 

@@ -1,0 +1,207 @@
+"""The batch path (`copy.mode=batches`): partitions whose record batches can pass are copied as bytes by
+`replicator.batches` (fetched, their headers rewritten to this task's producer id and sequences, produced), beside
+the record path, which copies everything else through the source reader and the deliveries.
+
+Every partition starts on the record path, as it always did, and moves to a lane of the batch copier once the record
+path holds nothing of it (no run in flight, no refusal) and its destination partition (the same number) and size
+limit are known (`take_ready`, once a second); it leaves the source reader then, so its records come by one path
+alone. A batch that cannot pass (gaps, too large, not magic 2, a start inside it) is handed back: the partition
+returns to the source reader at that batch's first offset, and to a lane once the record path copied past the
+batch's end and holds nothing of it again, so the destination gets every record once and in order whichever path
+wrote it. A problem the copier cannot retry, a pause or a hold give the partition back to the record path too, whose
+decisions (pauses, backoffs, replaced producers) then apply unchanged; a producer the destination no longer knows
+(a lost or outdated producer id or sequence) is replaced by a new one for every lane.
+
+The ledger (`PartitionState`) holds both paths' progress: a lane's copies are acknowledged when its step returns, so
+a committed offset covers them as the record path's acknowledgements do.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from confluent_kafka import TopicPartition
+
+from replicator.assignment import SourcePartition
+from replicator.batches.copier import UNKNOWN_OFFSET, BatchCopier, Step
+from replicator.batches.wire import BrokerError, KafkaWire, Partition, UnsupportedSettingError
+from replicator.configuration.connector import ConnectorConfig
+from replicator.engine.metrics import TaskMetrics
+from replicator.engine.partitions import PartitionBook, PartitionState
+from replicator.engine.source_reader import SourceReader
+
+TAKE_READY_S = 1.0  # how often the record path's partitions are looked at for lanes
+GIVEN_BACK_S = 10.0  # a partition given back for a problem stays on the record path at least this long
+MAX_WAIT_MS = 100  # a fetch with nothing to copy is answered after this long: the loop's other duties wait no more
+FETCH_MAX_BYTES = 16 * 1024 * 1024
+# The destination no longer accepts the producer's identity or sequence: a new producer id, every lane again.
+PRODUCER_LOST = {45, 47, 59}  # OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER_ID
+
+
+class BatchLanes:
+    """The task's partitions on the batch path, and their moves between the two paths (see the module)."""
+
+    def __init__(self, copier: BatchCopier, book: PartitionBook, reader: SourceReader, metrics: TaskMetrics,
+                 on_event: Callable[[str], None]) -> None:  # fmt: skip
+        self.copier = copier
+        self.book = book
+        self.reader = reader
+        self.metrics = metrics
+        self.on_event = on_event
+        self.lanes: dict[SourcePartition, PartitionState] = {}
+        self.records_until: dict[SourcePartition, int] = {}  # handed back: the record path copies up to here
+        self.not_before: dict[SourcePartition, float] = {}
+        self.high_watermarks: dict[SourcePartition, int] = {}
+        self.handed_back: Counter[str] = Counter()  # batches handed to the record path, by reason
+        self.told: set[tuple[SourcePartition, str]] = set()  # hand-backs an event said, by partition and reason
+        self.taken_at = 0.0
+        self.removals = book.removals
+
+    @classmethod
+    def open(
+        cls,
+        config: ConnectorConfig,
+        book: PartitionBook,
+        reader: SourceReader,
+        metrics: TaskMetrics,
+        on_event: Callable[[str], None],
+    ) -> BatchLanes | None:
+        """The lanes of a connector that copies batches, connected to both clusters; None (every partition on the
+        record path, with an event saying why) when they cannot be."""
+        try:
+            source = KafkaWire(config.admin_settings("source"), fetch_max_bytes=FETCH_MAX_BYTES)
+        except (UnsupportedSettingError, BrokerError, OSError) as exc:
+            on_event(f"copy.mode=batches: the source cannot be read as batches ({exc}); the record path copies all")
+            return None
+        try:
+            destination = KafkaWire(config.admin_settings("destination"), fetch_max_bytes=1024 * 1024)
+            copier = BatchCopier(source, destination, max_wait_ms=MAX_WAIT_MS)
+        except (UnsupportedSettingError, BrokerError, OSError) as exc:
+            source.close()
+            on_event(f"copy.mode=batches: the destination takes no batches ({exc}); the record path copies all")
+            return None
+        return cls(copier, book, reader, metrics, on_event)
+
+    def close(self) -> None:
+        self.copier.source.close()
+        self.copier.destination.close()
+
+    def watermarks(self, tp: SourcePartition) -> tuple[int, int]:
+        """The partition's high watermark as a lane's last fetch answered (the reader's, off the lanes)."""
+        if tp in self.lanes:
+            return -1, self.high_watermarks.get(tp, -1)
+        return self.reader.watermarks(tp)
+
+    # -- the loop's turn ---------------------------------------------------------------------------------------
+
+    def step(self, now: float) -> None:
+        """Move partitions between the paths as needed, then copy every lane's batches once."""
+        if self.book.removals != self.removals:  # released, dropped, or made again: their lanes end
+            self.removals = self.book.removals
+            for tp in [tp for tp, state in self.lanes.items() if self.book.states.get(tp) is not state]:
+                self.copier.stop(Partition(*tp))
+                del self.lanes[tp]
+        for tp in [tp for tp in self.book.paused if tp in self.lanes]:
+            self._give_back(self.lanes[tp], "paused")
+        if now - self.taken_at >= TAKE_READY_S:
+            self.taken_at = now
+            self.take_ready(now)
+        if self.lanes:
+            self._settle(self.copier.step(), now)
+
+    def take_ready(self, now: float) -> None:
+        """Partitions the record path holds nothing of, whose destination partition and size limit are known."""
+        taken = []
+        for tp, state in self.book.states.items():
+            if tp in self.lanes or not _ready(state) or now < self.not_before.get(tp, 0.0):
+                continue
+            assert state.next_offset is not None and state.size_limit is not None  # (`_ready`)
+            until = self.records_until.get(tp)
+            if until is not None and state.next_offset < until:
+                continue  # the record path has not copied past the batch it was handed yet
+            try:
+                self.copier.start(Partition(*tp), state.next_offset, state.destination_topic, state.size_limit.bytes)
+            except ValueError:  # another source partition's lane writes that destination partition
+                self.not_before[tp] = now + GIVEN_BACK_S
+                continue
+            self.records_until.pop(tp, None)
+            self.lanes[tp] = state
+            taken.append(tp)
+        if taken:
+            self.reader.unassign(taken)
+            self.on_event(f"copy.mode=batches: {len(taken)} partition(s) copied as batches")
+
+    def _settle(self, step: Step, now: float) -> None:
+        for source, segments in step.segments.items():
+            state = self.lanes[(source.topic, source.partition)]
+            last = segments[-1]
+            after = last.destination_offset + last.count if last.destination_offset != UNKNOWN_OFFSET else None
+            state.copied_as_batches(max(state.next_offset or 0, last.source_offset + last.count), after)
+            self.metrics.counters_for(source.topic).add(
+                sum(s.count for s in segments), step.bytes_copied.get(source, 0)
+            )
+        for source, lane in self.copier.lanes.items():  # past control batches and aborted transactions too
+            state = self.lanes[(source.topic, source.partition)]
+            if state.next_offset is None or lane.position > state.next_offset:
+                state.copied_as_batches(lane.position, None)
+        if step.segments:
+            self.book.touched += 1
+        for source, watermark in step.high_watermarks.items():
+            self.high_watermarks[(source.topic, source.partition)] = watermark
+        for source, hand_back in step.handed_back.items():
+            tp = (source.topic, source.partition)
+            self.handed_back[hand_back.reason.value] += 1
+            self.records_until[tp] = hand_back.batch.next_offset
+            said = (tp, hand_back.reason.value)
+            why = None if said in self.told else f"a batch {hand_back.reason.value}"
+            self.told.add(said)  # once a partition and reason: a compacted topic hands every batch back
+            self._give_back(self.lanes[tp], why, hand_back.offset)
+        lost = False
+        for source, problem in step.problems.items():
+            tp = (source.topic, source.partition)
+            if problem.code in PRODUCER_LOST:
+                lost = True
+            elif not problem.retriable and tp in self.lanes:  # the record path meets it, and decides as it does
+                self.not_before[tp] = now + GIVEN_BACK_S
+                self._give_back(self.lanes[tp], f"{problem.name} ({problem.code})")
+        if lost:
+            self._new_producer(step)
+
+    def _new_producer(self, step: Step) -> None:
+        """The destination lost this producer's identity or sequence: every lane goes on with a new producer id."""
+        names = sorted({p.name for p in step.problems.values() if p.code in PRODUCER_LOST})
+        self.on_event(f"copy.mode=batches: the destination refused the batch producer ({', '.join(names)}); a new one")
+        old = self.copier
+        self.copier = BatchCopier(old.source, old.destination, max_wait_ms=MAX_WAIT_MS)
+        for tp, state in self.lanes.items():
+            assert state.next_offset is not None and state.size_limit is not None
+            self.copier.start(Partition(*tp), state.next_offset, state.destination_topic, state.size_limit.bytes)
+
+    def _give_back(self, state: PartitionState, why: str | None, offset: int | None = None) -> None:
+        """The record path copies `state` again, from `offset` (its next offset by default)."""
+        tp = state.tp
+        self.copier.stop(Partition(*tp))
+        del self.lanes[tp]
+        start = state.next_offset if offset is None else offset
+        assert start is not None
+        self.reader.assign([TopicPartition(tp[0], tp[1], start)])
+        if tp in self.reader.paused or state.paused_reason is not None:
+            self.reader.pause([tp])
+        if why is not None:
+            self.on_event(f"{tp[0]}[{tp[1]}] back on the record path at offset {start}: {why}")
+
+
+def _ready(state: PartitionState) -> bool:
+    """Whether the record path holds nothing of the partition and its lane's destination is known."""
+    return (
+        state.routed
+        and state.destination_partition == state.partition
+        and state.paused_reason is None
+        and not state.pending
+        and state.in_flight == 0
+        and state.refused_from is None
+        and state.next_offset is not None
+        and state.next_offset >= 0
+        and state.size_limit is not None
+    )

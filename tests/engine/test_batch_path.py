@@ -1,0 +1,136 @@
+"""The batch path in a running task (`copy.mode=batches`, `replicator.engine.batch_lanes`), on Apache Kafka 1.0: a
+partition's batches are copied as bytes (compressed ones still compressed at the destination, no provenance headers
+added), a batch that cannot pass is copied by the record path in its place, in order, and the partition returns to
+the batch path after it; offsets are committed as on the record path, so a restart resumes where the copy stopped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from mirus.waiting import wait_until
+from mirus_dagster.settings import StackEndpoints
+from replicator.batches.record_batch import RecordBatch, split
+from replicator.batches.wire import KafkaWire, Partition
+from replicator.configuration.connector import validate_submission
+from replicator.configuration.model import ConnectorConfigError
+from replicator.engine.task import TaskExit
+from replicator.state.store import Store
+from replicator.topics import provenance
+from tests.fixtures.engine_helpers import TaskThread, connector_properties, create_connector
+from tests.fixtures.kafka_helpers import Rec, consume_all, create_topics, produce
+
+BATCHES = {"copy.mode": "batches"}
+
+
+@pytest.fixture
+def destination_wire(apache_kafka: StackEndpoints) -> Iterator[KafkaWire]:
+    with KafkaWire({"bootstrap.servers": apache_kafka.destination_bootstrap_servers}, fetch_max_bytes=8_000_000) as w:
+        yield w
+
+
+def _raw_batches(wire: KafkaWire, topic: str, partition: int) -> list[RecordBatch]:
+    fetched = wire.fetch({Partition(topic, partition): 0}, partition_max_bytes=4_000_000)
+    result = fetched[Partition(topic, partition)]
+    assert result.problem is None, result.problem
+    return split(result.records)[0]
+
+
+def _as_read(records: list[Rec], strip_provenance: bool = False) -> list[tuple[object, ...]]:
+    """Records as a reader sees them, per partition in order (offsets aside: the copies' are the destination's)."""
+    rows = []
+    for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+        headers = provenance.user_headers(r.headers or []) if strip_provenance else r.headers
+        rows.append((r.partition, r.key, r.value, list(headers or []), r.timestamp))
+    return rows
+
+
+def _source_records(topic: str, partitions: int, count: int, size: int) -> list[dict[str, object]]:
+    return [
+        {
+            "topic": topic,
+            "partition": i % partitions,
+            "key": b"k%d" % i,
+            "value": (b"%06d." % i * (size // 7 + 1))[:size],
+            "headers": [("h", b"%d" % i), ("h", b"again")],
+            "timestamp": 1_700_000_000_000 + i,
+        }
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_batches_are_copied_as_bytes_and_resumed_after_a_stop(
+    apache_kafka: StackEndpoints, store: Store, unique: str, destination_wire: KafkaWire, compression: str
+) -> None:
+    source, destination = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
+    create_topics(source, {unique: 2})
+    create_topics(destination, {unique: 2})
+    produce(source, _source_records(unique, 2, 2000, 300), **{"compression.type": compression, "linger.ms": 50})
+    create_connector(
+        store,
+        connector_properties(apache_kafka, unique, **{"topics.whitelist": unique, **BATCHES}),
+        {0: [(unique, 0), (unique, 1)]},
+    )
+    runner = TaskThread.start(store, unique)
+    wait_until(lambda: store.load_offsets(unique) == {(unique, 0): 1000, (unique, 1): 1000}, what="2,000 copied")
+    assert runner.finish() is TaskExit.STOPPED
+    assert any("copied as batches" in e for e in runner.events), runner.events
+
+    copies = consume_all(destination, unique, 2, expected=2000)
+    originals = consume_all(source, unique, 2, expected=2000)
+    assert _as_read(copies) == _as_read(originals), "keys, values, headers and timestamps, in order, once"
+    assert not [c for c in copies if provenance.parse(c.headers) is not None], "batches carry no provenance headers"
+    for p in range(2):
+        copied = _raw_batches(destination_wire, unique, p)
+        assert copied and {b.compression for b in copied} == {3 if compression == "lz4" else 0}, "not recompressed"
+        assert all(b.producer_id >= 0 and not b.attributes & 0x10 for b in copied), "idempotent, not transactional"
+
+    # A restart resumes after what was committed: nothing re-sent after a clean stop.
+    produce(source, _source_records(unique, 2, 200, 300), **{"compression.type": compression})
+    runner = TaskThread.start(store, unique)
+    wait_until(lambda: store.load_offsets(unique) == {(unique, 0): 1100, (unique, 1): 1100}, what="200 more copied")
+    assert runner.finish() is TaskExit.STOPPED
+    assert len(consume_all(destination, unique, 2, expected=2200)) == 2200
+
+
+def test_a_batch_that_cannot_pass_is_copied_by_the_record_path_in_order_and_the_partition_returns_to_batches(
+    apache_kafka: StackEndpoints, store: Store, unique: str
+) -> None:
+    source, destination = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
+    create_topics(source, {unique: 1})
+    create_topics(destination, {unique: 1}, config={"max.message.bytes": "20000"})
+    small = _source_records(unique, 1, 20, 100)
+    produce(source, small[:10])  # small batches: they pass
+    big = [{**r, "value": b"b" * 1000} for r in _source_records(unique, 1, 100, 1000)]
+    produce(source, big, **{"linger.ms": 200, "batch.size": 1_000_000})  # one batch of ~100 KB: too large
+    create_connector(
+        store, connector_properties(apache_kafka, unique, **{"topics.whitelist": unique, **BATCHES}), {0: [(unique, 0)]}
+    )
+    runner = TaskThread.start(store, unique)
+    wait_until(lambda: store.load_offsets(unique) == {(unique, 0): 110}, timeout=60, what="110 copied")
+    produce(source, small[10:])  # after the record path copied the large batch: back on the batch path
+    wait_until(lambda: store.load_offsets(unique) == {(unique, 0): 120}, timeout=60, what="120 copied")
+    assert runner.finish() is TaskExit.STOPPED
+
+    copies = consume_all(destination, unique, 1, expected=120)
+    originals = consume_all(source, unique, 1, expected=120)
+    assert _as_read(copies, strip_provenance=True) == _as_read(originals), "every record once, in order"
+    by_path = [provenance.parse(c.headers) is not None for c in sorted(copies, key=lambda c: c.offset)]
+    assert by_path == [False] * 10 + [True] * 100 + [False] * 10, "batches, the large batch by records, batches"
+    assert any("larger than the destination topic's max.message.bytes" in e for e in runner.events), runner.events
+
+
+def test_copy_mode_batches_is_refused_with_exactly_once() -> None:
+    with pytest.raises(ConnectorConfigError, match=r"copy\.mode: must be records with exactly\.once\.support"):
+        validate_submission(
+            {
+                "name": "eos-batches",
+                "consumer.bootstrap.servers": "a:9092",
+                "destination.consumer.bootstrap.servers": "b:9092",
+                "topics.whitelist": "t",
+                "exactly.once.support": "required",
+                "copy.mode": "batches",
+            }
+        )
