@@ -15,6 +15,9 @@ import click
 from mirus.local.stack import LocalStack
 from mirus_dagster.constants import ENV_DESTINATION_BOOTSTRAP, ENV_SOURCE_BOOTSTRAP
 from mirus_dagster.settings import PlatformSettings
+from replicator.state.database import make_engine
+from replicator.state.records import CopySegment
+from replicator.state.store import Store
 from replicator.tools.verify import VerifyError, verify_replication
 
 EXIT_OK = 0
@@ -90,6 +93,16 @@ def _bootstrap(explicit: str | None, settings: dict[str, str], env_var: str, sid
     metavar="KEY=VALUE",
     help="A librdkafka setting for the destination client. Repeatable.",
 )
+@click.option(
+    "--connector",
+    help="The connector that replicates the topics: copies it made as record batches (which carry no provenance "
+    "headers) are attributed through the segments the platform database keeps.",
+)
+@click.option(
+    "--database-url",
+    envvar="MIRUS_DATABASE_URL",
+    help="The platform's Postgres, with --connector (default: local stack).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option(
     "--idle-seconds",
@@ -114,6 +127,8 @@ def verify(
     topic_specs: tuple[str, ...],
     source_config: tuple[str, ...],
     destination_config: tuple[str, ...],
+    connector: str | None,
+    database_url: str | None,
     as_json: bool,
     idle_seconds: float,
     timeout_seconds: float,
@@ -124,7 +139,8 @@ def verify(
     on a running platform with traffic flowing; the report says where each partition was checked up to.
 
     Exit code 0: all replicated (duplicates are allowed and counted); 1: records missing, out of order or
-    changed; 2: the check could not finish.
+    changed; 2: the check could not finish. Copies made as record batches carry no provenance headers: name
+    their connector (--connector) to attribute them exactly.
     """
     source = _settings(source_config, "--source-config")
     destination = _settings(destination_config, "--destination-config")
@@ -133,8 +149,18 @@ def verify(
         destination_bootstrap, destination, ENV_DESTINATION_BOOTSTRAP, "destination"
     )
     topics = _topics(topic_specs)
+    segments: list[CopySegment] = []
+    if connector:
+        store = Store(make_engine(database_url or LocalStack(PlatformSettings.from_env()).endpoints.database_url))
+        try:
+            stored = store.load_segments(connector)
+        finally:
+            store.engine.dispose()
+        segments = [g for (topic, _p), held in stored.items() if topic in topics for g in held]
     try:
-        report = verify_replication(source, destination, topics, timeout_s=timeout_seconds, idle_s=idle_seconds)
+        report = verify_replication(
+            source, destination, topics, timeout_s=timeout_seconds, idle_s=idle_seconds, segments=segments
+        )
     except VerifyError as exc:
         click.echo(f"error: {exc}", err=True)
         ctx.exit(EXIT_INCOMPLETE)

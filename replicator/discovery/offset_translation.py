@@ -10,7 +10,9 @@ record before O) therefore resumes at
 (or at the start of the destination partition when there is none). From D on, the destination holds exactly the
 records from O onwards: nothing the group has not processed is skipped, nothing it processed is read again. The
 search reads the destination partition (from the group's previous checkpoint on, when it had one), so it works on
-brokers whose high watermarks cannot be trusted; it stops at the partition's end.
+brokers whose high watermarks cannot be trusted; it stops at the partition's end. Copies made as record batches
+(shallow mirroring) carry no header: Postgres keeps where they are (`copy_segments`, committed with the offsets),
+and the same D is found there; an O between two segments (records compacted away) resumes at the next copy.
 
 Translations are kept as checkpoints in Postgres (`checkpoints`), so a failover after the source cluster is lost
 still has the last ones. With `sync.group.offsets.enabled`, they are also committed into the destination group of
@@ -148,6 +150,7 @@ class OffsetTranslator:
                     (group, (topic, partition), offset)
                 )
         found = self._scan(targets, starts)
+        self._segmented(targets, found)
         self._returning(targets, found)
         replicated = self.store.load_offsets(self.config.name)
         out = []
@@ -212,6 +215,22 @@ class OffsetTranslator:
             consumer.close()
         return found
 
+    def _segmented(
+        self,
+        targets: Mapping[tuple[str, int], list[tuple[str, SourcePartition, int]]],
+        found: dict[tuple[str, str, int], int],
+    ) -> None:
+        """Copies made as record batches carry no header: the stored segments say where the newest copy of a record
+        below each committed offset is (`Store.resume_points`). A partition may hold both kinds of copies; the later
+        position wins, as it would between two copies found by their headers."""
+        wanted = [(source, dest, offset) for dest, items in targets.items() for _group, source, offset in items]
+        points = self.store.resume_points(self.config.name, wanted)
+        for dest, items in targets.items():
+            for group, (topic, partition), offset in items:
+                resume = points.get(((topic, partition), dest, offset))
+                if resume is not None:
+                    found[(group, topic, partition)] = max(found[(group, topic, partition)], resume)
+
     def _returning(
         self,
         targets: Mapping[tuple[str, int], list[tuple[str, SourcePartition, int]]],
@@ -237,19 +256,29 @@ class OffsetTranslator:
             }
         )
         prefix = f"{self.destination_cluster}/"
+        origins: dict[tuple[str, int, int], tuple[str, int, int]] = {}
         try:
-            for (topic, partition, offset), readers in sorted(wanted.items()):
+            for topic, partition, offset in sorted(wanted):
                 consumer.assign([TopicPartition(topic, partition, offset)])
                 msg = next(iter(as_records(consumer.consume(1, 5.0))), None)
                 if msg is None or msg.error() is not None or msg.offset() != offset:
                     continue  # gone (compaction, retention) or unreadable: the scan's answer stands
                 origin = _source_of(msg.headers(), prefix)
-                for destination, group in readers:
-                    if origin is not None and origin[:2] == destination:
-                        key = (group, topic, partition)
-                        found[key] = max(found[key], origin[2] + 1)
+                if origin is not None:
+                    origins[(topic, partition, offset)] = origin
         finally:
             consumer.close()
+        # A copy made as a record batch carries no header: its flow's segments name its original.
+        headless = [((t, p), o) for t, p, o in sorted(wanted) if (t, p, o) not in origins]
+        for ((topic, partition), offset), origin in self.store.copy_origins(
+            self.destination_cluster, self.source_cluster, headless
+        ).items():
+            origins[(topic, partition, offset)] = origin
+        for copy, origin in origins.items():
+            for destination, group in wanted[copy]:
+                if origin[:2] == destination:
+                    key = (group, copy[0], copy[1])
+                    found[key] = max(found[key], origin[2] + 1)
 
     @staticmethod
     def _watermarks(consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:

@@ -22,6 +22,7 @@ from replicator.state.records import (
     LEASE_HELD,
     ConnectorNotStoppedError,
     ConnectorState,
+    CopySegment,
     Lease,
     TasksStillStoppingError,
     UnknownConnectorError,
@@ -31,6 +32,7 @@ from replicator.state.schema import (
     Offset,
     TaskLease,
 )
+from replicator.state.segment_store import write_segments
 
 # Every changed partition of a commit in one statement: per topic, an array with the new offsets at their partitions
 # and NULL elsewhere, merged into the stored array element by element (a NULL keeps the stored value; the longer
@@ -77,13 +79,15 @@ class OffsetStore(StoreBase):
         lease: Lease,
         offsets: Mapping[SourcePartition, int],
         destination_offsets: Mapping[SourcePartition, int] | None = None,
+        segments: Iterable[CopySegment] = (),
     ) -> None:
         """Heartbeat and store `offsets` (next offset to replicate) atomically, only under `lease`'s epoch.
 
         `destination_offsets`: where the partition's next copy goes at the destination (a partition without a new
         one keeps its stored value), read from at a start (`replicator.engine.destination_copies`). One statement
         for every changed partition: a topic's partitions go as one array, merged into the stored one element by
-        element."""
+        element. `segments`: where the record batches copied since the last commit went (`segment_store.py`), in
+        the same transaction, so that stored offsets never run ahead of the segments that translate them."""
         with Session(self.engine) as s, s.begin():
             self._fence_check(s, lease)
             if offsets:
@@ -95,6 +99,7 @@ class OffsetStore(StoreBase):
                         **_topic_arrays(offsets, destination_offsets or {}),
                     },
                 )
+            write_segments(s, lease.connector, segments)
 
     def load_offsets(
         self, connector: str, partitions: Iterable[SourcePartition] | None = None

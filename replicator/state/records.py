@@ -155,6 +155,30 @@ class CheckpointRow:
 
 
 @dataclass(frozen=True)
+class CopySegment:
+    """Source offsets `source_start` .. `source_start + count - 1` of `topic`[`partition`], copied as record batches
+    (bytes, no provenance header) to `destination_start` onwards of `destination_topic`[`destination_partition`], in
+    order and without gaps: the provenance of shallow copies (issue 48). The store keeps contiguous ones as one."""
+
+    topic: str
+    partition: int
+    source_start: int
+    destination_topic: str
+    destination_partition: int
+    destination_start: int
+    count: int
+
+    def continued_by(self, other: CopySegment) -> bool:
+        """Whether `other` starts where this one ends, at the source and the destination alike."""
+        return (
+            (other.topic, other.partition, other.destination_topic, other.destination_partition)
+            == (self.topic, self.partition, self.destination_topic, self.destination_partition)
+            and other.source_start == self.source_start + self.count
+            and other.destination_start == self.destination_start + self.count
+        )
+
+
+@dataclass(frozen=True)
 class TaskStatus:
     task_id: int
     partitions: int

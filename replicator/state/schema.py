@@ -13,6 +13,8 @@
 - `partition_lags`: per connector and source topic, each partition's latest lag (an array element each, overwritten).
 - `flows`: per connector, its clusters' ids and its periodic duties (topic configs, group offsets, heartbeats).
 - `checkpoints`: a source consumer group's committed offset and its exact destination translation.
+- `copy_segments`: where stretches of a source partition copied as record batches (no provenance header) are.
+- `platform_producer_ids`: the producer ids this platform's flows hold at each cluster (the batch path's cycle guard).
 """
 
 from __future__ import annotations
@@ -289,3 +291,47 @@ class Checkpoint(Base):
         BigInteger, nullable=False, doc="Where the group resumes at the destination: nothing skipped or re-read."
     )
     updated_at: Mapped[datetime] = _now()
+
+
+class Segment(Base):
+    """A stretch of a source partition copied as record batches, which carry no provenance header, and where its
+    copies are (`CopySegment`). Contiguous stretches are one row, so rows grow with gaps (compaction, batches the
+    record path took, restarts), not with traffic. The key ends with the destination offset: the newest segment of
+    a source partition in a destination partition is the last of that key range.
+
+    Deliberately not tied to `connectors`, like `checkpoints`: failover translates through them after a delete."""
+
+    __tablename__ = "copy_segments"
+    __table_args__ = (
+        # Which source record a flow's copy at a given destination offset stands for (failback translation).
+        Index(
+            "ix_copy_segments_destination",
+            "connector",
+            "destination_topic",
+            "destination_partition",
+            "destination_start",
+        ),
+    )
+
+    connector: Mapped[str] = mapped_column(Text, primary_key=True)
+    topic: Mapped[str] = mapped_column(Text, primary_key=True, doc="Source topic.")
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True, doc="Source partition.")
+    destination_topic: Mapped[str] = mapped_column(Text, primary_key=True)
+    destination_partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    destination_start: Mapped[int] = mapped_column(BigInteger, primary_key=True, doc="Offset of the first copy.")
+    source_start: Mapped[int] = mapped_column(BigInteger, nullable=False, doc="Offset of the first source record.")
+    count: Mapped[int] = mapped_column(BigInteger, nullable=False, doc="Records, at consecutive offsets on both sides.")
+
+
+class PlatformProducerId(Base):
+    """A producer id a flow of this platform holds at a cluster, recorded before it writes anything there: a batch
+    carrying it was written by this platform, and the batch path never copies it back."""
+
+    __tablename__ = "platform_producer_ids"
+
+    cluster_id: Mapped[str] = mapped_column(Text, primary_key=True, doc="Kafka cluster id the producer writes to.")
+    producer_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    connector: Mapped[str] = mapped_column(Text, nullable=False)
+    task_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    epoch: Mapped[int] = mapped_column(BigInteger, nullable=False, doc="The task's lease epoch that recorded it.")
+    recorded_at: Mapped[datetime] = _now()

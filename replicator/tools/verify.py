@@ -10,9 +10,9 @@ end offsets set aside for that partition: reading then stops at the first record
 destination partition is read up to its end offset taken when the check starts, so that every copy written before
 then is counted, duplicates after the last source record's copy included, and on until every checked source record
 has been seen there; reading stops early only when no copy of one (nor a record below those end offsets) arrived
-for `idle_s`. Destination records are attributed to the source record they copy by their provenance headers;
-records without them (provenance turned off) are matched by content within the destination partition of the
-same number.
+for `idle_s`. Destination records are attributed to the source record they copy by their provenance headers, or,
+for record batches copied as bytes (shallow mirroring), by the copy segments Postgres keeps; other records without
+headers (provenance turned off) are matched by content within the destination partition of the same number.
 
 Memory stays small for millions of records: per source record only its offset, a 64-bit hash of key, value and
 user headers, its timestamp and a delivery counter are kept (about 25 bytes); destination records are checked
@@ -25,8 +25,9 @@ What a check keeps is `verify_ledger.py`, how it reads a cluster `verify_reader.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
+from replicator.state.records import CopySegment
 from replicator.tools.verify_ledger import SourceLog, VerifyRun
 from replicator.tools.verify_reader import ClusterReader, VerifyError
 from replicator.tools.verify_report import DestinationResult, VerifyReport
@@ -41,20 +42,22 @@ def verify_replication(
     *,
     timeout_s: float = 60.0,
     idle_s: float = 3.0,
+    segments: Iterable[CopySegment] = (),
 ) -> VerifyReport:
     """Compare every partition of each source topic in `topics` with its destination topic.
 
     `source` and `destination` are librdkafka client settings (secrets in them are never put in messages).
     Each source partition is read up to the snapshot described in the module docstring; the destination up to
     its end offsets at the start and until every checked record was seen, or no copy of one arrived for `idle_s`.
-    `timeout_s` bounds the whole check, and a check cut short by it reports `complete=False`.
+    `timeout_s` bounds the whole check, and a check cut short by it reports `complete=False`. `segments`: where
+    record batches were copied without provenance headers (`Store.load_segments`), to attribute those copies exactly.
     """
     if not topics:
         raise ValueError("no topics to verify: an empty check would report OK without looking at anything")
     started = time.monotonic()
     started_at_ms = int(time.time() * 1000)
     deadline = started + timeout_s
-    run = VerifyRun(topics)
+    run = VerifyRun(topics, segments)
 
     with ClusterReader("destination", destination) as copies:
         assigned: list[tuple[str, int]] = []

@@ -1,17 +1,19 @@
 """The bookkeeping of one check (`replicator.tools.verify`): each source partition's records as read, in compact
 per-record arrays (offset, a 64-bit hash of key, value and user headers, timestamp, a delivery counter), and the
-attribution of each destination record to the source record it copies, by provenance headers or by content.
+attribution of each destination record to the source record it copies: by provenance headers, by the copy segments
+of record batches copied without them, or by content.
 """
 
 from __future__ import annotations
 
 import hashlib
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from replicator.partition_reader import Record
+from replicator.state.records import CopySegment
 from replicator.tools.verify_report import DestinationResult, Mismatch, PartitionResult, Replay, VerifyReport
 from replicator.topics import provenance
 
@@ -177,10 +179,21 @@ class SourceLog:
 
 
 class VerifyRun:
-    """The state of one check: source logs filled first, then destination records attributed as they stream."""
+    """The state of one check: source logs filled first, then destination records attributed as they stream.
 
-    def __init__(self, topics: Mapping[str, str]) -> None:
+    `segments`: where copies made as record batches are (`Store.load_segments`); a destination record without
+    provenance headers that one of them holds stands for its source record, as if its header named it."""
+
+    def __init__(self, topics: Mapping[str, str], segments: Iterable[CopySegment] = ()) -> None:
         self.topics = dict(topics)
+        # Per destination partition: its segments' first offsets, ascending, and the segments.
+        self._segments: dict[tuple[str, int], tuple[list[int], list[CopySegment]]] = {}
+        for segment in sorted(segments, key=lambda g: g.destination_start):
+            starts, held = self._segments.setdefault(
+                (segment.destination_topic, segment.destination_partition), ([], [])
+            )
+            starts.append(segment.destination_start)
+            held.append(segment)
         self.sources: dict[tuple[str, int], SourceLog] = {}
         self.destinations: dict[str, DestinationResult] = {}
         self.complete = True
@@ -205,8 +218,12 @@ class VerifyRun:
         content = _content_hash(msg.key(), msg.value(), provenance.user_headers(headers))
         timestamp = msg.timestamp()[1]
         origin = provenance.parse(headers)
-
-        if origin is None:
+        source: tuple[str, int, int] | None = None
+        if origin is not None:
+            source = (origin.source_topic, origin.source_partition, origin.source_offset)
+        elif (source := self._segment_source(topic, partition, msg.offset())) is not None:
+            dest.by_segments += 1
+        if source is None:
             for source_topic in self._feeds[topic]:
                 log = self.sources.get((source_topic, partition))
                 i = log.index_by_content(content, timestamp) if log is not None else None
@@ -218,21 +235,31 @@ class VerifyRun:
             dest.unmatched += 1
             return False
 
-        log = self.sources.get((origin.source_topic, origin.source_partition))
-        if log is None or self.topics.get(origin.source_topic) != topic:
+        source_topic, source_partition, source_offset = source
+        log = self.sources.get((source_topic, source_partition))
+        if log is None or self.topics.get(source_topic) != topic:
             dest.foreign += 1
             return False
-        if log.checked_until is not None and origin.source_offset >= log.checked_until:
+        if log.checked_until is not None and source_offset >= log.checked_until:
             log.after_snapshot += 1
             return False
-        i = log.index_of(origin.source_offset)
+        i = log.index_of(source_offset)
         if i is None:
             log.unknown += 1
             return False
-        if partition != origin.source_partition:
+        if partition != source_partition:
             log.elsewhere += 1
         log.deliver((topic, partition), i, content, timestamp)
         return True
+
+    def _segment_source(self, topic: str, partition: int, offset: int) -> tuple[str, int, int] | None:
+        """The source record (topic, partition, offset) a segment says the copy at `offset` stands for."""
+        starts, held = self._segments.get((topic, partition), ((), ()))
+        i = bisect_right(starts, offset) - 1
+        if i < 0 or offset >= held[i].destination_start + held[i].count:
+            return None
+        segment = held[i]
+        return segment.topic, segment.partition, segment.source_start + offset - segment.destination_start
 
     def timed_out(self, side: str, timeout_s: float) -> None:
         self.complete = False

@@ -72,7 +72,8 @@ class DestinationResult:
     """What was found in one destination topic, including records that belong to no verified source partition.
 
     `unmatched`: records without provenance headers whose content matches no source record. `foreign`: records
-    whose provenance names a source topic or partition that is not mapped to this topic.
+    whose provenance names a source topic or partition that is not mapped to this topic. `by_segments`: records
+    without provenance headers attributed by the copy segments of record batches (shallow mirroring).
     """
 
     topic: str
@@ -82,6 +83,7 @@ class DestinationResult:
     content_matched: int = 0
     unmatched: int = 0
     foreign: int = 0
+    by_segments: int = 0
 
 
 @dataclass
@@ -225,8 +227,8 @@ class VerifyReport:
                 continue
             lines.append(
                 f"  {d.topic}: {d.partitions} partition(s), {d.records} record(s); by provenance "
-                f"{d.records - d.content_matched - d.unmatched}, matched by content {d.content_matched}, "
-                f"unmatched {d.unmatched}, foreign {d.foreign}"
+                f"{d.records - d.by_segments - d.content_matched - d.unmatched}, by copy segments {d.by_segments}, "
+                f"matched by content {d.content_matched}, unmatched {d.unmatched}, foreign {d.foreign}"
             )
         return lines
 

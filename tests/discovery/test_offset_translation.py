@@ -6,7 +6,14 @@ from __future__ import annotations
 import time
 
 from click.testing import CliRunner
-from confluent_kafka import Consumer, ConsumerGroupState, ConsumerGroupTopicPartitions, KafkaError, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupState,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import text
 
@@ -16,7 +23,9 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.configuration.connector import ConnectorConfig, validate_submission
 from replicator.discovery.monitor import KafkaMonitor
 from replicator.discovery.offset_translation import sync_groups
+from replicator.state.records import CopySegment
 from replicator.state.store import Store
+from replicator.topics import provenance
 from tests.fixtures.engine_helpers import TaskThread, connector_properties
 from tests.fixtures.kafka_helpers import cluster_id, consume_all, create_topics, produce
 
@@ -294,3 +303,110 @@ def test_a_translation_is_applied_only_once_the_destination_holds_what_the_group
     assert code == 0, err
     assert out.splitlines()[1] == f"{group},{topic},0,5,{topic},0,5"
     assert _resume_as_group(dst, group, topic, 1) == [b"v%d" % i for i in range(5, 10)]
+
+
+def _transactions(bootstrap: str, topic: str, transactions: int, size: int) -> None:
+    """`transactions` committed transactions of `size` records into partition 0 of `topic`, each record's value its
+    offset (each transaction's commit marker takes the offset after its records)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": topic})
+    producer.init_transactions(30)
+    for t in range(transactions):
+        producer.begin_transaction()
+        for i in range(size):
+            producer.produce(topic, b"v%02d" % (t * (size + 1) + i), partition=0)
+        producer.commit_transaction(30)
+
+
+def test_copies_made_as_record_batches_translate_exactly_through_their_segments(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    """Copies made as record batches carry no header: the segments committed with the offsets translate them, in a
+    partition that also holds record-path copies (with headers), after a replay, and for a group whose offset falls
+    between two segments (a transaction marker's offset, which no batch copies)."""
+    src, dst = stack.source_bootstrap_servers, stack.destination_bootstrap_servers
+    topic = unique
+    create_topics(src, {topic: 1})
+    _transactions(src, topic, 3, 10)  # records 0..9, 11..20, 22..31; markers at 10, 21, 32
+    config = _put(store, connector_properties(stack, unique, **{"topics.whitelist": topic}))
+    KafkaMonitor(store).poll(config.name)  # creates the destination topic
+    source_id = cluster_id(src)
+
+    def copies(offsets: range, headers: bool = False) -> list[dict[str, object]]:
+        return [
+            {
+                "topic": topic,
+                "partition": 0,
+                "value": b"v%02d" % o,
+                "headers": provenance.copy_headers(None, source_id, source_id, topic, 0, o) if headers else None,
+            }
+            for o in offsets
+        ]
+
+    # As the batch path and the record path would write them, then commit: 0..9 and 11..20 as batches at 0..19,
+    # 22..26 by the record path at 20..24, 27..31 as a batch at 25..29, and again after a restart at 30..34.
+    produce(
+        dst, copies(range(10)) + copies(range(11, 21)) + copies(range(22, 27), headers=True) + copies(range(27, 32))
+    )
+    produce(dst, copies(range(27, 32)))
+    segments = [CopySegment(topic, 0, s, topic, 0, d, n) for s, d, n in [(0, 0, 10), (11, 10, 10), (27, 25, 5)]]
+    lease = store.claim_task(config.name, 0, "batch path")
+    store.commit(lease, {(topic, 0): 27}, segments=segments)
+    store.commit(lease, {(topic, 0): 33}, segments=[CopySegment(topic, 0, 27, topic, 0, 30, 5)])
+    assert len(store.load_segments(config.name)[(topic, 0)]) == 4  # the source's gap at 10 and the record path's
+
+    # Groups that processed 10, 14, 22, 28 and 30 records: committed offsets 10 (the marker), 15, 24, 30, 32.
+    expected = {10: 10, 14: 14, 22: 22, 28: 33, 30: 35}
+    everything = {b"v%02d" % o for o in [*range(10), *range(11, 21), *range(22, 32)]}
+    for count, destination_offset in expected.items():
+        group = f"{unique}-{count}"
+        consumed = _consume_exactly(src, group, topic, {0: count})
+        committed = int(consumed[-1][1:]) + 1
+        code, out, err = _translate(stack, config.name, group, "--apply")
+        assert code == 0, err
+        assert out.splitlines()[1] == f"{group},{topic},0,{committed},{topic},0,{destination_offset}"
+        resumed = _resume_as_group(dst, group, topic, 1)
+        assert set(consumed) & set(resumed) == set(), f"{group} re-reads"
+        assert everything - set(consumed) - set(resumed) == set(), f"{group} skips"
+        assert [c.destination_offset for c in store.checkpoints(config.name, group)] == [destination_offset]
+
+
+def test_failback_through_copies_without_headers_rereads_and_skips_nothing(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    """Identity naming both ways, every copy made as a record batch: a group that failed back while reading copies
+    of a's records resumes after their originals at a (found through the forward flow's segments), one that reached
+    b's own records after their copies."""
+    a, b = stack.source_bootstrap_servers, stack.destination_bootstrap_servers
+    topic = unique
+    early, late = f"{unique}-early", f"{unique}-late"
+    create_topics(a, {topic: 1})
+    forward = _put(store, _identity(stack, f"{unique}-ab", a, b, topic))
+    backward = _put(store, _identity(stack, f"{unique}-ba", b, a, topic))
+    a_records = [{"topic": topic, "value": b"a%02d" % i} for i in range(20)]
+    b_records = [{"topic": topic, "value": b"b%02d" % i} for i in range(10)]
+    produce(a, a_records)
+    KafkaMonitor(store).poll(forward.name)  # creates the topic at b; both flows' cluster ids are recorded
+    KafkaMonitor(store).poll(backward.name)
+    produce(b, a_records)  # the forward flow's copies: a's 20 records, bytes as they were, no header
+    ab = store.claim_task(forward.name, 0, "batch path")
+    store.commit(ab, {(topic, 0): 20}, segments=[CopySegment(topic, 0, 0, topic, 0, 0, 20)])
+
+    read_at_a = {group: _consume_exactly(a, group, topic, {0: 12}) for group in (early, late)}
+    for group in (early, late):
+        code, out, err = _translate(stack, forward.name, group, "--apply")
+        assert (code, out.splitlines()[1]) == (0, f"{group},{topic},0,12,{topic},0,12"), err
+    read_at_b = {early: _continue(b, early, topic, 8)}  # up to the last copy of a's records
+    produce(b, b_records)  # new traffic lands on b
+    read_at_b[late] = _continue(b, late, topic, 13)  # into b's own records
+
+    produce(a, b_records)  # failback: the backward flow copies b's own records to a (a's copies it skips)
+    ba = store.claim_task(backward.name, 0, "batch path")
+    store.commit(ba, {(topic, 0): 30}, segments=[CopySegment(topic, 0, 20, topic, 0, 20, 10)])
+    everything = {r["value"] for r in a_records + b_records}
+    for group, resumes_at in ((early, 20), (late, 25)):
+        code, out, err = _translate(stack, backward.name, group, "--apply")
+        assert (code, out.splitlines()[1].rsplit(",", 1)[1]) == (0, str(resumes_at)), err
+        processed = read_at_a[group] + read_at_b[group]
+        resumed = _resume_as_group(a, group, topic, 1)
+        assert (set(processed) & set(resumed), everything - set(processed) - set(resumed)) == (set(), set()), group
+        assert len(resumed) == 30 - len(processed)

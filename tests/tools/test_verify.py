@@ -11,6 +11,8 @@ from click.testing import CliRunner
 from mirus.cli.verify import verify
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
+from replicator.state.records import CopySegment
+from replicator.state.store import Store
 from replicator.tools.verify import verify_replication
 from replicator.tools.verify_reader import BATCH_SIZE
 from replicator.tools.verify_report import Mismatch, PartitionResult, Replay, VerifyReport
@@ -226,6 +228,56 @@ def test_without_provenance_records_are_matched_by_content(stack: StackEndpoints
     assert (partition(report, 0).missing_offsets, partition(report, 1).ok) == ([4], True)
     (dest,) = report.destinations
     assert (dest.records, dest.content_matched, dest.unmatched) == (12, 11, 1)
+
+
+def test_copies_made_as_record_batches_are_attributed_by_their_segments(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    """Shallow mirroring copies batches as bytes: the copies hold the records' own headers and no provenance. The
+    segments stored with the batch path's commits attribute them exactly, as headers would: a replay is a replay,
+    a changed copy is a mismatch (content matching would call it missing and unmatched)."""
+    src = source_records(stack, unique)
+    dst = f"{unique}.copy"
+    p0, p1 = src[0], src[1]
+    # Partition 0: 0..5 as two batches, then a restart copied 3..5 again. Partition 1: 0..2 as a batch whose copy
+    # of 2 was changed on the way, 3 by the record path (with provenance), 5 as a batch (4 never copied).
+    records = [copy(r, dst, with_provenance=False) for r in p0 + p0[3:] + p1[:2]]
+    records += [copy(p1[2], dst, with_provenance=False, value=b"tampered"), copy(p1[3], dst)]
+    records.append(copy(p1[5], dst, with_provenance=False))
+    destination(stack, dst, records)
+    store.put_connector(unique, {"name": unique}, 1)
+    segments = [
+        CopySegment(unique, 0, 0, dst, 0, 0, 3),
+        CopySegment(unique, 0, 3, dst, 0, 3, 3),
+        CopySegment(unique, 0, 3, dst, 0, 6, 3),
+        CopySegment(unique, 1, 0, dst, 1, 0, 3),
+        CopySegment(unique, 1, 5, dst, 1, 4, 1),
+    ]
+    store.commit(store.claim_task(unique, 0, "batch path"), {(unique, 0): 6, (unique, 1): 6}, segments=segments)
+
+    result = CliRunner().invoke(
+        verify,
+        [
+            *("--source-bootstrap", stack.source_bootstrap_servers),
+            *("--destination-bootstrap", stack.destination_bootstrap_servers),
+            *("--idle-seconds", str(IDLE_S), "--topic", f"{unique}:{dst}", "--json"),
+            *("--connector", unique, "--database-url", stack.database_url),
+        ],
+    )
+
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    first, second = report["partitions"]
+    assert (first["ok"], first["replicated"], first["duplicated"], first["replays"]) == (
+        True,
+        6,
+        3,
+        [{"start": 3, "highest": 5}],
+    )
+    assert (second["missing_offsets"], second["mismatched_offsets"]) == ([4], [{"offset": 2, "differs": "content"}])
+    [copies] = report["destinations"]
+    assert (copies["records"], copies["by_segments"], copies["content_matched"], copies["unmatched"]) == (14, 13, 0, 0)
+    assert report["content_matching_used"] is False
 
 
 def test_the_verify_command_exit_codes(stack: StackEndpoints, unique: str) -> None:
