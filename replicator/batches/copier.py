@@ -12,7 +12,7 @@ again at the next step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from replicator.batches.record_batch import (
@@ -115,10 +115,14 @@ class BatchCopier:
         producer: ProducerIdentity | None = None,
         max_wait_ms: int = 500,
         partition_fetch_bytes: int = PARTITION_FETCH_BYTES,
+        ours: Callable[[int], bool] = lambda _producer_id: False,
     ) -> None:
         self.source = source
         self.destination = destination
         self.producer = producer or destination.init_producer_id()
+        # Whether a batch's producer id is one this platform's flows write the source cluster with: such a batch is
+        # a copy of another cluster's records, skipped (the cycle guard of the batch path).
+        self.ours = ours
         self.max_wait_ms = max_wait_ms
         self.partition_fetch_bytes = partition_fetch_bytes
         self.lanes: dict[Partition, Lane] = {}
@@ -170,6 +174,8 @@ class BatchCopier:
         sequence = self.sequences[lane.destination]
         position = lane.position
         for batch in committed(batches, aborted):
+            if batch.producer_id >= 0 and batch.next_offset > position and self.ours(batch.producer_id):
+                continue  # a copy this platform wrote: never written back (the plan's end moves past it)
             if reason := batch.why_not(position, lane.max_message_bytes):
                 plan.hand_back = HandBack(max(position, batch.base_offset), reason, batch)
                 break

@@ -243,9 +243,11 @@ class PropertyFields(BaseModel):
         "kept, offsets without gaps, magic 2, within the destination topic's max.message.bytes): their records, "
         "compression, timestamps and headers untouched, no provenance headers added; the record path copies what "
         "cannot pass, in order, and every partition until it moves to batches (nothing in flight, its destination "
-        "partition and size limit known). Copies made as batches carry no provenance headers: offset translation "
-        "and `mirus verify` do not see them yet, and a flow back to the source must not copy them (no cycle guard "
-        "yet). `records`: every record through the record path, with provenance headers. At least once only.",
+        "partition and size limit known). Copies made as batches carry no provenance headers: where they went is "
+        "stored in Postgres (offset translation and `mirus verify --connector` use it), and a flow back copying "
+        "batches skips them by their producer id; a flow back on `records` cannot tell them (keep both directions "
+        "on `batches`). `records`: every record through the record path, with provenance headers. At least once "
+        "only.",
         choices=frozenset({"records", "batches"}), expected="records or batches")
     task_heartbeat_interval_ms: int = Property(
         2000, "How often a task proves it is alive: every offset commit heartbeats its lease, and when commits are "

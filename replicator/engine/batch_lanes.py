@@ -13,7 +13,10 @@ decisions (pauses, backoffs, replaced producers) then apply unchanged; a produce
 (a lost or outdated producer id or sequence) is replaced by a new one for every lane.
 
 The ledger (`PartitionState`) holds both paths' progress: a lane's copies are acknowledged when its step returns, so
-a committed offset covers them as the record path's acknowledgements do.
+a committed offset covers them as the record path's acknowledgements do. Their provenance lives in Postgres, not in
+headers: each copied run's segment (source offset, destination offset, count) goes with the next offset commit
+(`segments`, `Committer`), and the batch producer's id is recorded for the destination cluster before it writes;
+a batch whose producer id the platform recorded for the source cluster is a copy, and is skipped (the cycle guard).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from replicator.configuration.connector import ConnectorConfig
 from replicator.engine.metrics import TaskMetrics
 from replicator.engine.partitions import PartitionBook, PartitionState
 from replicator.engine.source_reader import SourceReader
+from replicator.state.records import CopySegment, Lease
+from replicator.state.store import Store
 
 TAKE_READY_S = 1.0  # how often the record path's partitions are looked at for lanes
 GIVEN_BACK_S = 10.0  # a partition given back for a problem stays on the record path at least this long
@@ -39,12 +44,41 @@ FETCH_MAX_BYTES = 16 * 1024 * 1024
 PRODUCER_LOST = {45, 47, 59}  # OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER_ID
 
 
+class Provenance:
+    """The producer ids this platform's flows write with, in Postgres: the batch producer's recorded for the
+    destination cluster, and those recorded for the source cluster asked (`ours`), read again for an id not seen."""
+
+    def __init__(self, store: Store, lease: Callable[[], Lease], source_cluster: str, destination_cluster: str) -> None:
+        self.store = store
+        self.lease = lease  # (the task's, claimed after its clients may have been made: a standby's)
+        self.source_cluster = source_cluster
+        self.destination_cluster = destination_cluster
+        self.platform: set[int] = set()
+        self.others: set[int] = set()  # ids read again and found not to be the platform's
+
+    def record(self, producer_id: int) -> None:
+        self.store.record_producer_id(self.lease(), self.destination_cluster, producer_id)
+
+    def ours(self, producer_id: int) -> bool:
+        if producer_id in self.platform:
+            return True
+        if producer_id in self.others:
+            return False
+        self.platform = self.store.platform_producer_ids(self.source_cluster)
+        if producer_id not in self.platform:
+            self.others.add(producer_id)
+        return producer_id in self.platform
+
+
 class BatchLanes:
     """The task's partitions on the batch path, and their moves between the two paths (see the module)."""
 
     def __init__(self, copier: BatchCopier, book: PartitionBook, reader: SourceReader, metrics: TaskMetrics,
-                 on_event: Callable[[str], None]) -> None:  # fmt: skip
+                 on_event: Callable[[str], None], provenance: Provenance) -> None:  # fmt: skip
         self.copier = copier
+        self.provenance = provenance
+        self.recorded: int | None = None  # the producer id recorded for the destination cluster
+        self.segments: list[CopySegment] = []  # copied since the last offset commit that stored them
         self.book = book
         self.reader = reader
         self.metrics = metrics
@@ -66,6 +100,7 @@ class BatchLanes:
         reader: SourceReader,
         metrics: TaskMetrics,
         on_event: Callable[[str], None],
+        provenance: Provenance,
     ) -> BatchLanes | None:
         """The lanes of a connector that copies batches, connected to both clusters; None (every partition on the
         record path, with an event saying why) when they cannot be."""
@@ -76,16 +111,20 @@ class BatchLanes:
             return None
         try:
             destination = KafkaWire(config.admin_settings("destination"), fetch_max_bytes=1024 * 1024)
-            copier = BatchCopier(source, destination, max_wait_ms=MAX_WAIT_MS)
+            copier = BatchCopier(source, destination, max_wait_ms=MAX_WAIT_MS, ours=provenance.ours)
         except (UnsupportedSettingError, BrokerError, OSError) as exc:
             source.close()
             on_event(f"copy.mode=batches: the destination takes no batches ({exc}); the record path copies all")
             return None
-        return cls(copier, book, reader, metrics, on_event)
+        return cls(copier, book, reader, metrics, on_event, provenance)
 
     def close(self) -> None:
         self.copier.source.close()
         self.copier.destination.close()
+
+    def committed_segments(self, count: int) -> None:
+        """The first `count` segments are stored (with an offset commit)."""
+        del self.segments[:count]
 
     def watermarks(self, tp: SourcePartition) -> tuple[int, int]:
         """The partition's high watermark as a lane's last fetch answered (the reader's, off the lanes)."""
@@ -107,6 +146,10 @@ class BatchLanes:
         if now - self.taken_at >= TAKE_READY_S:
             self.taken_at = now
             self.take_ready(now)
+        if self.lanes and self.recorded != self.copier.producer.producer_id:
+            # Recorded before it writes anything: a flow reading the destination skips its batches from the start.
+            self.provenance.record(self.copier.producer.producer_id)
+            self.recorded = self.copier.producer.producer_id
         if self.lanes:
             self._settle(self.copier.step(), now)
 
@@ -135,6 +178,12 @@ class BatchLanes:
     def _settle(self, step: Step, now: float) -> None:
         for source, segments in step.segments.items():
             state = self.lanes[(source.topic, source.partition)]
+            self.segments += [
+                CopySegment(source.topic, source.partition, s.source_offset, state.destination_topic, source.partition,
+                            s.destination_offset, s.count)
+                for s in segments
+                if s.destination_offset != UNKNOWN_OFFSET
+            ]  # fmt: skip
             last = segments[-1]
             after = last.destination_offset + last.count if last.destination_offset != UNKNOWN_OFFSET else None
             state.copied_as_batches(max(state.next_offset or 0, last.source_offset + last.count), after)
@@ -173,7 +222,7 @@ class BatchLanes:
         names = sorted({p.name for p in step.problems.values() if p.code in PRODUCER_LOST})
         self.on_event(f"copy.mode=batches: the destination refused the batch producer ({', '.join(names)}); a new one")
         old = self.copier
-        self.copier = BatchCopier(old.source, old.destination, max_wait_ms=MAX_WAIT_MS)
+        self.copier = BatchCopier(old.source, old.destination, max_wait_ms=MAX_WAIT_MS, ours=self.provenance.ours)
         for tp, state in self.lanes.items():
             assert state.next_offset is not None and state.size_limit is not None
             self.copier.start(Partition(*tp), state.next_offset, state.destination_topic, state.size_limit.bytes)

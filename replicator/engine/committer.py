@@ -28,6 +28,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from replicator.assignment import SourcePartition
 from replicator.clusters import log_offsets
 from replicator.configuration.connector import ConnectorConfig
+from replicator.engine.batch_lanes import BatchLanes
 from replicator.engine.destination_copies import DestinationReadError, ResumePoint, copies_end
 from replicator.engine.destinations import Destinations
 from replicator.engine.failures import DeliveryFailures
@@ -76,13 +77,19 @@ class Committer:
     skips_untouched = True  # whether an untouched book means no offset to commit moved (`commit_in_background`)
 
     def __init__(
-        self, task: CommitterTask, destinations: Destinations, failures: DeliveryFailures | None = None
+        self,
+        task: CommitterTask,
+        destinations: Destinations,
+        failures: DeliveryFailures | None = None,
+        lanes: BatchLanes | None = None,
     ) -> None:
         self.task = task
         self.destinations = destinations  # where a start looks for the copies made since the last commit
         # What refusals and failed producers do to the partitions (None: the committer of a task whose configuration
         # is not read yet, which has no clients).
         self.failures = failures
+        self.lanes = lanes  # copy.mode=batches: the segments of the batches copied, stored with each commit
+        self.segments_in_flight = 0  # how many of them the background commit stores
         self.in_flight: tuple[Future[None], dict[SourcePartition, int]] | None = None  # the background commit
         self.started = 0.0  # when the background commit was sent
         self.uncommitted = False  # acknowledged progress that the last commit attempt could not store
@@ -232,6 +239,7 @@ class Committer:
             # A heartbeat alone keeps a standby from taking a live task over once task.lease.timeout.ms has passed.
             self.started = now
             self.in_flight = (task.background.submit(task.store.commit, task.lease, {}), {})
+            self.segments_in_flight = 0
         self.after_tick()
 
     def commit_due(self) -> None:
@@ -246,14 +254,15 @@ class Committer:
         self.before_commit_now(final)
         task = self.task
         offsets = task.book.changed(self.offset_of)
+        segments = list(self.lanes.segments) if self.lanes is not None else []
         try:
-            task.store.commit(task.lease, offsets, self.destination_offsets(offsets))
+            task.store.commit(task.lease, offsets, self.destination_offsets(offsets), segments)
         except SQLAlchemyError as exc:
             if final:
                 raise
             self._failed(offsets, exc)
             return
-        self._succeeded(offsets)
+        self._succeeded(offsets, len(segments))
 
     def before_commit_now(self, final: bool) -> None:
         """What must be durable at the destination before a commit in this thread."""
@@ -269,8 +278,12 @@ class Committer:
             self.scanned = (touched, now) if self.skips_untouched else None
         self.started = now
         task.scheduler.ran(HEARTBEATING, task.config.task_heartbeat_interval_ms / 1000, self.started)
-        future = task.background.submit(task.store.commit, task.lease, offsets, self.destination_offsets(offsets))
+        segments = list(self.lanes.segments) if self.lanes is not None else []
+        future = task.background.submit(
+            task.store.commit, task.lease, offsets, self.destination_offsets(offsets), segments
+        )
         self.in_flight = (future, offsets)
+        self.segments_in_flight = len(segments)
 
     def collect(self, wait: bool = False) -> None:
         """Apply the outcome of the background commit once it is done (raises FencedError if it was fenced)."""
@@ -287,9 +300,11 @@ class Committer:
         except SQLAlchemyError as exc:
             self._failed(offsets, exc)
             return
-        self._succeeded(offsets)
+        self._succeeded(offsets, self.segments_in_flight)
 
-    def _succeeded(self, offsets: dict[SourcePartition, int]) -> None:
+    def _succeeded(self, offsets: dict[SourcePartition, int], segments: int = 0) -> None:
+        if self.lanes is not None:
+            self.lanes.committed_segments(segments)
         self.task.book.committed(offsets)
         self.last_ok = time.monotonic()
         self.uncommitted = False

@@ -38,7 +38,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.clusters import ClusterAdmin, ClusterIdentityError, cluster_id
 from replicator.configuration.connector import ConnectorConfig, load
-from replicator.engine.batch_lanes import BatchLanes
+from replicator.engine.batch_lanes import BatchLanes, Provenance
 from replicator.engine.committer import Committer, CommitWatchdogError
 from replicator.engine.deliveries import Deliveries
 from replicator.engine.destinations import Destinations
@@ -280,11 +280,10 @@ class ReplicationTask:
         consumer, producer = self.limits.client_settings(config, self.task_id)
         self.sized_for = self.limits.sizes_of(config, self.task_id)
         self.reader = SourceReader(consumer, self.reader_limits)
-        self.lanes = (
-            BatchLanes.open(config, self.book, self.reader, self.metrics, self.on_event)
-            if (config.copy_mode == "batches")
-            else None
-        )
+        self.lanes = None
+        if config.copy_mode == "batches":
+            ids = Provenance(self.store, lambda: self.lease, self.source_cluster, self.destination_cluster)
+            self.lanes = BatchLanes.open(config, self.book, self.reader, self.metrics, self.on_event, ids)
         self.deliveries = deliveries = Deliveries(
             producer,
             self.book,
@@ -300,7 +299,7 @@ class ReplicationTask:
         if config.exactly_once:
             self.committer = TransactionalCommitter(self, self.destinations, failures, self.follower.reset_offsets)
         else:
-            self.committer = Committer(self, self.destinations, failures)
+            self.committer = Committer(self, self.destinations, failures, self.lanes)
         self.committer.watch_on(last)
         self.forwarder = Forwarder(
             config,

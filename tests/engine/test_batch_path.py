@@ -5,6 +5,7 @@ the batch path after it; offsets are committed as on the record path, so a resta
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +20,7 @@ from replicator.engine.task import TaskExit
 from replicator.state.store import Store
 from replicator.topics import provenance
 from tests.fixtures.engine_helpers import TaskThread, connector_properties, create_connector
-from tests.fixtures.kafka_helpers import Rec, consume_all, create_topics, produce
+from tests.fixtures.kafka_helpers import Rec, cluster_id, consume_all, create_topics, produce
 
 BATCHES = {"copy.mode": "batches"}
 
@@ -54,7 +55,7 @@ def _source_records(topic: str, partitions: int, count: int, size: int) -> list[
             "key": b"k%d" % i,
             "value": (b"%06d." % i * (size // 7 + 1))[:size],
             "headers": [("h", b"%d" % i), ("h", b"again")],
-            "timestamp": 1_700_000_000_000 + i,
+            "timestamp": int(time.time() * 1000) - 60_000 + i,  # recent: a retention check must not delete them
         }
         for i in range(count)
     ]
@@ -87,12 +88,22 @@ def test_batches_are_copied_as_bytes_and_resumed_after_a_stop(
         assert copied and {b.compression for b in copied} == {3 if compression == "lz4" else 0}, "not recompressed"
         assert all(b.producer_id >= 0 and not b.attributes & 0x10 for b in copied), "idempotent, not transactional"
 
+    # Where the copies went, in Postgres (no header says it): one segment a partition, the copies' producer recorded.
+    assert {tp: [(s.source_start, s.destination_start, s.count) for s in segments]
+            for tp, segments in store.load_segments(unique).items()} == {
+        (unique, 0): [(0, 0, 1000)], (unique, 1): [(0, 0, 1000)]
+    }  # fmt: skip
+    producers = {b.producer_id for p in range(2) for b in _raw_batches(destination_wire, unique, p)}
+    assert producers <= store.platform_producer_ids(cluster_id(destination))
+
     # A restart resumes after what was committed: nothing re-sent after a clean stop.
     produce(source, _source_records(unique, 2, 200, 300), **{"compression.type": compression})
     runner = TaskThread.start(store, unique)
     wait_until(lambda: store.load_offsets(unique) == {(unique, 0): 1100, (unique, 1): 1100}, what="200 more copied")
     assert runner.finish() is TaskExit.STOPPED
     assert len(consume_all(destination, unique, 2, expected=2200)) == 2200
+    segments = store.load_segments(unique)
+    assert [len(segments[(unique, p)]) for p in range(2)] == [1, 1], "rows grow with gaps, not with traffic"
 
 
 def test_a_batch_that_cannot_pass_is_copied_by_the_record_path_in_order_and_the_partition_returns_to_batches(
@@ -120,6 +131,34 @@ def test_a_batch_that_cannot_pass_is_copied_by_the_record_path_in_order_and_the_
     by_path = [provenance.parse(c.headers) is not None for c in sorted(copies, key=lambda c: c.offset)]
     assert by_path == [False] * 10 + [True] * 100 + [False] * 10, "batches, the large batch by records, batches"
     assert any("larger than the destination topic's max.message.bytes" in e for e in runner.events), runner.events
+
+
+def test_two_flows_in_opposite_directions_on_identity_names_never_copy_a_copy_back(
+    apache_kafka: StackEndpoints, store: Store, unique: str
+) -> None:
+    a, b = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
+    create_topics(a, {unique: 1})
+    create_topics(b, {unique: 1})
+    produce(a, _source_records(unique, 1, 50, 100))
+    there = connector_properties(apache_kafka, unique, **{"topics.whitelist": unique, **BATCHES})
+    back = {
+        **there,
+        "name": f"{unique}-back",
+        "consumer.bootstrap.servers": b,
+        "destination.consumer.bootstrap.servers": a,
+    }
+    create_connector(store, there, {0: [(unique, 0)]})
+    create_connector(store, back, {0: [(unique, 0)]})
+    runners = [TaskThread.start(store, unique), TaskThread.start(store, f"{unique}-back")]
+    # B's copies are read by the flow back and skipped: its offset moves past them, nothing reaches A.
+    wait_until(lambda: store.load_offsets(unique) == {(unique, 0): 50}, what="A to B")
+    wait_until(lambda: store.load_offsets(f"{unique}-back") == {(unique, 0): 50}, what="B's copies passed over")
+    produce(b, _source_records(unique, 1, 10, 100))  # written at B: copied to A, and that copy not back to B
+    wait_until(lambda: store.load_offsets(f"{unique}-back") == {(unique, 0): 60}, what="B to A")
+    wait_until(lambda: store.load_offsets(unique) == {(unique, 0): 60}, what="A's copies passed over")
+    assert [r.finish() for r in runners] == [TaskExit.STOPPED, TaskExit.STOPPED]
+    assert len(consume_all(a, unique, 1, expected=60)) == 60, "A: its 50 and B's 10, nothing twice"
+    assert len(consume_all(b, unique, 1, expected=60)) == 60, "B: A's 50 and its 10, nothing twice"
 
 
 def test_copy_mode_batches_is_refused_with_exactly_once() -> None:
