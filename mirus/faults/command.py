@@ -49,6 +49,12 @@ def faults() -> None:
     help="Replicate with resume.after.destination.copies=true: a killed task's successor resumes after the copies "
     "at the destination, so a kill re-sends nothing.",
 )
+@click.option(
+    "--copy-batches",
+    "copy_batches",
+    is_flag=True,
+    help="Replicate with copy.mode=batches: record batches copied as bytes wherever they can pass.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the fault schedule.")
 @click.option("--work-dir", type=click.Path(path_type=Path), help="Keep logs and data here (default: a temp dir).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -61,6 +67,7 @@ def run(
     apache_kafka: bool,
     exactly_once: bool,
     resume_after_copies: bool,
+    copy_batches: bool,
     seed: int,
     work_dir: Path | None,
     as_json: bool,
@@ -81,6 +88,7 @@ def run(
             work_dir=work_dir,
             exactly_once=exactly_once,
             resume_after_copies=resume_after_copies,
+            copy_batches=copy_batches,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--faults") from None

@@ -148,6 +148,7 @@ class FaultRun:
                 **({"producer.message.timeout.ms": str(timeout)} if timeout is not None else {}),
                 **({"exactly.once.support": "required"} if self.plan.exactly_once else {}),
                 **({"resume.after.destination.copies": "true"} if self.plan.resume_after_copies else {}),
+                **({"copy.mode": "batches"} if self.plan.copy_batches else {}),
             }
         )
         self.store.put_connector(config.name, config.raw, config.tasks_max)
@@ -202,6 +203,8 @@ class FaultRun:
             {self.topic: self.destination_topic},
             timeout_s=300,
             idle_s=3.0,
+            # Copies made as batches carry no provenance header: where they went is in Postgres.
+            segments=[s for segments in self.store.load_segments(self.name).values() for s in segments],
         )
         _attribute_replays(kills, report, self.topic)
         result = FaultReport(

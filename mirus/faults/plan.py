@@ -29,6 +29,7 @@ class FaultPlan:
     producer_message_timeout_ms: int | None = None
     exactly_once: bool = False
     resume_after_copies: bool = False  # resume.after.destination.copies: a kill re-sends nothing
+    copy_batches: bool = False  # copy.mode=batches: batches copied as bytes where they can pass
 
     def __post_init__(self) -> None:
         unknown = set(self.faults) - set(ALL_FAULTS)

@@ -347,6 +347,10 @@ class LiveReplication:
     def stop(self) -> None:
         self.stopped.set()
         self.thread.join(30)
+        # Closed here: the thread's reference cycle would keep them (and their reconnecting threads) until the
+        # cyclic collector runs, which may be after the clusters stopped.
+        self.source.close()
+        self.destination.close()
 
 
 def test_verify_against_live_traffic_ends_at_the_snapshot_taken_at_start(stack: StackEndpoints, unique: str) -> None:
