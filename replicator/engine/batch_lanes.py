@@ -21,10 +21,12 @@ a batch whose producer id the platform recorded for the source cluster is a copy
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable
 
 from confluent_kafka import TopicPartition
+from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
 from replicator.batches.copier import UNKNOWN_OFFSET, BatchCopier, Step
@@ -35,6 +37,8 @@ from replicator.engine.partitions import PartitionBook, PartitionState
 from replicator.engine.source_reader import SourceReader
 from replicator.state.records import CopySegment, Lease
 from replicator.state.store import Store
+
+log = logging.getLogger(__name__)
 
 TAKE_READY_S = 1.0  # how often the record path's partitions are looked at for lanes
 GIVEN_BACK_S = 10.0  # a partition given back for a problem stays on the record path at least this long
@@ -146,12 +150,19 @@ class BatchLanes:
         if now - self.taken_at >= TAKE_READY_S:
             self.taken_at = now
             self.take_ready(now)
-        if self.lanes and self.recorded != self.copier.producer.producer_id:
-            # Recorded before it writes anything: a flow reading the destination skips its batches from the start.
-            self.provenance.record(self.copier.producer.producer_id)
-            self.recorded = self.copier.producer.producer_id
-        if self.lanes:
-            self._settle(self.copier.step(), now)
+        if not self.lanes:
+            return
+        try:
+            if self.recorded != self.copier.producer.producer_id:
+                # Recorded before it writes anything: a flow reading the destination skips its batches from the start.
+                self.provenance.record(self.copier.producer.producer_id)
+                self.recorded = self.copier.producer.producer_id
+            step = self.copier.step()  # (asks Postgres whose a batch's producer id is, for an id not seen)
+        except SQLAlchemyError as exc:
+            # Without Postgres a copy cannot be told from a record: nothing is copied until it answers again.
+            log.warning("copy.mode=batches: waiting for the platform database: %s", exc)
+            return
+        self._settle(step, now)
 
     def take_ready(self, now: float) -> None:
         """Partitions the record path holds nothing of, whose destination partition and size limit are known."""
