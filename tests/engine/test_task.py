@@ -17,7 +17,7 @@ from mirus.api.metrics import StoreCollector
 from mirus.faults.brokers import BrokerProcess, tansu_broker
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
-from replicator.engine import follower, producers
+from replicator.engine import deliveries, follower
 from replicator.engine.metrics import BUCKET_LABELS
 from replicator.engine.source_reader import TierLimits
 from replicator.engine.task import CommitWatchdogError, TaskExit
@@ -112,7 +112,7 @@ def test_destination_topics_are_written_by_one_producer_per_group_of_topics_each
     stack: StackEndpoints, store: Store, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Groups of at most 6 destination partitions: a (4) and c (2) share a producer, b (4) has its own.
-    monkeypatch.setattr(producers, "PARTITIONS_PER_PRODUCER", 6)
+    monkeypatch.setattr(deliveries, "PARTITIONS_PER_PRODUCER", 6)
     widths = {f"{unique}-a": 4, f"{unique}-b": 4, f"{unique}-c": 2}
     create_topics(stack.source_bootstrap_servers, widths)
     create_topics(stack.destination_bootstrap_servers, widths)
