@@ -57,6 +57,12 @@ ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 OTHER_PROJECTS_NAMES = {"WorkerSourceTask", "K8sRunLauncher"}
 
 
+def test_the_benchmarks_page_holds_each_benchmarks_current_figures_not_its_history() -> None:
+    """benchmarks/README.md: the latest figures of each benchmark beside its anchor; earlier runs live in git."""
+    lines = (ROOT / "benchmarks" / "README.md").read_text().splitlines()
+    assert len(lines) <= 600, f"benchmarks/README.md: {len(lines)} lines; keep the current figures, history is in git"
+
+
 def test_the_architecture_map_is_short_and_every_part_it_names_is_where_it_says() -> None:
     text = ARCHITECTURE.read_text()
     assert len(text.splitlines()) <= 300, "the map stays short: figures belong in benchmarks/README.md"
