@@ -411,6 +411,7 @@ def batch_copy(source: str, destination: str, topic: str, target: str, records: 
             if step.problems or step.handed_back:
                 raise RuntimeError(f"batch copy stopped: {step.problems or step.handed_back}")
             copied += step.records
+        copier.close()
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["batches"]:

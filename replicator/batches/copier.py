@@ -8,11 +8,16 @@ and `start` opens the lane again further on. A failed produce leaves the lane at
 sequence: the next step fetches and sends the same batches with the same sequences, and the broker drops what it
 already wrote. A problem Kafka calls not retriable closes the lane (reported in the step); a retriable one is tried
 again at the next step.
+
+While a step's batches are produced, the next step's fetch is already on its way (from where the lanes will be once
+every batch is acknowledged): the source and the destination work at once, as a broker's replica fetcher does. A
+fetch from a position that did not come true (a produce failed, a lane stopped or moved) is left unused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from replicator.batches.record_batch import (
@@ -25,7 +30,7 @@ from replicator.batches.record_batch import (
     split,
     truncated_length,
 )
-from replicator.batches.wire import UNKNOWN, KafkaWire, Partition, Problem, Produced, ProducerIdentity
+from replicator.batches.wire import UNKNOWN, Fetched, KafkaWire, Partition, Problem, Produced, ProducerIdentity
 
 PARTITION_FETCH_BYTES = 1_048_576
 # A batch sent again with its sequence: Kafka since 1.0 answers with the offset it wrote the batch at; brokers that
@@ -127,6 +132,14 @@ class BatchCopier:
         self.partition_fetch_bytes = partition_fetch_bytes
         self.lanes: dict[Partition, Lane] = {}
         self.sequences: dict[Partition, int] = {}  # per destination partition, kept while a lane is closed
+        # The next step's fetch, sent while this step's batches are produced, and the positions it asked for.
+        self.ahead: tuple[dict[Partition, int], Future[dict[Partition, Fetched]]] | None = None
+        self._fetching = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-fetch")
+
+    def close(self) -> None:
+        """Send no more fetches ahead (one on its way ends with its wait, unused)."""
+        self.ahead = None
+        self._fetching.shutdown(wait=False, cancel_futures=True)
 
     def start(self, source: Partition, offset: int, destination_topic: str, max_message_bytes: int) -> None:
         """Copy `source` from `offset` on to the partition of the same number of `destination_topic`."""
@@ -144,12 +157,7 @@ class BatchCopier:
         step = Step()
         if not self.lanes:
             return step
-        positions = {p: lane.position for p, lane in self.lanes.items()}
-        fetched = self.source.fetch(
-            positions,
-            partition_max_bytes={p: lane.fetch_bytes for p, lane in self.lanes.items()},
-            max_wait_ms=self.max_wait_ms,
-        )
+        fetched = self._fetched({p: lane.position for p, lane in self.lanes.items()})
         plans: dict[Partition, Plan] = {}
         for source, result in fetched.items():
             if result.problem is not None:
@@ -158,10 +166,47 @@ class BatchCopier:
                 step.high_watermarks[source] = result.high_watermark
                 plans[source] = self._plan(self.lanes[source], result.records, result.aborted)
         batches = {self.lanes[p].destination: plan.rewritten for p, plan in plans.items() if plan.rewritten}
+        if batches:
+            self._fetch_ahead(plans)
         produced = self.destination.produce(batches) if batches else {}
         for source, plan in plans.items():
             self._settle(source, plan, produced.get(self.lanes[source].destination, []), step)
         return step
+
+    def _fetched(self, positions: dict[Partition, int]) -> dict[Partition, Fetched]:
+        """The records from `positions`: what the fetch sent ahead brought where it asked from there, the rest
+        fetched now (without waiting for records when the fetch ahead brought some)."""
+        results: dict[Partition, Fetched] = {}
+        if self.ahead is not None:
+            asked, future = self.ahead
+            self.ahead = None
+            results = {p: f for p, f in future.result().items() if p in positions and asked.get(p) == positions[p]}
+        rest = {p: offset for p, offset in positions.items() if p not in results}
+        if rest:
+            wait = 0 if any(f.records for f in results.values()) else self.max_wait_ms
+            results.update(self._fetch(rest, self._sizes(rest), wait))
+        return results
+
+    def _fetch_ahead(self, plans: dict[Partition, Plan]) -> None:
+        """Send the next step's fetch, from where each lane stands once this step's batches are acknowledged."""
+        positions = {
+            p: plans[p].end if p in plans else lane.position
+            for p, lane in self.lanes.items()
+            if p not in plans or plans[p].hand_back is None
+        }
+        if positions:  # (the sizes are read here: the lanes change in this thread only)
+            self.ahead = (
+                positions,
+                self._fetching.submit(self._fetch, positions, self._sizes(positions), self.max_wait_ms),
+            )
+
+    def _sizes(self, positions: dict[Partition, int]) -> dict[Partition, int]:
+        return {p: self.lanes[p].fetch_bytes for p in positions}
+
+    def _fetch(
+        self, positions: dict[Partition, int], sizes: dict[Partition, int], max_wait_ms: int
+    ) -> dict[Partition, Fetched]:
+        return self.source.fetch(positions, partition_max_bytes=sizes, max_wait_ms=max_wait_ms)
 
     def _plan(self, lane: Lane, records: bytes, aborted: Sequence[AbortedTransaction]) -> Plan:
         batches, complete = split(records)

@@ -123,6 +123,7 @@ class BatchLanes:
         return cls(copier, book, reader, metrics, on_event, provenance)
 
     def close(self) -> None:
+        self.copier.close()
         self.copier.source.close()
         self.copier.destination.close()
 
@@ -233,6 +234,7 @@ class BatchLanes:
         names = sorted({p.name for p in step.problems.values() if p.code in PRODUCER_LOST})
         self.on_event(f"copy.mode=batches: the destination refused the batch producer ({', '.join(names)}); a new one")
         old = self.copier
+        old.close()
         self.copier = BatchCopier(old.source, old.destination, max_wait_ms=MAX_WAIT_MS, ours=self.provenance.ours)
         for tp, state in self.lanes.items():
             assert state.next_offset is not None and state.size_limit is not None

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from mirus.faults.brokers import tansu_broker
 from mirus.local.stack import free_port
@@ -217,6 +218,44 @@ def test_a_batch_sent_again_with_its_sequence_is_not_copied_twice(
 
     produce(source, [{"topic": unique, "value": b"%d" % i} for i in range(300, 400)])
     assert segments(copy_all(first, 100), Partition(unique, 0)) == [Segment(300, 300, 100)]
+
+
+def test_a_fetch_sent_ahead_of_a_failed_produce_is_not_used(
+    apache_kafka: StackEndpoints, wires: tuple[KafkaWire, KafkaWire], unique: str
+) -> None:
+    """The next step's fetch leaves while a step's batches are produced, from where the lanes will stand once they
+    are acknowledged. A produce that fails leaves its lane behind that position: the lane reads again from the
+    failed batch, and its copy has no gap."""
+    source, destination = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
+    create_topics(source, {unique: 2})
+    create_topics(destination, {unique: 1})  # partition 1 is missing: its batches are refused
+    for p in range(2):
+        records = [{"topic": unique, "partition": p, "value": b"%d-%d" % (p, i)} for i in range(300)]
+        produce(source, records, **{"batch.num.messages": 100})
+    copier = BatchCopier(*wires, partition_fetch_bytes=2_000)  # a batch (of 100 records) a fetch
+    for p in range(2):
+        copier.start(Partition(unique, p), 0, unique, LIMIT)
+
+    first = copier.step()
+    assert first.segments == {Partition(unique, 0): [Segment(0, 0, 100)]}
+    assert first.problems[Partition(unique, 1)].retriable
+    # Sent from where partition 1 would stand had its batch been written: used, it would skip offsets 0-99.
+    assert copier.ahead is not None and copier.ahead[0][Partition(unique, 1)] == 100
+    assert copier.lanes[Partition(unique, 1)].position == 0
+
+    admin = AdminClient({"bootstrap.servers": destination})
+    admin.create_partitions([NewPartitions(unique, 2)])[unique].result(timeout=30)
+    steps: list[Step] = []
+
+    def copied() -> bool:
+        steps.append(copier.step())
+        return sum(s.records for s in steps) >= 500
+
+    wait_until(copied, 60, interval=0, what="both partitions copied once the destination has partition 1")
+    assert segments(steps, Partition(unique, 1)) == [Segment(0, 0, 300)]
+    copies = consume_all(destination, unique, 2, 600)
+    assert [r.value for r in copies if r.partition == 1] == [b"1-%d" % i for i in range(300)]
+    copier.close()
 
 
 @pytest.fixture
