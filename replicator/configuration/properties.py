@@ -218,7 +218,9 @@ class PropertyFields(BaseModel):
         "nothing instead of the records read since the last commit. A start reads those copies either way (one "
         "ListOffsets request per destination broker first: a partition with nothing past its commit is not read); "
         "false counts them as re-sent (mirus_records_resent_total) and writes them again. Needs "
-        "provenance.headers.enabled and the default producer ordering. Exactly-once always resumes so.")
+        "provenance.headers.enabled (copies made as batches, copy.mode=batches, are found by their bytes instead: "
+        "the walk stops at the first batch that is not this platform's copy of the next source batch) and the "
+        "default producer ordering. Exactly-once always resumes so.")
     replication_throttle_bytes_per_second: int = Property(
         0, "The most the connector replicates a second, in key + value bytes (as the metrics count them), shared "
         "evenly by its tasks; over it the tasks stop reading until the budget allows (nothing is dropped: the "

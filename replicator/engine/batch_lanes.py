@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import TopicPartition
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
 from replicator.batches.copier import UNKNOWN_OFFSET, BatchCopier, Step
+from replicator.batches.destination_batches import copies_since
 from replicator.batches.wire import BrokerError, KafkaWire, Partition, UnsupportedSettingError
 from replicator.configuration.connector import ConnectorConfig
+from replicator.engine.destination_copies import ResumePoint
 from replicator.engine.metrics import TaskMetrics
 from replicator.engine.partitions import PartitionBook, PartitionState
 from replicator.engine.source_reader import SourceReader
@@ -62,6 +64,10 @@ class Provenance:
 
     def record(self, producer_id: int) -> None:
         self.store.record_producer_id(self.lease(), self.destination_cluster, producer_id)
+
+    def at_destination(self) -> set[int]:
+        """The producer ids this platform's flows write the destination cluster with."""
+        return self.store.platform_producer_ids(self.destination_cluster)
 
     def ours(self, producer_id: int) -> bool:
         if producer_id in self.platform:
@@ -130,6 +136,33 @@ class BatchLanes:
     def committed_segments(self, count: int) -> None:
         """The first `count` segments are stored (with an offset commit)."""
         del self.segments[:count]
+
+    def copies_since(
+        self,
+        points: Mapping[SourcePartition, ResumePoint],
+        stored: Mapping[SourcePartition, int],
+        ends: Mapping[tuple[str, int], int],
+    ) -> dict[SourcePartition, list[CopySegment]]:
+        """Per partition, the batches copied after the last commit (from `stored` at the source, from its point up
+        to its partition's end in `ends` at the destination) that the destination holds
+        (`replicator.batches.destination_batches`; BatchReadError when a partition cannot be read)."""
+        producers = self.provenance.at_destination()
+        found = {}
+        for tp, point in points.items():
+            end = ends.get((point.topic, point.partition))
+            if point.start is None or end is None:
+                continue
+            segments = copies_since(
+                self.copier.source, self.copier.destination, Partition(*tp), stored[tp],
+                Partition(point.topic, point.partition), point.start, end, producers, self.provenance.ours,
+            )  # fmt: skip
+            if segments:
+                found[tp] = [
+                    CopySegment(tp[0], tp[1], s.source_offset, point.topic, point.partition, s.destination_offset,
+                                s.count)
+                    for s in segments
+                ]  # fmt: skip
+        return found
 
     def watermarks(self, tp: SourcePartition) -> tuple[int, int]:
         """The partition's high watermark as a lane's last fetch answered (the reader's, off the lanes)."""

@@ -26,6 +26,7 @@ from confluent_kafka import KafkaException
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
+from replicator.batches.destination_batches import BatchReadError
 from replicator.clusters import log_offsets
 from replicator.configuration.connector import ConnectorConfig
 from replicator.engine.batch_lanes import BatchLanes
@@ -161,7 +162,11 @@ class Committer:
             found = copies_end(
                 task.config.admin_settings("destination"), task.source_cluster, points, RESEND_SCAN_S, task.should_stop
             )
-        except (KafkaException, DestinationReadError) as exc:
+            # Copies made as batches carry no header: found again by their bytes (copy.mode=batches).
+            batch_copies = self.lanes.copies_since(points, stored, ends) if self.lanes is not None else {}
+            for tp, segments in batch_copies.items():
+                found[tp] = max(found.get(tp, 0), segments[-1].source_start + segments[-1].count)
+        except (KafkaException, DestinationReadError, BatchReadError) as exc:
             # The destination is down or refuses (its partitions wait for it anyway): resume as without the read.
             task.on_event(f"copies since the last commit not looked up ({exc}): resuming at the committed offsets")
             return set()
@@ -176,8 +181,11 @@ class Committer:
                 f"resuming after {records} record(s) copied since the last commit, {took} at the destination: "
                 f"{describe(ahead)}"
             )
+            # Batch copies found are stored as segments (the copies' provenance) with where the next copy goes.
+            segments = [s for tp in skipped for s in batch_copies.get(tp, [])]
+            after = {(s.topic, s.partition): s.destination_start + s.count for s in segments}
             try:  # stored at once: a partition that stays idle would otherwise show its old offset until it moves
-                task.store.commit(task.lease, skipped)
+                task.store.commit(task.lease, skipped, after, segments)
             except SQLAlchemyError as exc:
                 log.warning("offsets of %s-%d after the copies not stored yet: %s", task.connector, task.task_id, exc)
             return set(ahead)

@@ -5,11 +5,17 @@ the batch path after it; offsets are committed as on the record path, so a resta
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from mirus.api.metrics import StoreCollector
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.batches.record_batch import RecordBatch, split
@@ -159,6 +165,64 @@ def test_two_flows_in_opposite_directions_on_identity_names_never_copy_a_copy_ba
     assert [r.finish() for r in runners] == [TaskExit.STOPPED, TaskExit.STOPPED]
     assert len(consume_all(a, unique, 1, expected=60)) == 60, "A: its 50 and B's 10, nothing twice"
     assert len(consume_all(b, unique, 1, expected=60)) == 60, "B: A's 50 and its 10, nothing twice"
+
+
+@pytest.mark.parametrize("skipping", [False, True], ids=["re-sent-and-counted", "resumed-after-the-copies"])
+def test_a_kill_after_batches_were_copied_re_sends_them_counted_or_resumes_after_them(
+    apache_kafka: StackEndpoints, store: Store, unique: str, tmp_path: Path, skipping: bool
+) -> None:
+    """Batch copies carry no header: a start finds those made after the last commit by their bytes, and with
+    resume.after.destination.copies resumes after them, so a kill -9 writes nothing twice."""
+    source, destination = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
+    create_topics(source, {unique: 2})
+    create_topics(destination, {unique: 2})
+    # Commits an hour apart: the killed run copies everything and commits nothing of it.
+    extra = {"topics.whitelist": unique, "offset.flush.interval.ms": 3_600_000, **BATCHES}
+    properties = connector_properties(apache_kafka, unique, **extra, **{"resume.after.destination.copies": skipping})
+    create_connector(store, properties, {0: [(unique, 0), (unique, 1)]})
+    records = _source_records(unique, 2, 600, 100)
+    produce(source, records[:200])
+    first = TaskThread.start(store, unique)
+    wait_until(lambda: any("copied as batches" in e for e in first.events), what="the partitions on the batch path")
+    consume_all(destination, unique, 2, expected=200)
+    assert first.finish() is TaskExit.STOPPED  # the final commit stores where each partition's next copy goes
+
+    env = {**os.environ, "MIRUS_DATABASE_URL": apache_kafka.database_url}
+    argv = [sys.executable, "-c", "from mirus.cli.main import main; main()", "task", "run", unique, "0"]
+    log = tmp_path / "killed.log"
+    with open(log, "w") as out:
+        killed = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_until(lambda: "copied as batches" in log.read_text(), what="the killed run's batch path")
+            produce(source, records[200:500], **{"linger.ms": 20})
+            consume_all(destination, unique, 2, expected=500)
+        finally:
+            killed.send_signal(signal.SIGKILL)
+            killed.wait(10)
+    assert store.load_offsets(unique) == {(unique, 0): 100, (unique, 1): 100}, "the killed run committed nothing"
+
+    last = TaskThread.start(store, unique)
+    wait_until(lambda: any("replicating" in e for e in last.events), timeout=60, what="the partitions started")
+    if skipping:  # the offsets after the copies are stored at once, with the copies' segments
+        assert store.load_offsets(unique) == {(unique, 0): 250, (unique, 1): 250}
+        assert {tp: [(s.source_start, s.destination_start, s.count) for s in segments]
+                for tp, segments in store.load_segments(unique).items()} == {
+            (unique, 0): [(0, 0, 250)], (unique, 1): [(0, 0, 250)]
+        }  # fmt: skip
+    produce(source, records[500:])
+    copies = consume_all(destination, unique, 2, expected=600 if skipping else 900)
+    assert last.finish() is TaskExit.STOPPED
+    assert store.load_offsets(unique) == {(unique, 0): 300, (unique, 1): 300}
+    values = [c.value for c in copies]
+    resent = next(f for f in StoreCollector(store).collect() if f.name == "mirus_records_resent")
+    counted = sum(s.value for s in resent.samples if s.labels["connector"] == unique and s.name.endswith("_total"))
+    assert counted == (0 if skipping else 300)
+    if skipping:
+        assert sorted(values) == sorted(r["value"] for r in records), "every record once"
+        assert any("resuming after 300 record(s) copied since the last commit" in e for e in last.events), last.events
+    else:
+        assert len(values) == 900 and set(values) == {r["value"] for r in records}, "300 re-sent, nothing lost"
+        assert any("re-sending 300 record(s) copied" in e for e in last.events), last.events
 
 
 def test_copy_mode_batches_is_refused_with_exactly_once() -> None:
