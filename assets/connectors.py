@@ -4,16 +4,19 @@ Per connector: its state and whether it replicates anything, its tasks with thei
 heartbeat, its partitions, lag, flow liveness (heartbeat records) and clusters, and its problems (replicator and
 admin runs that failed in the last hour, metadata errors, flow duties that failed, partitions paused by an
 operator with the reason, paused or dropped partitions, source partitions whose destination is missing, nothing to
-replicate). Recorded by the administration jobs after each change, by the run_starter sensor whenever what it shows
-changes and at least every `REFRESH_S` while anything runs, and by the run-failure sensor when a run fails; times
-are absolute (UTC), so an older view never pretends to be current. Its size is bounded whatever the estate holds:
-long property values and long lists are cut with a count of what was left out.
+replicate); for connectors on copy.mode=batches, how many records went as batches and by records, and why the
+batch path handed partitions back to the record path. Recorded by the administration jobs after each change, by
+the run_starter sensor whenever what it shows changes and at least every `REFRESH_S` while anything runs, and by
+the run-failure sensor when a run fails; times are absolute (UTC), so an older view never pretends to be current.
+Its size is bounded whatever the estate holds: long property values and long lists are cut with a count of what
+was left out.
 
 Every recorder gets `connectors_materialization` from `mirus_dagster.definitions` (they never import this package).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -33,6 +36,7 @@ from mirus_dagster.constants import (
 )
 from replicator.configuration.masking import mask_properties
 from replicator.discovery.heartbeats import liveness_s
+from replicator.engine.batch_lanes import HAND_BACK_REASONS
 from replicator.state.records import (
     LEASE_HELD,
     OPERATOR_PAUSE,
@@ -40,6 +44,7 @@ from replicator.state.records import (
     ConnectorStatus,
     PartitionHealth,
     TaskStatus,
+    TopicTotals,
 )
 from replicator.state.store import Store
 
@@ -191,6 +196,40 @@ def connectors_markdown(
     return "\n".join(lines)
 
 
+def batches_markdown(statuses: Sequence[ConnectorStatus], totals: Sequence[TopicTotals]) -> str | None:
+    """Per connector on copy.mode=batches (or that copied batches before), the records copied each way and the batch
+    path's hand-backs to the record path by reason (as `mirus_batch_hand_backs_total` counts them); None if none."""
+    records: Counter[str] = Counter()
+    as_batches: Counter[str] = Counter()
+    reasons: dict[str, Counter[str]] = {}
+    for t in totals:
+        records[t.connector] += t.records
+        as_batches[t.connector] += t.batch_records
+        reasons.setdefault(t.connector, Counter()).update(t.handed_back)
+    shown = [
+        s.name
+        for s in statuses
+        if str(s.properties.get("copy.mode", "")).strip() == "batches" or as_batches[s.name] or reasons.get(s.name)
+    ]
+    if not shown:
+        return None
+    lines = [
+        "Records copied as record batches and by the record path, and partitions handed back to the record path "
+        "(by reason; docs/MONITORING.md).",
+        "",
+        f"| connector | as batches | by records | {' | '.join(HAND_BACK_REASONS)} |",
+        "|---|---|---|" + "---|" * len(HAND_BACK_REASONS),
+    ]
+    for name in shown:
+        counts = reasons.get(name, Counter())
+        lines.append(
+            f"| {_cell(name)} | {as_batches[name]} | {records[name] - as_batches[name]} | "
+            + " | ".join(str(counts[reason]) for reason in HAND_BACK_REASONS)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def _shown_config(properties: Mapping[str, Any]) -> dict[str, Any]:
     shown = {}
     for key, value in mask_properties(properties).items():
@@ -216,12 +255,10 @@ def connectors_materialization(
     for name, failed in recent_failures(instance, now).items():
         shown_findings[name] = [*failed, *shown_findings.get(name, [])]
     table = connectors_markdown(statuses, live_replicator_runs(instance), lags, shown_findings, now)
-    return dg.AssetMaterialization(
-        asset_key=CONNECTORS_ASSET,
-        description=reason,
-        metadata={
-            "connectors": dg.MetadataValue.md(table),
-            "configs (secrets masked)": dg.MetadataValue.json({s.name: _shown_config(s.properties) for s in shown}),
-            "count": len(statuses),
-        },
-    )
+    metadata: dict[str, Any] = {"connectors": dg.MetadataValue.md(table)}
+    batches = batches_markdown(shown, store.topic_totals())
+    if batches is not None:
+        metadata["copy.mode=batches"] = dg.MetadataValue.md(batches)
+    metadata["configs (secrets masked)"] = dg.MetadataValue.json({s.name: _shown_config(s.properties) for s in shown})
+    metadata["count"] = len(statuses)
+    return dg.AssetMaterialization(asset_key=CONNECTORS_ASSET, description=reason, metadata=metadata)

@@ -2,7 +2,7 @@
 
 Each metric replaces a Mirus JMX attribute (see docs/API.md, "Metrics"). Latency and throughput are labelled
 with the connector and the DESTINATION topic, as Mirus's `mirus:type=MirusSourceConnector,topic=*` beans are;
-lag is per source partition.
+lag is per source partition. The batch path's hand-backs are per connector and reason.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from replicator.configuration import administration
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load
 from replicator.discovery.heartbeats import liveness_s
 from replicator.discovery.monitor import plan_partitions
+from replicator.engine.batch_lanes import HAND_BACK_REASONS
 from replicator.engine.metrics import BUCKET_LABELS
 from replicator.state.records import LEASE_HELD, PartitionHealth, TopicTotals
 from replicator.state.store import Store
@@ -40,6 +41,8 @@ class _Totals:
     latency_sum_ms: int = 0
     histogram: Counter[str] = field(default_factory=Counter)
     resent: int = 0
+    batch_records: int = 0
+    batch_bytes: int = 0
 
     def add(self, t: TopicTotals) -> None:
         self.records += t.records
@@ -47,6 +50,8 @@ class _Totals:
         self.latency_sum_ms += t.latency_sum_ms
         self.histogram.update(t.histogram)
         self.resent += t.resent
+        self.batch_records += t.batch_records
+        self.batch_bytes += t.batch_bytes
 
 
 @dataclass
@@ -109,21 +114,53 @@ class StoreCollector(Collector):
             "commit before it (0 with resume.after.destination.copies).",
             labels=labels,
         )
+        batch_records = CounterMetricFamily(
+            "mirus_batch_replicated_records",
+            "Of mirus_replicated_records_total, the records copied as record batches (copy.mode=batches).",
+            labels=labels,
+        )
+        batch_bytes = CounterMetricFamily(
+            "mirus_batch_replicated_bytes",
+            "Bytes of the record batches copied as such (record and batch headers included, compressed as written; "
+            "counted in mirus_replicated_bytes_total too).",
+            labels=labels,
+        )
+        hand_backs = CounterMetricFamily(
+            "mirus_batch_hand_backs",
+            "Times the batch path (copy.mode=batches) handed a partition back to the record path, by reason: a batch "
+            "that cannot pass (magic, gaps, too_large, partial), the partition paused (paused), or a problem the "
+            "batch copier cannot retry (problem).",
+            labels=["connector", "reason"],
+        )
         totals: dict[tuple[str, str], _Totals] = defaultdict(_Totals)
+        reasons: dict[str, Counter[str]] = {
+            name: Counter() for name, config in configs.items() if config.copy_mode == "batches"
+        }
         for t in self.store.topic_totals():
             destination = self._destination(configs, t.connector, t.topic)
             if destination is not None:
                 totals[(t.connector, destination)].add(t)
+                if t.batch_records or t.handed_back:  # (a connector that copied batches before, too)
+                    reasons.setdefault(t.connector, Counter()).update(t.handed_back)
         for key, total in sorted(totals.items()):
             records.add_metric(list(key), total.records)
             nbytes.add_metric(list(key), total.bytes)
             resent.add_metric(list(key), total.resent)
             buckets = [(_seconds(bound), total.histogram.get(bound, 0)) for bound in BUCKET_LABELS]
             latency.add_metric(list(key), buckets=buckets, sum_value=total.latency_sum_ms / 1000)
+            if key[0] in reasons:
+                batch_records.add_metric(list(key), total.batch_records)
+                batch_bytes.add_metric(list(key), total.batch_bytes)
+        for connector, counts in sorted(reasons.items()):
+            for reason in HAND_BACK_REASONS:  # every reason, 0 included: increase() sees the first one
+                hand_backs.add_metric([connector, reason], counts.get(reason, 0))
         yield records
         yield nbytes
         yield resent
         yield latency
+        yield batch_records
+        yield batch_bytes
+        yield hand_backs
 
     def _last_window(self, configs: dict[str, ConnectorConfig]) -> Iterator[Metric]:
         """Rates and latency extremes over the last RATE_WINDOW_S, per connector and destination topic."""

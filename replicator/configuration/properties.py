@@ -249,8 +249,9 @@ class PropertyFields(BaseModel):
         "stored in Postgres (offset translation and `mirus verify --connector` use it), and a flow back copying "
         "batches skips them by their producer id; a flow back on `records` cannot tell them (keep both directions "
         "on `batches`). `records`: every record through the record path, with provenance headers. At least once "
-        "only. The default stays `records` while a flow back on records cannot tell batch copies, the fault suite "
-        "runs on records, and hand-back reasons are not in /metrics.",
+        "only. What went each way, and why partitions went back to the record path: docs/MONITORING.md, \"The "
+        "batch path\". The default stays `records` while a flow back on records cannot tell batch copies and the "
+        "fault suite runs on records.",
         choices=frozenset({"records", "batches"}), expected="records or batches")
     task_heartbeat_interval_ms: int = Property(
         2000, "How often a task proves it is alive: every offset commit heartbeats its lease, and when commits are "

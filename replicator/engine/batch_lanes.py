@@ -22,7 +22,6 @@ a batch whose producer id the platform recorded for the source cluster is a copy
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable, Mapping
 
 from confluent_kafka import TopicPartition
@@ -31,6 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from replicator.assignment import SourcePartition
 from replicator.batches.copier import UNKNOWN_OFFSET, BatchCopier, Step
 from replicator.batches.destination_batches import copies_since
+from replicator.batches.record_batch import Reason
 from replicator.batches.wire import BrokerError, KafkaWire, Partition, UnsupportedSettingError
 from replicator.configuration.connector import ConnectorConfig
 from replicator.engine.destination_copies import ResumePoint
@@ -48,6 +48,10 @@ MAX_WAIT_MS = 100  # a fetch with nothing to copy is answered after this long: t
 FETCH_MAX_BYTES = 16 * 1024 * 1024
 # The destination no longer accepts the producer's identity or sequence: a new producer id, every lane again.
 PRODUCER_LOST = {45, 47, 59}  # OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER_ID
+# Why a partition went back to the record path, as /metrics labels it: a batch that cannot pass (`Reason`), the
+# partition paused or held, or a problem the copier cannot retry.
+PAUSED, PROBLEM = "paused", "problem"
+HAND_BACK_REASONS = (*(reason.name.lower() for reason in Reason), PAUSED, PROBLEM)
 
 
 class Provenance:
@@ -97,7 +101,6 @@ class BatchLanes:
         self.records_until: dict[SourcePartition, int] = {}  # handed back: the record path copies up to here
         self.not_before: dict[SourcePartition, float] = {}
         self.high_watermarks: dict[SourcePartition, int] = {}
-        self.handed_back: Counter[str] = Counter()  # batches handed to the record path, by reason
         self.told: set[tuple[SourcePartition, str]] = set()  # hand-backs an event said, by partition and reason
         self.taken_at = 0.0
         self.removals = book.removals
@@ -180,7 +183,7 @@ class BatchLanes:
                 self.copier.stop(Partition(*tp))
                 del self.lanes[tp]
         for tp in [tp for tp in self.book.paused if tp in self.lanes]:
-            self._give_back(self.lanes[tp], "paused")
+            self._give_back(self.lanes[tp], PAUSED, "paused")
         if now - self.taken_at >= TAKE_READY_S:
             self.taken_at = now
             self.take_ready(now)
@@ -232,7 +235,7 @@ class BatchLanes:
             last = segments[-1]
             after = last.destination_offset + last.count if last.destination_offset != UNKNOWN_OFFSET else None
             state.copied_as_batches(max(state.next_offset or 0, last.source_offset + last.count), after)
-            self.metrics.counters_for(source.topic).add(
+            self.metrics.counters_for(source.topic).add_batches(
                 sum(s.count for s in segments), step.bytes_copied.get(source, 0)
             )
         for source, lane in self.copier.lanes.items():  # past control batches and aborted transactions too
@@ -245,12 +248,11 @@ class BatchLanes:
             self.high_watermarks[(source.topic, source.partition)] = watermark
         for source, hand_back in step.handed_back.items():
             tp = (source.topic, source.partition)
-            self.handed_back[hand_back.reason.value] += 1
             self.records_until[tp] = hand_back.batch.next_offset
             said = (tp, hand_back.reason.value)
             why = None if said in self.told else f"a batch {hand_back.reason.value}"
             self.told.add(said)  # once a partition and reason: a compacted topic hands every batch back
-            self._give_back(self.lanes[tp], why, hand_back.offset)
+            self._give_back(self.lanes[tp], hand_back.reason.name.lower(), why, hand_back.offset)
         lost = False
         for source, problem in step.problems.items():
             tp = (source.topic, source.partition)
@@ -258,7 +260,7 @@ class BatchLanes:
                 lost = True
             elif not problem.retriable and tp in self.lanes:  # the record path meets it, and decides as it does
                 self.not_before[tp] = now + GIVEN_BACK_S
-                self._give_back(self.lanes[tp], f"{problem.name} ({problem.code})")
+                self._give_back(self.lanes[tp], PROBLEM, f"{problem.name} ({problem.code})")
         if lost:
             self._new_producer(step)
 
@@ -273,9 +275,11 @@ class BatchLanes:
             assert state.next_offset is not None and state.size_limit is not None
             self.copier.start(Partition(*tp), state.next_offset, state.destination_topic, state.size_limit.bytes)
 
-    def _give_back(self, state: PartitionState, why: str | None, offset: int | None = None) -> None:
-        """The record path copies `state` again, from `offset` (its next offset by default)."""
+    def _give_back(self, state: PartitionState, reason: str, why: str | None, offset: int | None = None) -> None:
+        """The record path copies `state` again, from `offset` (its next offset by default); counted by `reason`
+        (one of HAND_BACK_REASONS), said in an event when `why` is given."""
         tp = state.tp
+        self.metrics.counters_for(tp[0]).hand_back(reason)
         self.copier.stop(Partition(*tp))
         del self.lanes[tp]
         start = state.next_offset if offset is None else offset

@@ -4,6 +4,10 @@ Samples are per topic, not per partition, so that metric storage grows with topi
 partitions of ten topics writes ten sample rows an interval. Lag stays per partition, as the latest value
 (`MetricInterval.lags`, overwritten in `partition_lags`).
 
+Records copied as record batches (`copy.mode=batches`) count in the topic's records and bytes, and again apart
+(`batch_records`, `batch_bytes`); the batch path's hand-backs to the record path are counted per reason as they
+happen, never per record.
+
 Latency is the destination's acknowledgement time minus the source record's timestamp (as Mirus and MirrorMaker
 2 define it). The histogram's upper bounds include Mirus's buckets (5m, 10m, 30m, 60m, 12h; its "0m" bucket is
 everything below the first bound) with finer ones, about 2.5x apart, below a minute where a healthy replicator
@@ -29,7 +33,10 @@ BUCKET_LABELS: tuple[str, ...] = (*(str(b) for b in LATENCY_BUCKETS_MS), "+Inf")
 class TopicCounters:
     """What one source topic replicated since the last drain."""
 
-    __slots__ = ("buckets", "bytes", "latency_count", "latency_max", "latency_min", "latency_sum", "records", "resent")
+    __slots__ = (
+        "batch_bytes", "batch_records", "buckets", "bytes", "handed_back", "latency_count", "latency_max",
+        "latency_min", "latency_sum", "records", "resent",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.records = 0
@@ -40,11 +47,24 @@ class TopicCounters:
         self.latency_count = 0
         self.buckets = [0] * len(BUCKET_LABELS)
         self.resent = 0  # records a start found already copied after their last commit, written again
+        self.batch_records = 0  # of `records`, those copied as record batches
+        self.batch_bytes = 0
+        self.handed_back: dict[str, int] = {}  # the batch path's hand-backs to the record path, by reason
 
     def add(self, records: int, nbytes: int) -> None:
         """Fold `records` acknowledged records of `nbytes`."""
         self.records += records
         self.bytes += nbytes
+
+    def add_batches(self, records: int, nbytes: int) -> None:
+        """Fold `records` records copied as record batches of `nbytes` (counted in `records` and `bytes` too)."""
+        self.add(records, nbytes)
+        self.batch_records += records
+        self.batch_bytes += nbytes
+
+    def hand_back(self, reason: str) -> None:
+        """Count a partition the batch path handed back to the record path for `reason`."""
+        self.handed_back[reason] = self.handed_back.get(reason, 0) + 1
 
     def add_latencies(self, acknowledged_ms: int, timestamps: list[int]) -> None:
         """Fold the latencies of records acknowledged together at `acknowledged_ms`, from their source timestamps
@@ -134,6 +154,9 @@ class TaskMetrics:
                     latency_histogram=c.cumulative_histogram(),
                     lag=topic_lags[topic],
                     resent=c.resent,
+                    batch_records=c.batch_records,
+                    batch_bytes=c.batch_bytes,
+                    handed_back=c.handed_back,
                 )
             )
         self.counters = {}

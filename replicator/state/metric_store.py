@@ -55,12 +55,14 @@ ON CONFLICT (connector, topic) DO UPDATE SET (lags, measured_at, updated_at) = (
 """)
 
 
-# A running histogram plus a new one, bound by bound (a bound only one side has counts from that side).
-HISTOGRAM_SUM: ColumnClause[Any] = literal_column(
-    "(SELECT jsonb_object_agg(k, coalesce((metric_totals.latency_histogram->>k)::bigint, 0)"
-    " + coalesce((excluded.latency_histogram->>k)::bigint, 0))"
-    " FROM jsonb_object_keys(metric_totals.latency_histogram || excluded.latency_histogram) AS k)"
-)
+def _counts_sum(column: str) -> ColumnClause[Any]:
+    """A running JSONB object of counts plus a new one, key by key (a key only one side has counts from that side;
+    two empty objects stay empty)."""
+    return literal_column(
+        f"(SELECT coalesce(jsonb_object_agg(k, coalesce((metric_totals.{column}->>k)::bigint, 0)"
+        f" + coalesce((excluded.{column}->>k)::bigint, 0)), '{{}}'::jsonb)"
+        f" FROM jsonb_object_keys(metric_totals.{column} || excluded.{column}) AS k)"
+    )
 
 
 def _add_to_totals(connector: str, samples: Sequence[MetricRow]) -> Any:
@@ -78,15 +80,21 @@ def _add_to_totals(connector: str, samples: Sequence[MetricRow]) -> Any:
                 "latency_count": 0,
                 "latency_histogram": {},
                 "resent": 0,
+                "batch_records": 0,
+                "batch_bytes": 0,
+                "handed_back": {},
             }
         total["records"] += r.records
         total["bytes"] += r.bytes
         total["latency_sum_ms"] += r.latency_sum_ms
         total["latency_count"] += r.latency_count
         total["resent"] += r.resent
-        histogram = total["latency_histogram"]
-        for bound, count in r.latency_histogram.items():
-            histogram[bound] = histogram.get(bound, 0) + count
+        total["batch_records"] += r.batch_records
+        total["batch_bytes"] += r.batch_bytes
+        for key, counts in (("latency_histogram", r.latency_histogram), ("handed_back", r.handed_back)):
+            summed = total[key]
+            for name, count in counts.items():
+                summed[name] = summed.get(name, 0) + count
     # Rows in a fixed order: two tasks of a connector adding to the same totals then never wait on each other in
     # opposite orders (a deadlock).
     add = insert(MetricTotal).values([totals[t] for t in sorted(totals)])
@@ -97,8 +105,11 @@ def _add_to_totals(connector: str, samples: Sequence[MetricRow]) -> Any:
             "bytes": MetricTotal.bytes + add.excluded.bytes,
             "latency_sum_ms": MetricTotal.latency_sum_ms + add.excluded.latency_sum_ms,
             "latency_count": MetricTotal.latency_count + add.excluded.latency_count,
-            "latency_histogram": HISTOGRAM_SUM,
+            "latency_histogram": _counts_sum("latency_histogram"),
             "resent": MetricTotal.resent + add.excluded.resent,
+            "batch_records": MetricTotal.batch_records + add.excluded.batch_records,
+            "batch_bytes": MetricTotal.batch_bytes + add.excluded.batch_bytes,
+            "handed_back": _counts_sum("handed_back"),
             "updated_at": func.now(),
         },
     )
@@ -174,14 +185,18 @@ class MetricStore(StoreBase):
         with self.engine.connect() as conn:
             rows = conn.execute(
                 text(
-                    "SELECT connector, topic, records, bytes, latency_sum_ms, latency_count, latency_histogram, resent"
+                    "SELECT connector, topic, records, bytes, latency_sum_ms, latency_count, latency_histogram, resent,"
+                    " batch_records, batch_bytes, handed_back"
                     f" FROM metric_totals WHERE {_EXISTING} ORDER BY connector, topic"
                 )
             ).all()
         return [
-            TopicTotals(c, t, int(r), int(b), int(ls), int(lc), {k: int(v) for k, v in h.items()}, int(rs))
-            for c, t, r, b, ls, lc, h, rs in rows
-        ]
+            TopicTotals(
+                c, t, int(r), int(b), int(ls), int(lc), {k: int(v) for k, v in h.items()}, int(rs), int(br), int(bb),
+                {k: int(v) for k, v in hb.items()},
+            )
+            for c, t, r, b, ls, lc, h, rs, br, bb, hb in rows
+        ]  # fmt: skip
 
     def recent_topics(self, window_s: float) -> list[RecentTopic]:
         """Every connector's samples of the last `window_s` seconds, summed per source topic."""

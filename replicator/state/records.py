@@ -226,6 +226,9 @@ class MetricRow:
     latency_histogram: dict[str, int]
     lag: int | None  # the sum of the known lags of the task's partitions of the topic
     resent: int = 0  # records written again after a restart: copied after the last commit before it
+    batch_records: int = 0  # of `records`, those copied as record batches (copy.mode=batches)
+    batch_bytes: int = 0
+    handed_back: dict[str, int] = field(default_factory=dict)  # the batch path's hand-backs, by reason
 
 
 @dataclass(frozen=True)
@@ -249,6 +252,9 @@ class TopicTotals:
     latency_count: int
     histogram: dict[str, int]  # upper bound in ms ('+Inf') -> records at or below it
     resent: int  # written again after restarts
+    batch_records: int = 0  # of `records`, those copied as record batches
+    batch_bytes: int = 0
+    handed_back: dict[str, int] = field(default_factory=dict)  # the batch path's hand-backs, by reason
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@
 - `partition_status`: a partition paused or dropped by the engine, and why.
 - `partition_pauses`: a partition paused by an operator, and why, until an operator resumes it.
 - `metadata_snapshots`: what the monitor saw on a cluster.
-- `metric_samples`: per task, source topic and interval: records, bytes, latency summary and histogram, lag.
+- `metric_samples`: per task, source topic and interval: records, bytes, latency summary and histogram, lag, what
+  went as record batches and the batch path's hand-backs.
 - `metric_totals`: per connector and source topic, the running totals of those samples (never lowered).
 - `partition_lags`: per connector and source topic, each partition's latest lag (an array element each, overwritten).
 - `flows`: per connector, its clusters' ids and its periodic duties (topic configs, group offsets, heartbeats).
@@ -200,6 +201,16 @@ class MetricSample(Base):
         server_default="0",
         doc="Records written again after a restart (at least once: those copied after the last commit before it).",
     )
+    batch_records: Mapped[int] = mapped_column(
+        BigInteger, nullable=False, server_default="0", doc="Of `records`, those copied as record batches."
+    )
+    batch_bytes: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    handed_back: Mapped[dict[str, int]] = mapped_column(
+        JSONB,
+        nullable=False,
+        server_default="{}",
+        doc="Reason -> times the batch path handed a partition of the topic back to the record path.",
+    )
 
 
 class MetricTotal(Base):
@@ -219,6 +230,9 @@ class MetricTotal(Base):
         JSONB, nullable=False, doc="Upper bound in ms ('+Inf' last) -> records at or below it, since the start."
     )
     resent: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    batch_records: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    batch_bytes: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    handed_back: Mapped[dict[str, int]] = mapped_column(JSONB, nullable=False, server_default="{}")
     updated_at: Mapped[datetime] = _now()
 
 

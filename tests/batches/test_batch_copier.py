@@ -22,6 +22,7 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.batches.copier import UNKNOWN_OFFSET, BatchCopier, Segment, Step, merged
 from replicator.batches.record_batch import Reason, RecordBatch, split
 from replicator.batches.wire import KafkaWire, Partition
+from tests.fixtures.batch_helpers import compacted_with_gaps
 from tests.fixtures.kafka_helpers import Rec, consume_all, create_topics, produce
 
 LIMIT = 1_000_012  # Kafka's default max.message.bytes
@@ -144,24 +145,7 @@ def test_a_transactional_source_loses_its_aborted_records_and_markers(
 def test_a_compacted_batch_with_gaps_is_handed_back_where_it_starts(
     apache_kafka: StackEndpoints, wires: tuple[KafkaWire, KafkaWire], unique: str
 ) -> None:
-    source = apache_kafka.source_bootstrap_servers
-    compacted = {"cleanup.policy": "compact", "segment.bytes": "1024", "min.cleanable.dirty.ratio": "0.01"}
-    create_topics(source, {unique: 1}, compacted)
-    create_topics(apache_kafka.destination_bootstrap_servers, {unique: 1})
-    # A batch of keys of its own (kept whole), then batches half of whose records a later one replaces (gaps once
-    # compacted), then enough to roll the segment the cleaner may clean.
-    batches = [[b"first-%d" % j for j in range(5)]] + [
-        [b"b%d-%d" % (i, j) for j in range(5)] + [b"hot"] * 5 for i in range(6)
-    ]
-    for keys in [*batches, [b"hot"], [b"last"]]:
-        produce(source, [{"topic": unique, "key": key, "value": b"v"} for key in keys], **{"linger.ms": 20})
-
-    def gapped() -> bool:
-        found = raw_batches(wires[0], unique, 1)[0]
-        return len(found) > 1 and found[1].base_offset == 5 and found[1].records_count == 5
-
-    wait_until(gapped, 60, interval=0.5, what="the log cleaner to compact the second batch")
-
+    compacted_with_gaps(apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers, unique)
     copier = BatchCopier(*wires)
     copier.start(Partition(unique, 0), 0, unique, LIMIT)
     step = copier.step()

@@ -1,7 +1,8 @@
 """The batch path in a running task (`copy.mode=batches`, `replicator.engine.batch_lanes`), on Apache Kafka 1.0: a
 partition's batches are copied as bytes (compressed ones still compressed at the destination, no provenance headers
 added), a batch that cannot pass is copied by the record path in its place, in order, and the partition returns to
-the batch path after it; offsets are committed as on the record path, so a restart resumes where the copy stopped."""
+the batch path after it; offsets are committed as on the record path, so a restart resumes where the copy stopped.
+Each hand-back is counted by reason where an operator looks: `/metrics` (scraped over HTTP) and the connectors asset."""
 
 from __future__ import annotations
 
@@ -13,8 +14,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import dagster as dg
 import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import Engine
 
+from assets.connectors import connectors_materialization
+from mirus.api.auth import ApiSettings
 from mirus.api.metrics import StoreCollector
 from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
@@ -22,13 +29,22 @@ from replicator.batches.record_batch import RecordBatch, split
 from replicator.batches.wire import KafkaWire, Partition
 from replicator.configuration.connector import validate_submission
 from replicator.configuration.model import ConnectorConfigError
+from replicator.engine.batch_lanes import HAND_BACK_REASONS
 from replicator.engine.task import TaskExit
 from replicator.state.store import Store
 from replicator.topics import provenance
+from tests.fixtures.api_helpers import serve_api
+from tests.fixtures.batch_helpers import compacted_with_gaps
 from tests.fixtures.engine_helpers import TaskThread, connector_properties, create_connector
 from tests.fixtures.kafka_helpers import Rec, cluster_id, consume_all, create_topics, produce
 
 BATCHES = {"copy.mode": "batches"}
+
+
+@pytest.fixture(scope="module")
+def api(apache_kafka: StackEndpoints, db_engine: Engine) -> Iterator[str]:
+    with serve_api(Store(db_engine), ApiSettings(), apache_kafka.destination_bootstrap_servers) as url:
+        yield url
 
 
 @pytest.fixture
@@ -51,6 +67,22 @@ def _as_read(records: list[Rec], strip_provenance: bool = False) -> list[tuple[o
         headers = provenance.user_headers(r.headers or []) if strip_provenance else r.headers
         rows.append((r.partition, r.key, r.value, list(headers or []), r.timestamp))
     return rows
+
+
+def _scraped(api: str, metric: str, connector: str, label: str) -> dict[str, float]:
+    """`metric`'s samples of `connector` by `label`, as Prometheus scrapes them."""
+    families = text_string_to_metric_families(requests.get(f"{api}/metrics", timeout=30).text)
+    samples = [s for family in families for s in family.samples if s.name == metric]
+    return {s.labels[label]: s.value for s in samples if s.labels["connector"] == connector}
+
+
+def _asset_row(store: Store, instance: dg.DagsterInstance, connector: str) -> dict[str, str]:
+    """The connector's row of the connectors asset's copy.mode=batches table, by column."""
+    table = str(connectors_materialization(store, "test", instance).metadata["copy.mode=batches"].value)
+    lines = table.splitlines()
+    header = [cell.strip() for cell in next(line for line in lines if line.startswith("| connector")).split("|")]
+    row = [cell.strip() for cell in next(line for line in lines if line.startswith(f"| {connector} |")).split("|")]
+    return dict(zip(header[1:-1], row[1:-1], strict=True))
 
 
 def _source_records(topic: str, partitions: int, count: int, size: int) -> list[dict[str, object]]:
@@ -113,7 +145,7 @@ def test_batches_are_copied_as_bytes_and_resumed_after_a_stop(
 
 
 def test_a_batch_that_cannot_pass_is_copied_by_the_record_path_in_order_and_the_partition_returns_to_batches(
-    apache_kafka: StackEndpoints, store: Store, unique: str
+    apache_kafka: StackEndpoints, store: Store, unique: str, api: str, instance: dg.DagsterInstance
 ) -> None:
     source, destination = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
     create_topics(source, {unique: 1})
@@ -137,6 +169,41 @@ def test_a_batch_that_cannot_pass_is_copied_by_the_record_path_in_order_and_the_
     by_path = [provenance.parse(c.headers) is not None for c in sorted(copies, key=lambda c: c.offset)]
     assert by_path == [False] * 10 + [True] * 100 + [False] * 10, "batches, the large batch by records, batches"
     assert any("larger than the destination topic's max.message.bytes" in e for e in runner.events), runner.events
+
+    # Counted where an operator looks: the hand-back by its reason, the records by the path that copied them.
+    assert _scraped(api, "mirus_batch_hand_backs_total", unique, "reason") == {
+        reason: (1 if reason == "too_large" else 0) for reason in HAND_BACK_REASONS
+    }
+    assert _scraped(api, "mirus_batch_replicated_records_total", unique, "topic") == {unique: 20}
+    assert _scraped(api, "mirus_replicated_records_total", unique, "topic") == {unique: 120}
+    row = _asset_row(store, instance, unique)
+    assert row == {"connector": unique, "as batches": "20", "by records": "100"} | {
+        reason: ("1" if reason == "too_large" else "0") for reason in HAND_BACK_REASONS
+    }, row
+
+
+def test_batches_of_a_compacted_topic_are_handed_back_and_counted_as_gaps(
+    apache_kafka: StackEndpoints, store: Store, unique: str, api: str, instance: dg.DagsterInstance
+) -> None:
+    end = compacted_with_gaps(apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers, unique)
+    create_connector(
+        store, connector_properties(apache_kafka, unique, **{"topics.whitelist": unique, **BATCHES}), {0: [(unique, 0)]}
+    )
+    runner = TaskThread.start(store, unique)
+    wait_until(lambda: store.load_offsets(unique) == {(unique, 0): end}, timeout=60, what="the partition copied")
+    hand_backs = wait_until(
+        lambda: (counted := _scraped(api, "mirus_batch_hand_backs_total", unique, "reason"))["gaps"] and counted,
+        what="hand-backs for gaps counted",
+    )
+    assert runner.finish() is TaskExit.STOPPED
+    assert any("its inner offsets have gaps" in e for e in runner.events), runner.events
+    assert set(hand_backs) == set(HAND_BACK_REASONS)
+    assert hand_backs["too_large"] == hand_backs["magic"] == hand_backs["problem"] == 0, hand_backs
+    as_batches = _scraped(api, "mirus_batch_replicated_records_total", unique, "topic")[unique]
+    assert 5 <= as_batches < _scraped(api, "mirus_replicated_records_total", unique, "topic")[unique]
+    row = _asset_row(store, instance, unique)
+    assert int(row["gaps"]) == _scraped(api, "mirus_batch_hand_backs_total", unique, "reason")["gaps"] >= 1, row
+    assert int(row["as batches"]) == as_batches, row
 
 
 def test_two_flows_in_opposite_directions_on_identity_names_never_copy_a_copy_back(

@@ -219,6 +219,24 @@ def test_tasks_sharing_a_topic_record_their_own_lags_as_one_row_per_topic(store:
     assert store.partition_lags(unique) == {}
 
 
+def test_hand_backs_by_reason_add_up_across_tasks_and_intervals(store: Store, unique: str) -> None:
+    store.put_connector(unique, {"name": unique}, 2)
+    end = datetime(2026, 12, 3, 10, tzinfo=UTC)
+    samples = [
+        replace(metric_row("orders", end, 4), batch_records=3, batch_bytes=300, handed_back={"gaps": 2}),
+        replace(metric_row("orders", end, 2), task_id=1, handed_back={"gaps": 1, "paused": 1}),
+        metric_row("orders", end + timedelta(seconds=10), 5),  # the record path alone: nothing of batches
+        metric_row("other", end, 1),
+    ]
+    for sample in samples:
+        store.record_metrics(unique, MetricInterval([sample], {}, end))
+    totals = {t.topic: t for t in store.topic_totals() if t.connector == unique}
+    orders, other = totals["orders"], totals["other"]
+    assert (orders.records, orders.batch_records, orders.batch_bytes) == (11, 3, 300)
+    assert orders.handed_back == {"gaps": 3, "paused": 1}
+    assert (other.batch_records, other.handed_back) == (0, {})
+
+
 def test_an_operator_sets_and_forgets_single_offsets_of_a_stopped_connector(store: Store, unique: str) -> None:
     store.put_connector(unique, {"name": unique}, 1)
     lease = store.claim_task(unique, 0, "me")
