@@ -10,7 +10,8 @@ Every copier runs as its own process, so its CPU time is its own (`os.wait4`), s
 - `mirrormaker`: Apache MirrorMaker 1.0 (the kit's `mirrormaker.sh TOPIC`, or its settings from a Kafka distribution),
   copying TOPIC to the same name;
 - `naive`: the tuned consume→produce loop below (this file run with `naive ...`);
-- `engine`: `mirus task run CONNECTOR TASK`, one process per task, default connector settings.
+- `engine`: `mirus task run CONNECTOR TASK`, one process per task, default connector settings; `engine-*` the same
+  with the connector properties of `ENGINE_COPIERS`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ KIT_SOURCE = "127.0.0.1:39092"
 SOURCE = os.environ.get("MIRUS_SOURCE_BOOTSTRAP_SERVERS", KIT_SOURCE)
 DESTINATION = os.environ.get("MIRUS_DESTINATION_BOOTSTRAP_SERVERS", "127.0.0.1:49092")
 KIT = Path(os.environ.get("MIRUS_KAFKA_KIT", "/work/shared/apache-kafka"))
+# The engine's copiers: connector properties beside the defaults, as an operator would set them.
+ENGINE_COPIERS: dict[str, dict[str, str]] = {
+    "engine": {},
+    "engine-plain": {"provenance.headers.enabled": "false"},
+    "engine-eos": {"exactly.once.support": "required"},
+    "engine-batches": {"copy.mode": "batches"},
+}
 
 
 @dataclass

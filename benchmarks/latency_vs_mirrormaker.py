@@ -1,12 +1,16 @@
 """End-to-end latency at steady traffic: the engine against Apache MirrorMaker 1.0, on Apache Kafka.
 
     python benchmarks/latency_vs_mirrormaker.py [--rates 1000,5000,20000,50000] [--seconds 12] [--rounds 1]
-        [--copiers engine,mirrormaker] [--engine-property KEY=VALUE ...] [--baseline OTHER_CHECKOUT]
+        [--copiers engine,mirrormaker] [--topics 1] [--partitions 4] [--engine-property KEY=VALUE ...]
+        [--baseline OTHER_CHECKOUT]
 
-Needs the two Apache Kafka 1.0 clusters running (see `benchmarks/apache_kafka.py`). For every rate and copier: a
-fresh 4-partition topic; the copier is started and proven to flow (one record through); then a load process
-writes 100-byte records at a steady rate into the source topic for `--seconds`, and this process reads the
-destination. Copiers alternate at each rate (order flips every round).
+Needs the two Apache Kafka 1.0 clusters running (see `benchmarks/apache_kafka.py`). For every rate and copier:
+fresh topics (`--topics` of `--partitions`: one of 4 by default); the copier is started and proven to flow (one
+record through); then a load process writes 100-byte records at a steady rate for `--seconds`, spread evenly over
+every partition (a producer per topic), and this process reads the destination. Copiers alternate at each rate
+(order flips every round). Copiers: `mirrormaker` (the kit's), `engine` and `engine-*` (`apache_kafka.ENGINE_COPIERS`,
+e.g. `engine-batches`), `engine-baseline`. A copier's CPU is shown as its share of a core while the load's records
+come through (from the load's start until the last arrived), and in CPU-s over its whole run.
 
 The clock starts at the record's CreateTime (set by librdkafka in the load process when `produce()` is called)
 and stops when this process's consumer on the destination receives the record (`time.time()` when `consume()`
@@ -33,13 +37,13 @@ from statistics import median
 
 import apache_kafka as kit
 import common
+import psutil
 from apache_kafka import DESTINATION, SOURCE
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from replicator.engine.metrics import BUCKET_LABELS
 from replicator.state.store import Store
 
-PARTITIONS = 4
 WARMUP_S = 2.0
 # The load producer and the reading consumer run ahead of everything else on the machine (brokers and copiers at
 # the default 0), so their own scheduling delays stay out of the figures as far as the kernel allows.
@@ -60,37 +64,44 @@ def autogroup_warning() -> str | None:
     return None
 
 
-def load_steady(topic: str, rate: int, seconds: float) -> None:
-    """Write `rate` records/s for `seconds`, CreateTime = the moment of `produce()`."""
-    producer = Producer({"bootstrap.servers": SOURCE, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000})
-    value, produce = b"v" * 100, producer.produce
-    sent, start, total = 0, time.perf_counter(), int(rate * seconds)
+def load_steady(topics: list[str], partitions: int, rate: int, seconds: float) -> None:
+    """Write `rate` records/s for `seconds`, one partition after another over every partition of `topics`, CreateTime
+    = the moment of `produce()`. A producer per topic: one librdkafka producer sends a produce request per partition
+    from one thread, which over a thousand partitions falls behind by itself."""
+    settings = {"bootstrap.servers": SOURCE, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000}
+    producers = {topic: Producer(settings) for topic in topics}
+    produce = {topic: producer.produce for topic, producer in producers.items()}
+    targets = [(topic, p) for p in range(partitions) for topic in topics]
+    value, sent, start, total = b"v" * 100, 0, time.perf_counter(), int(rate * seconds)
     while sent < total:
         due = min(int((time.perf_counter() - start) * rate), total)
         while sent < due:
+            topic, partition = targets[sent % len(targets)]
             try:
                 # Positional: keyword arguments cost the load process a third of its CPU at 100,000 records/s,
                 # which the copier under test would otherwise not have.
-                produce(topic, value, None, sent % PARTITIONS)
+                produce[topic](topic, value, None, partition)
             except BufferError:
-                producer.poll(0.001)
+                producers[topic].poll(0.001)
                 continue
             sent += 1
-        producer.poll(0)
+        for producer in producers.values():
+            producer.poll(0)
         time.sleep(0.0005)
-    producer.flush(30)
+    for producer in producers.values():
+        producer.flush(30)
 
 
-def reader(bootstrap: str, topic: str) -> Consumer:
+def reader(bootstrap: str, topics: list[str], partitions: int) -> Consumer:
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": f"latency-{topic}",
+            "group.id": f"latency-{topics[0]}",
             "enable.auto.commit": False,
             "fetch.wait.max.ms": 100,
         }
     )
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    consumer.assign([TopicPartition(topic, p, 0) for topic in topics for p in range(partitions)])
     return consumer
 
 
@@ -141,40 +152,49 @@ def one_run(
     seconds: float,
     tag: str,
     engine: dict[str, str],
+    shape: tuple[int, int] = (1, 4),
     baseline: str | None = None,
 ) -> tuple[str, dict[str, float]]:
-    """One copier at one rate: the printed line and its percentiles; `engine`: connector properties the engine's
-    connector gets beside its defaults; `baseline`: the checkout `engine-baseline` runs from."""
-    topic = f"lat-{tag}-{copier}-{rate}"
-    common.create_topic(SOURCE, topic, PARTITIONS)
-    procs = []
-    if copier == "direct":
-        target, bootstrap = topic, SOURCE
-    elif copier == "mirrormaker":
-        target, bootstrap = topic, DESTINATION
-        common.create_topic(DESTINATION, target, PARTITIONS)
-        procs = [common.start_process(argv, env) for argv in kit.mirrormaker_argv(topic)]
-    else:
-        target, bootstrap = f"{topic}.engine", DESTINATION
-        common.create_topic(DESTINATION, target, PARTITIONS)
-        kit.put_engine_connector(store, topic, topic, ".engine", PARTITIONS, 1, **engine)
-        argvs = kit.engine_argv(topic, 1)
+    """One copier at one rate: the printed line, its percentiles and its share of a core (`cpu`); `engine`: connector
+    properties the engine's connector gets beside its defaults and its copier's; `shape`: how many topics, of how
+    many partitions; `baseline`: the checkout `engine-baseline` runs from."""
+    count, partitions = shape
+    name = f"lat-{tag}-{copier}-{rate}"
+    topics = [name] if count == 1 else [f"{name}-{i}" for i in range(count)]
+    common.create_topics(SOURCE, dict.fromkeys(topics, partitions), timeout_s=600)
+    targets, bootstrap = topics, SOURCE
+    argvs: list[list[str]] = []
+    if copier != "direct":
+        targets = topics if copier == "mirrormaker" else [f"{t}.engine" for t in topics]  # MirrorMaker keeps names
+        bootstrap = DESTINATION
+        common.create_topics(DESTINATION, dict.fromkeys(targets, partitions), timeout_s=600)
+    if copier == "mirrormaker":
+        argvs = kit.mirrormaker_argv("|".join(topics))
+    elif copier != "direct":
+        properties = {**kit.ENGINE_COPIERS.get(copier, {}), **engine}
+        kit.put_engine_connector(store, name, ",".join(topics), ".engine", partitions, 1, **properties)
+        argvs = kit.engine_argv(name, 1)
         if copier == "engine-baseline" and baseline:
             argvs = kit.baseline_argvs(baseline, argvs, env["MIRUS_DATABASE_URL"])
-        procs = [common.start_process(argv, env) for argv in argvs]
-    consumer = reader(bootstrap, target)
+    procs = [common.start_process(argv, env) for argv in argvs]
+    consumer = reader(bootstrap, targets, partitions)
     try:
         ping = Producer({"bootstrap.servers": SOURCE})
-        ping.produce(topic, b"ping", partition=0)
+        ping.produce(topics[0], b"ping", partition=0)
         ping.flush(30)
         pinged = measure(consumer, 1, 120)
         if not pinged:
             raise TimeoutError(f"{copier} did not forward a first record within 120 s")
         load_avg = common.load_average()
+        watched = [psutil.Process(p.pid) for p in procs]
         loader = common.start_process(
-            [sys.executable, __file__, "load", topic, str(rate), str(seconds)], env, niceness=MEASURING_NICENESS
+            [sys.executable, __file__, "load", ",".join(topics), str(partitions), str(rate), str(seconds)],
+            env,
+            niceness=MEASURING_NICENESS,
         )
+        cpu_before, started = common.cpu_s(watched), time.perf_counter()
         seen = measure(consumer, int(rate * seconds), seconds + 60)
+        share = (common.cpu_s(watched) - cpu_before) / (time.perf_counter() - started)
         loader.wait(60)
     finally:
         consumer.close()
@@ -183,36 +203,39 @@ def one_run(
         cpu = sum(kit.reap(p) for p in procs)
     first = min(created for created, _ in seen)
     kept = [arrived - created for created, arrived in seen if created >= first + WARMUP_S * 1000]
-    stats = percentiles(kept)
+    stats = {**percentiles(kept), "cpu": share}
     line = (
-        f"{rate:>7,}/s {copier:<12} p50 {stats['p50']:>5.0f}  p99 {stats['p99']:>5.0f}  "
+        f"{rate:>7,}/s {copier:<15} p50 {stats['p50']:>5.0f}  p99 {stats['p99']:>5.0f}  "
         f"p99.9 {stats['p99.9']:>5.0f}  max {stats['max']:>5.0f} ms  (mean {stats['mean']:.0f}; "
-        f"{stats['n']:,} records; load avg {load_avg:.1f}; copier {cpu:.1f} CPU-s)"
+        f"{stats['n']:,} records; load avg {load_avg:.1f}"
+        + (f"; copier {share:.1%} of a core under load, {cpu:.1f} CPU-s in all)" if procs else ")")
     )
     if copier.startswith("engine"):
         every = percentiles([arrived - created for created, arrived in pinged + seen])
         line += (
-            f"\n{'':>22}all records, external: mean {every['mean']:.0f} ms, max {every['max']:.0f} ms; "
-            f"engine's own metric: {engine_metric(store, topic)}"
+            f"\n{'':>25}all records, external: mean {every['mean']:.0f} ms, max {every['max']:.0f} ms; "
+            f"engine's own metric: {engine_metric(store, name)}"
         )
-    common.delete_topics(SOURCE, [topic])
-    if target != topic or copier == "mirrormaker":
-        common.delete_topics(DESTINATION, [target])
+    common.delete_topics(SOURCE, topics)
+    if copier != "direct":
+        common.delete_topics(DESTINATION, targets)
     return line, stats
 
 
 def summary(runs: dict[tuple[int, str], list[dict[str, float]]]) -> str:
-    """Per rate and copier, the median over the rounds of each percentile (one round's figures swing with the
-    machine: the direct path alone has gone from p99 12 ms to 180 ms between two runs a minute apart)."""
+    """Per rate and copier, the median over the rounds of each percentile and of the copier's share of a core under
+    load (one round's figures swing with the machine: the direct path alone has gone from p99 12 ms to 180 ms between
+    two runs a minute apart)."""
     rounds = max(len(v) for v in runs.values())
-    header = f"{'rate':>9} {'copier':<12} {'p50':>5} {'p99':>5} {'p99.9':>6} {'max':>5}   p99 of each round"
-    lines = [f"median of {rounds} rounds, per rate and copier (ms)", header]
+    header = f"{'rate':>9} {'copier':<15} {'p50':>5} {'p99':>5} {'p99.9':>6} {'max':>5} {'CPU':>6}   p99 of each round"
+    lines = [f"median of {rounds} rounds, per rate and copier (ms; CPU: the copier's share of a core)", header]
     for (rate, copier), stats in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][1] != "direct", kv[0][1])):
-        med = {k: median(s[k] for s in stats) for k in ("p50", "p99", "p99.9", "max")}
+        med = {k: median(s[k] for s in stats) for k in ("p50", "p99", "p99.9", "max", "cpu")}
         each = " / ".join(f"{s['p99']:.0f}" for s in stats)
+        cpu = f"{med['cpu']:>6.1%}" if copier != "direct" else f"{'':>6}"
         lines.append(
-            f"{rate:>7,}/s {copier:<12} {med['p50']:>5.0f} {med['p99']:>5.0f} {med['p99.9']:>6.0f} "
-            f"{med['max']:>5.0f}   {each}"
+            f"{rate:>7,}/s {copier:<15} {med['p50']:>5.0f} {med['p99']:>5.0f} {med['p99.9']:>6.0f} "
+            f"{med['max']:>5.0f} {cpu}   {each}"
         )
     return "\n".join(lines)
 
@@ -223,8 +246,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument(
-        "--copiers", default="engine,mirrormaker", help="also: engine-baseline (the engine of --baseline)"
+        "--copiers",
+        default="engine,mirrormaker",
+        help="also: engine-batches (copy.mode=batches), engine-baseline (the engine of --baseline)",
     )
+    parser.add_argument("--topics", type=int, default=1, help="source topics per copier and rate")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of each topic")
     parser.add_argument(
         "--baseline",
         help="another checkout of the project (a commit to compare with, side by side): "
@@ -253,7 +280,15 @@ def main() -> None:
                 order = copiers if (r + rate // 1000) % 2 == 0 else copiers[::-1]
                 for copier in ["direct", *order]:
                     line, stats = one_run(
-                        store, env, copier, rate, args.seconds, f"{tag}-{r}", engine_properties, args.baseline
+                        store,
+                        env,
+                        copier,
+                        rate,
+                        args.seconds,
+                        f"{tag}-{r}",
+                        engine_properties,
+                        (args.topics, args.partitions),
+                        args.baseline,
                     )
                     print(line, flush=True)
                     runs.setdefault((rate, copier), []).append(stats)
@@ -261,6 +296,6 @@ def main() -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["load"]:
-    load_steady(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    load_steady(sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
 elif __name__ == "__main__":
     main()

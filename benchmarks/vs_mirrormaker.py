@@ -101,11 +101,7 @@ def main() -> None:
                     checkout = checkouts.get(checkout) or args.baseline
                     label = kind + (f"-{Path(checkout).name}" if kind == "baseline" and len(checkouts) > 1 else "")
                     name, target = f"{topic}-{label}{tasks}", f"{topic}.{label}{tasks}"
-                    extra = {
-                        "plain": {"provenance.headers.enabled": "false"},
-                        "eos": {"exactly.once.support": "required"},
-                        "batches": {"copy.mode": "batches"},
-                    }.get(kind, {})
+                    extra = kit.ENGINE_COPIERS.get(f"engine-{kind}", {})
                     argvs, stop = kit.engine_argv(name, tasks), signal.SIGINT
                     if kind == "baseline":
                         suffix = target.removeprefix(topic)

@@ -17,7 +17,8 @@ every round. Wall time runs from the copier's start until the destination's high
 add up to every record; CPU is the copier's process CPU time (`os.wait4`), start-up included. Copiers:
 `mirrormaker` (the kit's MirrorMaker 1.0 settings: 2 streams, acks=1, linger 5 ms, 64 KB batches; consuming the
 source directly, producing through the link), `engine` (`mirus task run`, one task, a connector of default
-settings) and `engine-*`, the engine with one producer setting changed (`VARIANTS`).
+settings), `engine-batches` (`copy.mode=batches`; its own client crosses the link as well: the destination's
+metadata names the proxy's port) and `engine-*`, the engine with one producer setting changed (`VARIANTS`).
 
 Prints the medians, the engine's throughput over MirrorMaker's, and exits 1 if that is below `--goal` (3) for
 any record size. Waits (up to 20 minutes, polling every minute) for the 1-minute load average to drop to 3 before
@@ -54,11 +55,13 @@ from mirus.faults.brokers import BrokerProcess, KafkaKit
 from mirus.faults.proxy import TcpProxy
 from replicator.configuration.connector import validate_submission
 
-# The engine with one producer setting changed (connector properties, as an operator would set them). The engine's
-# defaults: batch.size 1 MiB, linger.ms 5, compression none, and at most 5 requests in flight per connection (the
-# most idempotence allows, which the engine needs for per-partition order without gaps).
+# The engine with one producer setting changed (connector properties, as an operator would set them), or with
+# copy.mode=batches (batches fetched and produced as bytes, up to 5 produce requests in flight per leader). The
+# engine's defaults: batch.size 1 MiB, linger.ms 5, compression none, and at most 5 requests in flight per connection
+# (the most idempotence allows, which the engine needs for per-partition order without gaps).
 VARIANTS: dict[str, dict[str, str]] = {
     "engine": {},
+    "engine-batches": kit.ENGINE_COPIERS["engine-batches"],
     "engine-batch64k": {"producer.batch.size": "65536"},
     "engine-batch256k": {"producer.batch.size": "262144"},
     "engine-inflight1": {"producer.max.in.flight.requests.per.connection": "1"},
