@@ -86,6 +86,8 @@ class Step:
     problems: dict[Partition, Problem] = field(default_factory=dict)
     high_watermarks: dict[Partition, int] = field(default_factory=dict)  # as each fetch answered
     bytes_copied: dict[Partition, int] = field(default_factory=dict)
+    # Per partition, each acknowledged batch's timestamp (LogAppendTime's, else its first record's) and records.
+    timestamps: dict[Partition, list[tuple[int, int]]] = field(default_factory=dict)
     records: int = 0
     bytes: int = 0
 
@@ -247,6 +249,7 @@ class BatchCopier:
             step.records += batch.records_count
             step.bytes += batch.size
             step.bytes_copied[source] = step.bytes_copied.get(source, 0) + batch.size
+            step.timestamps.setdefault(source, []).append((batch.timestamp, batch.records_count))
         else:
             if plan.hand_back is not None:
                 step.handed_back[source] = plan.hand_back

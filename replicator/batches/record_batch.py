@@ -33,6 +33,7 @@ PRODUCER_AT = 43  # producerId, producerEpoch, baseSequence
 COMPRESSION_MASK = 0x07
 TRANSACTIONAL = 0x10
 CONTROL = 0x20
+LOG_APPEND_TIME = 0x08
 NO_PRODUCER_ID = -1
 NO_LEADER_EPOCH = -1
 MAX_SEQUENCE = 2**31  # sequences wrap to 0 past Int32's maximum, as the Java producer's do
@@ -83,6 +84,12 @@ class RecordBatch:
     def compression(self) -> int:
         """0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd."""
         return self.attributes & COMPRESSION_MASK
+
+    @property
+    def timestamp(self) -> int:
+        """The batch's timestamp for latency: the broker's append time (LogAppendTime, which every record of it
+        takes), else its first record's CreateTime (most often its oldest)."""
+        return self.max_timestamp if self.attributes & LOG_APPEND_TIME else self.base_timestamp
 
     @property
     def is_control(self) -> bool:

@@ -22,6 +22,7 @@ a batch whose producer id the platform recorded for the source cluster is a copy
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 from confluent_kafka import TopicPartition
@@ -224,6 +225,7 @@ class BatchLanes:
             self.on_event(f"copy.mode=batches: {len(taken)} partition(s) copied as batches")
 
     def _settle(self, step: Step, now: float) -> None:
+        acknowledged_ms = time.time_ns() // 1_000_000
         for source, segments in step.segments.items():
             state = self.lanes[(source.topic, source.partition)]
             self.segments += [
@@ -235,9 +237,11 @@ class BatchLanes:
             last = segments[-1]
             after = last.destination_offset + last.count if last.destination_offset != UNKNOWN_OFFSET else None
             state.copied_as_batches(max(state.next_offset or 0, last.source_offset + last.count), after)
-            self.metrics.counters_for(source.topic).add_batches(
-                sum(s.count for s in segments), step.bytes_copied.get(source, 0)
-            )
+            counters = self.metrics.counters_for(source.topic)
+            counters.add_batches(sum(s.count for s in segments), step.bytes_copied.get(source, 0))
+            # A batch's records are not decoded: each counts at its batch's timestamp (`RecordBatch.timestamp`).
+            for timestamp, records in step.timestamps.get(source, ()):
+                counters.add_batch_latency(acknowledged_ms, timestamp, records)
         for source, lane in self.copier.lanes.items():  # past control batches and aborted transactions too
             state = self.lanes[(source.topic, source.partition)]
             if state.next_offset is None or lane.position > state.next_offset:

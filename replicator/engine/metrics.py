@@ -89,6 +89,15 @@ class TopicCounters:
                 return
         buckets[-1] += n - counted
 
+    def add_batch_latency(self, acknowledged_ms: int, timestamp: int, records: int) -> None:
+        """Fold `records` records of a batch acknowledged at `acknowledged_ms`, each counted at the batch's
+        `timestamp` (its records are not decoded: `replicator.engine.batch_lanes` says which timestamp)."""
+        latency = max(acknowledged_ms - timestamp, 0)
+        self._widen(latency, latency)
+        self.latency_sum += latency * records
+        self.latency_count += records
+        self.buckets[bisect_left(LATENCY_BUCKETS_MS, latency)] += records
+
     def _widen(self, low: int, high: int) -> None:
         self.latency_min = low if self.latency_min is None else min(self.latency_min, low)
         self.latency_max = high if self.latency_max is None else max(self.latency_max, high)

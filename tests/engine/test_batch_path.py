@@ -176,6 +176,8 @@ def test_a_batch_that_cannot_pass_is_copied_by_the_record_path_in_order_and_the_
     }
     assert _scraped(api, "mirus_batch_replicated_records_total", unique, "topic") == {unique: 20}
     assert _scraped(api, "mirus_replicated_records_total", unique, "topic") == {unique: 120}
+    # Each record's latency, whichever path copied it (a batch's records at its first record's timestamp).
+    assert _scraped(api, "mirus_replication_latency_seconds_count", unique, "topic") == {unique: 120}
     row = _asset_row(store, instance, unique)
     assert row == {"connector": unique, "as batches": "20", "by records": "100"} | {
         reason: ("1" if reason == "too_large" else "0") for reason in HAND_BACK_REASONS
