@@ -59,6 +59,7 @@ def main() -> None:
         default=0,
         help="this many processes spin on the CPU throughout, as other work on a shared machine would",
     )
+    parser.add_argument("--logs", type=Path, help="keep each copier run's output in this folder")
     args = kit.parse_args(parser)
 
     copiers = []
@@ -115,7 +116,8 @@ def main() -> None:
                 # read_committed readers) once Postgres holds every offset, which follows the transaction commit.
                 by_commits = copier.startswith("engine") and (args.until == "committed" or "eos" in copier)
                 committed = (lambda c=name: common.committed(store, c)) if by_commits else None
-                run = kit.timed_copy(copier, argvs, target, parts, n, env, stop, copied=committed)
+                log = args.logs / f"round{r + 1}-{copier.replace(' ', '')}.log" if args.logs else None
+                run = kit.timed_copy(copier, argvs, target, parts, n, env, stop, copied=committed, log=log)
                 runs[copier].append(run)
                 print(
                     f"round {r + 1} {copier:<24} {run.wall_s:6.2f} s wall {run.cpu_s:6.2f} CPU-s "

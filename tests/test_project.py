@@ -15,6 +15,7 @@ from mypy.options import PER_MODULE_OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 STRICT_MODULES = ["replicator.*", "reports.*"]
+SUBJECTS_RULE_FROM = "e8ec9ca"
 
 
 def test_code_is_ruff_clean() -> None:
@@ -55,6 +56,17 @@ def test_dagster_definitions_validate_from_the_workspace() -> None:
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 # Names the map gives that are not the project's: Kafka Connect's and Dagster's.
 OTHER_PROJECTS_NAMES = {"WorkerSourceTask", "K8sRunLauncher"}
+
+
+def test_commit_subjects_fit_72_characters() -> None:
+    # Subjects are read in one-line logs and in GitHub's lists; the rest of a message goes in its body. The rule
+    # holds from SUBJECTS_RULE_FROM on (older subjects ran long); a clone with that history is needed.
+    log = subprocess.run(
+        ["git", "log", "--format=%h %s", f"{SUBJECTS_RULE_FROM}..HEAD"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert log.returncode == 0, f"the history since {SUBJECTS_RULE_FROM} is needed: {log.stderr}"
+    long = [line for line in log.stdout.splitlines() if len(line.partition(" ")[2]) > 72]
+    assert not long, "subjects over 72 characters (put the rest in the body):\n" + "\n".join(long)
 
 
 def test_the_benchmarks_page_holds_each_benchmarks_current_figures_not_its_history() -> None:
