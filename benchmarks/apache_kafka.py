@@ -231,12 +231,12 @@ def baseline_database(name: str) -> Iterator[str]:
         yield store.engine.url.render_as_string(hide_password=False)
 
 
-def put_baseline_connector(checkout: str, url: str, *args: object) -> None:
+def put_baseline_connector(checkout: str, url: str, *args: object, **extra: object) -> None:
     """`put_engine_connector` run by `checkout`'s own benchmark helpers against its database at `url`."""
     program = (
         f"import sys; sys.path.insert(0, {str(Path(checkout) / 'benchmarks')!r}); import apache_kafka as kit; "
         f"engine = kit.make_engine({url!r}); kit.upgrade(engine); "
-        f"kit.put_engine_connector(kit.Store(engine), *{args!r})"
+        f"kit.put_engine_connector(kit.Store(engine), *{args!r}, **{extra!r})"
     )
     subprocess.run(["env", f"PYTHONPATH={checkout}", sys.executable, "-P", "-c", program], check=True)
 

@@ -59,6 +59,12 @@ def main() -> None:
         default=0,
         help="this many processes spin on the CPU throughout, as other work on a shared machine would",
     )
+    parser.add_argument(
+        "--baseline-as",
+        default="engine",
+        choices=["engine", *kit.ENGINE_COPIERS],
+        help="the engine copier whose connector properties the baselines run with (e.g. engine-batches)",
+    )
     parser.add_argument("--logs", type=Path, help="keep each copier run's output in this folder")
     args = kit.parse_args(parser)
 
@@ -106,7 +112,10 @@ def main() -> None:
                     argvs, stop = kit.engine_argv(name, tasks), signal.SIGINT
                     if kind == "baseline":
                         suffix = target.removeprefix(topic)
-                        kit.put_baseline_connector(checkout, baseline_urls[checkout], name, topic, suffix, parts, tasks)
+                        kit.put_baseline_connector(
+                            checkout, baseline_urls[checkout], name, topic, suffix, parts, tasks,
+                            **kit.ENGINE_COPIERS.get(args.baseline_as, {}),
+                        )  # fmt: skip
                         argvs = kit.baseline_argvs(checkout, argvs, baseline_urls[checkout])
                     else:
                         kit.put_engine_connector(store, name, topic, target.removeprefix(topic), parts, tasks, **extra)
