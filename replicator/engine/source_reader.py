@@ -126,6 +126,9 @@ class SourceReader:
         # since when it is there.
         self.still_since: dict[SourcePartition, tuple[int | None, float]] = {}
         self.drained_at = time.monotonic()  # when the flowing consumers last returned less than was asked
+        # Placed in the flowing tier and not fetched from since, kept only while DEBUG logging is on: when a started
+        # partition's first records come is a stage of a reaction (benchmarks/orchestration_latency.py).
+        self.unfetched: set[SourcePartition] = set()
         self.behind = False  # a flowing consumer returned all that was asked in this `consume`
 
     def assigned_in(self, tier: Tier) -> int:
@@ -163,6 +166,8 @@ class SourceReader:
         msgs = as_records(shard.consumer.consume(count, timeout))
         if shard.tier is self.flowing:
             self.behind = self.behind or len(msgs) == count
+            if self.unfetched and msgs:
+                self._first_fetched(msgs)
         elif msgs:
             for msg in msgs:  # they flow again at the next `retier`: one move for all, not one per batch
                 self.waking.add((msg.topic(), msg.partition()))
@@ -249,6 +254,17 @@ class SourceReader:
             shard.assigned += count
             for tp in mine:
                 self.shard[(tp.topic, tp.partition)] = shard
+        if partitions and log.isEnabledFor(logging.DEBUG):
+            name = ("flowing", "quiet", "dormant")[self.tiers.index(tier)]
+            log.debug("%s consumer assigned %d partition(s) of: %s", name, len(partitions), _topics(partitions))
+            if tier is self.flowing:
+                self.unfetched.update((tp.topic, tp.partition) for tp in partitions)
+
+    def _first_fetched(self, msgs: list[Record]) -> None:
+        first = {(msg.topic(), msg.partition()) for msg in msgs} & self.unfetched
+        if first:
+            self.unfetched -= first
+            log.debug("first records fetched of: %s", _topics(TopicPartition(*tp) for tp in first))
 
     # -- assignment, pause, seek ----------------------------------------------------------------------------
 
@@ -327,6 +343,7 @@ class SourceReader:
     def _take_out(self, partitions: list[SourcePartition]) -> None:
         """Unassign `partitions` from their consumers, closing those left empty (but the flowing tier's first):
         an idle librdkafka client still wakes its threads."""
+        self.unfetched.difference_update(partitions)
         for shard, mine in self._by_shard(partitions):
             shard.consumer.incremental_unassign(mine)
             shard.assigned -= len(mine)
@@ -341,3 +358,7 @@ class SourceReader:
             if shard is not None:
                 grouped.setdefault(id(shard), (shard, []))[1].append(TopicPartition(*tp))
         return list(grouped.values())
+
+
+def _topics(partitions: Iterable[TopicPartition]) -> str:
+    return " ".join(sorted({tp.topic for tp in partitions}))

@@ -84,6 +84,7 @@ class HeadNotices:
                     if select.select([connection], [], [], WAIT_S)[0]:
                         connection.poll()
                         names = {notice.payload for notice in connection.notifies}
+                        log.debug("notified: %s", " ".join(sorted(names)))  # a stage in orchestration_latency.py
                         connection.notifies.clear()
                         self._notify(names)
             except Exception as exc:  # the database is away or refuses: the tasks' own reads go on meanwhile

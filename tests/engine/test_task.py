@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -673,10 +674,11 @@ def test_a_kill_re_sends_what_was_copied_after_the_last_commit_counted_or_resume
 
 
 def test_a_change_to_the_connector_reaches_the_task_when_postgres_says_so_not_at_its_next_read(
-    stack: StackEndpoints, store: Store, unique: str, monkeypatch: pytest.MonkeyPatch
+    stack: StackEndpoints, store: Store, unique: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The periodic read made as good as absent: only the notice (migration 0012's trigger, LISTEN) can tell the task.
     monkeypatch.setattr(follower, "REFRESH_INTERVAL_S", 3600.0)
+    caplog.set_level(logging.DEBUG, logger="replicator")
     first, added = f"{unique}-a", f"{unique}-b"
     create_topics(stack.source_bootstrap_servers, {first: 1, added: 1})
     create_topics(stack.destination_bootstrap_servers, {first: 1, added: 1})
@@ -689,6 +691,12 @@ def test_a_change_to_the_connector_reaches_the_task_when_postgres_says_so_not_at
         produce(stack.source_bootstrap_servers, [{"topic": added, "value": b"new"}])
         store.write_assignment(unique, {0: [(first, 0), (added, 0)]})
         assert [r.value for r in consume_all(stack.destination_bootstrap_servers, added, 1, expected=1)] == [b"new"]
+        # The stages benchmarks/orchestration_latency.py times, logged at DEBUG in the order they happened.
+        lines = [record.getMessage() for record in caplog.records]
+        stages = [f"notified: {unique}", f"flowing consumer assigned 1 partition(s) of: {added}"]
+        stages.append(f"first records fetched of: {added}")
+        at = [lines.index(stage) for stage in stages]
+        assert at == sorted(at), lines
         store.set_connector_state(unique, ConnectorState.PAUSED)
         assert runner.join(30) is TaskExit.PAUSED
     finally:
