@@ -20,16 +20,14 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol
 
-from confluent_kafka import KafkaException
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
 from replicator.batches.destination_batches import BatchReadError
-from replicator.clusters import log_offsets
-from replicator.configuration.connector import ConnectorConfig
-from replicator.engine.batch_lanes import BatchLanes
+from replicator.clusters import ClusterAdmin, log_offsets
+from replicator.engine.clients import Clients
 from replicator.engine.destination_copies import DestinationReadError, ResumePoint, copies_end
 from replicator.engine.destinations import Destinations
 from replicator.engine.failures import DeliveryFailures
@@ -55,41 +53,42 @@ class CommitWatchdogError(RuntimeError):
     """Records flowed but no offset commit succeeded for `commit.failure.restart.ms`."""
 
 
-class CommitterTask(Protocol):
-    """What a committer reads of its task (`ReplicationTask`). Read through it, for the lease and `should_stop` come
-    later (`ReplicationTask.run`: a warm standby makes its committer before it claims the task), and the first
-    committer is made before the configuration is read."""
-
-    connector: str
-    task_id: int
-    store: Store
-    lease: Lease
-    config: ConnectorConfig
-    source_cluster: str
-    book: PartitionBook
-    metrics: TaskMetrics
-    scheduler: Scheduler
-    background: ThreadPoolExecutor
-    on_event: Callable[[str], None]
-    should_stop: Callable[[], bool]  # the process or run is stopping: long waits of a start give up
-
-
 class Committer:
     skips_untouched = True  # whether an untouched book means no offset to commit moved (`commit_in_background`)
 
     def __init__(
         self,
-        task: CommitterTask,
+        store: Store,
+        lease: Callable[[], Lease],
+        connector: str,
+        task_id: int,
+        *,
+        book: PartitionBook,
+        metrics: TaskMetrics,
+        scheduler: Scheduler,
+        background: ThreadPoolExecutor,
+        on_event: Callable[[str], None],
+        should_stop: Callable[[], bool],
+        clients: Clients,
         destinations: Destinations,
-        failures: DeliveryFailures | None = None,
-        lanes: BatchLanes | None = None,
+        failures: DeliveryFailures,
     ) -> None:
-        self.task = task
+        self.store = store
+        self.lease = lease  # the task's, claimed after its committer is made (a warm standby's)
+        self.connector = connector
+        self.task_id = task_id
+        self.book = book
+        self.metrics = metrics
+        self.scheduler = scheduler
+        self.background = background  # the task's thread beside the loop: commits are written there
+        self.on_event = on_event
+        self.should_stop = should_stop  # the process or run is stopping: long waits of a start give up
+        self.clients = clients  # made with it (`ReplicationTask.rebuild`)
+        self.config = clients.config
         self.destinations = destinations  # where a start looks for the copies made since the last commit
-        # What refusals and failed producers do to the partitions (None: the committer of a task whose configuration
-        # is not read yet, which has no clients).
-        self.failures = failures
-        self.lanes = lanes  # copy.mode=batches: the segments of the batches copied, stored with each commit
+        self.failures = failures  # what refusals and failed producers do to the partitions
+        self.deliveries = clients.deliveries  # the producers, what they hold, and their failure
+        self.lanes = clients.lanes  # copy.mode=batches: the segments of the batches copied, stored with each commit
         self.segments_in_flight = 0  # how many of them the background commit stores
         self.in_flight: tuple[Future[None], dict[SourcePartition, int]] | None = None  # the background commit
         self.started = 0.0  # when the background commit was sent
@@ -97,10 +96,11 @@ class Committer:
         self.last_ok = time.monotonic()
         self.scanned: tuple[int, float] | None = None  # `PartitionBook.touched` and the time at the last scan
 
-    def watch_on(self, last: Committer) -> None:
-        """Take over the commit watchdog of the committer this one replaces (`ReplicationTask.rebuild`): a new
+    def watch_on(self, last: Committer | None) -> None:
+        """Take over the commit watchdog of the committer this one replaces, if any (`ReplicationTask.rebuild`): a new
         configuration version must not reset the time since the last successful commit."""
-        self.uncommitted, self.last_ok = last.uncommitted, last.last_ok
+        if last is not None:
+            self.uncommitted, self.last_ok = last.uncommitted, last.last_ok
 
     # -- what the task loop asks ------------------------------------------------------------------------------
 
@@ -118,9 +118,7 @@ class Committer:
     def settle(self) -> None:
         """Decide what the refusals and the failed producer the deliveries kept do: at least once, a refused
         partition waits for its backoff and a failed producer is replaced (`replicator.engine.failures`)."""
-        if (failures := self.failures) is None:
-            return
-        deliveries = failures.deliveries
+        failures, deliveries = self.failures, self.deliveries
         for refusal in deliveries.take_refusals():
             failures.decide(refusal)
         if (failure := deliveries.take_failure()) is not None:
@@ -129,16 +127,18 @@ class Committer:
             deliveries.conclude_cut_runs(delivered=True)
 
     def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> set[SourcePartition]:
-        """Where `partitions` resume, as stored in Postgres (`stored`, updated in place); returns those the last
-        owner copied to after its last commit (so flowing when it stopped: they start on eager fetching).
+        """What the last owner of starting `partitions` copied after its last commit, found at the destination
+        (`replicator.engine.destination_copies`): `stored`, the offsets in Postgres, is updated in place where a
+        partition starts after those copies. Returns the partitions with copies (flowing when the last owner stopped:
+        they start on eager fetching).
 
-        At least once, a partition resumes at its committed offset and so writes again what was copied after that
-        commit (a crash's re-send): those copies are found at the destination (`replicator.engine.destination_copies`)
-        and counted (`mirus_records_resent_total`), or with resume.after.destination.copies skipped."""
-        task = self.task
-        if not task.config.ordered_acks:
+        At least once, a partition starts at its committed offset and so writes again what was copied after that
+        commit (a crash's re-send): those copies are counted (`mirus_records_resent_total`), or with
+        resume.after.destination.copies skipped."""
+        config = self.config
+        if not config.ordered_acks:
             return set()  # a copy then says nothing of the records before it (and no destination offset is stored)
-        kept = task.store.load_destination_offsets(task.connector, [tp for tp in partitions if tp in stored])
+        kept = self.store.load_destination_offsets(self.connector, [tp for tp in partitions if tp in stored])
         if not kept:
             return set()  # a first start, or a connector committed before destination offsets were stored
         started = time.monotonic()
@@ -151,33 +151,32 @@ class Committer:
             ends = log_offsets(admin, {(p.topic, p.partition) for p in points.values()}, latest=True)
             unknown = [tp for tp, p in points.items() if (p.topic, p.partition) not in ends]
             if unknown:
-                task.on_event(
+                self.on_event(
                     f"copies since the last commit not looked up for {len(unknown)} partition(s) (the destination "
                     f"gave no end offset): they resume at their committed offsets: {describe(unknown)}"
                 )
             points = {tp: p for tp, p in points.items() if ends.get((p.topic, p.partition), 0) > (p.start or 0)}
             if not points:
                 return set()
-            task.on_event(f"looking up the last copies of {len(points)} partition(s) at the destination")
-            found = copies_end(
-                task.config.admin_settings("destination"), task.source_cluster, points, RESEND_SCAN_S, task.should_stop
-            )
+            self.on_event(f"looking up the last copies of {len(points)} partition(s) at the destination")
+            settings, source_cluster = config.admin_settings("destination"), self.clients.source_cluster
+            found = copies_end(settings, source_cluster, points, RESEND_SCAN_S, self.should_stop)
             # Copies made as batches carry no header: found again by their bytes (copy.mode=batches).
             batch_copies = self.lanes.copies_since(points, stored, ends) if self.lanes is not None else {}
             for tp, segments in batch_copies.items():
                 found[tp] = max(found.get(tp, 0), segments[-1].source_start + segments[-1].count)
         except (KafkaException, DestinationReadError, BatchReadError) as exc:
             # The destination is down or refuses (its partitions wait for it anyway): resume as without the read.
-            task.on_event(f"copies since the last commit not looked up ({exc}): resuming at the committed offsets")
+            self.on_event(f"copies since the last commit not looked up ({exc}): resuming at the committed offsets")
             return set()
         ahead = {tp: offset - stored[tp] for tp, offset in found.items() if offset > stored[tp]}
         if not ahead:
             return set()
         records, took = sum(ahead.values()), f"found in {time.monotonic() - started:.2f}s"
-        if task.config.resume_after_destination_copies:
+        if config.resume_after_destination_copies:
             skipped = {tp: found[tp] for tp in ahead}
             stored.update(skipped)
-            task.on_event(
+            self.on_event(
                 f"resuming after {records} record(s) copied since the last commit, {took} at the destination: "
                 f"{describe(ahead)}"
             )
@@ -185,22 +184,47 @@ class Committer:
             segments = [s for tp in skipped for s in batch_copies.get(tp, [])]
             after = {(s.topic, s.partition): s.destination_start + s.count for s in segments}
             try:  # stored at once: a partition that stays idle would otherwise show its old offset until it moves
-                task.store.commit(task.lease, skipped, after, segments)
+                self.store.commit(self.lease(), skipped, after, segments)
             except SQLAlchemyError as exc:
-                log.warning("offsets of %s-%d after the copies not stored yet: %s", task.connector, task.task_id, exc)
+                log.warning("offsets of %s-%d after the copies not stored yet: %s", self.connector, self.task_id, exc)
             return set(ahead)
         for (topic, _), count in ahead.items():
-            task.metrics.counters_for(topic).resent += count
-        task.on_event(f"re-sending {records} record(s) copied since the last commit ({took}): {describe(ahead)}")
+            self.metrics.counters_for(topic).resent += count
+        self.on_event(f"re-sending {records} record(s) copied since the last commit ({took}): {describe(ahead)}")
         return set(ahead)
+
+    def reset_offsets(self, partitions: list[SourcePartition]) -> dict[SourcePartition, int]:
+        """Where partitions without a committed offset start, per `auto.offset.reset`: asked in one request per
+        source broker; a partition whose answer failed gets the logical offset, which its consumer resolves.
+
+        At `latest`, a partition added to a topic the connector already replicated starts at its beginning: it holds
+        only records written since the connector began, which `latest` must not skip (docs/CONNECTOR-PROPERTIES.md)."""
+        config = self.config
+        if not partitions:
+            return {}
+        added = set()
+        if config.auto_offset_reset == "latest":
+            added = self.store.partitions_added_later(self.connector, partitions)
+        at_end = [tp for tp in partitions if config.auto_offset_reset == "latest" and tp not in added]
+        at_beginning = [tp for tp in partitions if tp not in at_end]
+        starts = dict.fromkeys(at_end, OFFSET_END) | dict.fromkeys(at_beginning, OFFSET_BEGINNING)
+        admin = ClusterAdmin(config.admin_settings("source"))  # for one request, as `Destinations.admin`
+        for wanted, latest in ((at_end, True), (at_beginning, False)):
+            if wanted:
+                starts |= log_offsets(admin, wanted, latest, config.exactly_once)
+        if added:
+            self.on_event(
+                f"{describe(sorted(added))}: added to a topic already replicated, started at the beginning "
+                "(auto.offset.reset=latest skips only what a topic contained before it was replicated)"
+            )
+        return starts
 
     def resume_points(
         self, partitions: list[SourcePartition], kept: dict[SourcePartition, int]
     ) -> dict[SourcePartition, ResumePoint]:
         """Where each partition's copies are read from at the destination (`kept`: the destination offsets stored
         with the last commit), for those written to the destination partition with their number."""
-        task = self.task
-        destinations = {tp: task.config.namer.destination_topic(tp[0]) for tp in partitions}
+        destinations = {tp: self.config.namer.destination_topic(tp[0]) for tp in partitions}
         layouts = self.destinations.layouts(set(destinations.values()))
         return {
             tp: ResumePoint(destination, tp[1], kept.get(tp))
@@ -218,7 +242,7 @@ class Committer:
     def destination_offsets(self, offsets: dict[SourcePartition, int]) -> dict[SourcePartition, int] | None:
         """Where the next copy of each of `offsets`' partitions goes at the destination (known where one
         acknowledgement stands for a run: `PartitionState.ordered`), so that a start reads from there."""
-        states = self.task.book.states
+        states = self.book.states
         ends = {tp: states[tp].next_destination_offset for tp in offsets if tp in states}
         return {tp: end for tp, end in ends.items() if end is not None}
 
@@ -227,26 +251,24 @@ class Committer:
     def tick(self, now: float) -> None:
         """The loop's commit duties: collect the last background commit, send the next when due (or a heartbeat
         alone when commits are further apart than task.heartbeat.interval.ms), fail the task when none succeeds."""
-        task = self.task
+        config, scheduler = self.config, self.scheduler
         self.settle()
         self.collect()
-        if task.scheduler.due(COMMITTING, task.config.offset_flush_interval_ms / 1000, now):
+        if scheduler.due(COMMITTING, config.offset_flush_interval_ms / 1000, now):
             self.commit_due()
             if self.in_flight is None:
                 self.commit_in_background()
-            watchdog_s = task.config.commit_failure_restart_ms / 1000
+            watchdog_s = config.commit_failure_restart_ms / 1000
             hanging = self.in_flight is not None and now - self.started > watchdog_s
             if (self.uncommitted or hanging) and now - self.last_ok > watchdog_s:
                 raise CommitWatchdogError(
                     f"no offset commit succeeded for {now - self.last_ok:.0f}s while "
                     "records were being replicated (commit.failure.restart.ms)"
                 )
-        elif self.in_flight is None and task.scheduler.due(
-            HEARTBEATING, task.config.task_heartbeat_interval_ms / 1000, now
-        ):
+        elif self.in_flight is None and scheduler.due(HEARTBEATING, config.task_heartbeat_interval_ms / 1000, now):
             # A heartbeat alone keeps a standby from taking a live task over once task.lease.timeout.ms has passed.
             self.started = now
-            self.in_flight = (task.background.submit(task.store.commit, task.lease, {}), {})
+            self.in_flight = (self.background.submit(self.store.commit, self.lease(), {}), {})
             self.segments_in_flight = 0
         self.after_tick()
 
@@ -260,11 +282,10 @@ class Committer:
         """Commit in this thread (a final commit, or before partitions change hands)."""
         self.collect(wait=True)  # never let an older commit land after this one
         self.before_commit_now(final)
-        task = self.task
-        offsets = task.book.changed(self.offset_of)
+        offsets = self.book.changed(self.offset_of)
         segments = list(self.lanes.segments) if self.lanes is not None else []
         try:
-            task.store.commit(task.lease, offsets, self.destination_offsets(offsets), segments)
+            self.store.commit(self.lease(), offsets, self.destination_offsets(offsets), segments)
         except SQLAlchemyError as exc:
             if final:
                 raise
@@ -276,19 +297,18 @@ class Committer:
         """What must be durable at the destination before a commit in this thread."""
 
     def commit_in_background(self) -> None:
-        task = self.task
         now = time.monotonic()
-        touched = task.book.touched
+        touched = self.book.touched
         if self.scanned is not None and self.scanned[0] == touched and now - self.scanned[1] < UNTOUCHED_RESCAN_S:
             offsets = {}
         else:
-            offsets = task.book.changed(self.offset_of)
+            offsets = self.book.changed(self.offset_of)
             self.scanned = (touched, now) if self.skips_untouched else None
         self.started = now
-        task.scheduler.ran(HEARTBEATING, task.config.task_heartbeat_interval_ms / 1000, self.started)
+        self.scheduler.ran(HEARTBEATING, self.config.task_heartbeat_interval_ms / 1000, self.started)
         segments = list(self.lanes.segments) if self.lanes is not None else []
-        future = task.background.submit(
-            task.store.commit, task.lease, offsets, self.destination_offsets(offsets), segments
+        future = self.background.submit(
+            self.store.commit, self.lease(), offsets, self.destination_offsets(offsets), segments
         )
         self.in_flight = (future, offsets)
         self.segments_in_flight = len(segments)
@@ -301,8 +321,7 @@ class Committer:
         try:
             future.result(timeout=COMMIT_WAIT_S)
         except TimeoutError:
-            task = self.task
-            log.warning("offset commit of %s-%d still running after %ss", task.connector, task.task_id, COMMIT_WAIT_S)
+            log.warning("offset commit of %s-%d still running after %ss", self.connector, self.task_id, COMMIT_WAIT_S)
             self.uncommitted = bool(offsets)
             return
         except SQLAlchemyError as exc:
@@ -313,11 +332,11 @@ class Committer:
     def _succeeded(self, offsets: dict[SourcePartition, int], segments: int = 0) -> None:
         if self.lanes is not None:
             self.lanes.committed_segments(segments)
-        self.task.book.committed(offsets)
+        self.book.committed(offsets)
         self.last_ok = time.monotonic()
         self.uncommitted = False
 
     def _failed(self, offsets: dict[SourcePartition, int], exc: SQLAlchemyError) -> None:
         self.scanned = None  # the next commit looks at every partition again
-        log.warning("offset commit of %s-%d failed, will retry: %s", self.task.connector, self.task.task_id, exc)
+        log.warning("offset commit of %s-%d failed, will retry: %s", self.connector, self.task_id, exc)
         self.uncommitted = bool(offsets)

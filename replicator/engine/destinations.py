@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol
 
 from confluent_kafka.admin import AdminClient
 
 from replicator.assignment import SourcePartition
 from replicator.clusters import ClusterAdmin, TopicPartitions, topic_partitions
-from replicator.configuration.connector import ConnectorConfig
-from replicator.engine.deliveries import Deliveries
+from replicator.engine.clients import Clients
 from replicator.engine.partitions import UNASSIGNED_PARTITION, PartitionBook, PartitionState
 from replicator.engine.pauses import PartitionPauses
 from replicator.engine.scheduler import CHECKING_DESTINATIONS, Scheduler
@@ -27,53 +25,49 @@ DESTINATION_CHECK_INTERVAL_S = 5.0  # route or pause partitions by destination m
 DESTINATION_CHECK_PARTITIONS = 1_000
 
 
-class DestinationsTask(Protocol):
-    """What `Destinations` reads of its task (`ReplicationTask`): through it, the configuration and the deliveries that
-    `ReplicationTask.rebuild` replaces are the current ones."""
-
-    connector: str
-    task_id: int
-    config: ConnectorConfig
-    deliveries: Deliveries
-    book: PartitionBook
-    scheduler: Scheduler
-    background: ThreadPoolExecutor
-
-
 class Destinations:
     """The destination's metadata as the task reads it, and each partition routed (or paused) by it."""
 
-    def __init__(self, task: DestinationsTask, pauses: PartitionPauses) -> None:
-        self.task = task
+    def __init__(
+        self,
+        pauses: PartitionPauses,
+        book: PartitionBook,
+        scheduler: Scheduler,
+        background: ThreadPoolExecutor,
+        name: str,
+    ) -> None:
         self.pauses = pauses
+        self.book = book
+        self.scheduler = scheduler
+        self.background = background  # the task's thread beside the loop: metadata is read there
+        self.name = name  # the task's, in logs
+        self.clients: Clients  # the current ones (`use`)
         self.metadata_in_flight: Future[dict[str, TopicPartitions]] | None = None
+
+    def use(self, clients: Clients) -> None:
+        """The clients `ReplicationTask.rebuild` made: partitions are routed through their producers from now on."""
+        self.clients = clients
 
     def tick(self, now: float) -> None:
         """The loop's periodic check: the last reading applied, the next one sent in the background when due."""
-        task = self.task
         if self.metadata_in_flight is not None and self.metadata_in_flight.done():
             layouts_done, self.metadata_in_flight = self.metadata_in_flight, None
             if layouts_done.exception() is None:
-                self.map(list(task.book.states.values()), layouts_done.result())
+                self.map(list(self.book.states.values()), layouts_done.result())
             else:
-                log.warning(
-                    "destination metadata unavailable for %s-%d: %s",
-                    task.connector,
-                    task.task_id,
-                    layouts_done.exception(),
-                )
-        states = task.book.states
+                log.warning("destination metadata unavailable for %s: %s", self.name, layouts_done.exception())
+        states = self.book.states
         if (
             self.metadata_in_flight is None
             and states
-            and task.scheduler.due(
+            and self.scheduler.due(
                 CHECKING_DESTINATIONS,
                 DESTINATION_CHECK_INTERVAL_S * max(1.0, len(states) / DESTINATION_CHECK_PARTITIONS),
                 now,
             )
         ):
             topics = {state.destination_topic for state in states.values()}
-            self.metadata_in_flight = task.background.submit(self.layouts, topics)
+            self.metadata_in_flight = self.background.submit(self.layouts, topics)
 
     def layouts(self, topics: set[str]) -> dict[str, TopicPartitions]:
         return topic_partitions(self.admin(), topics)
@@ -81,18 +75,18 @@ class Destinations:
     def admin(self) -> AdminClient:
         """An admin client for one request: a long-lived one's background thread wakes 100 times a second, and the
         task asks every few seconds."""
-        return ClusterAdmin(self.task.config.admin_settings("destination"))
+        return ClusterAdmin(self.clients.config.admin_settings("destination"))
 
     def check(self, partitions: list[SourcePartition] | None = None) -> None:
         """Map each partition to its destination partition; pause those whose destination is missing."""
-        task = self.task
-        states = [task.book.states[tp] for tp in partitions] if partitions else list(task.book.states.values())
+        book = self.book
+        states = [book.states[tp] for tp in partitions] if partitions else list(book.states.values())
         if not states:
             return
         try:
             layouts = self.layouts({state.destination_topic for state in states})
         except Exception as exc:
-            log.warning("destination metadata unavailable for %s-%d: %s", task.connector, task.task_id, exc)
+            log.warning("destination metadata unavailable for %s: %s", self.name, exc)
             for state in states:
                 if not state.routed and state.paused_reason is None:
                     # Its destination partition is unknown: producing now would let the partitioner scatter the
@@ -102,7 +96,7 @@ class Destinations:
         self.map(states, layouts)
 
     def map(self, states: list[PartitionState], layouts: dict[str, TopicPartitions]) -> None:
-        config, deliveries = self.task.config, self.task.deliveries
+        config, deliveries = self.clients.config, self.clients.deliveries
         for state in states:
             topic = layouts.get(state.destination_topic)
             if topic is None or topic.error is not None:

@@ -23,13 +23,11 @@ from typing import Any, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from replicator.configuration.connector import ConnectorConfig
-from replicator.engine.batch_lanes import BatchLanes
+from replicator.engine.clients import Clients
 from replicator.engine.committer import Committer
-from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Deliveries, Refusal
+from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Refusal
 from replicator.engine.partitions import InFlight, PartitionBook, PartitionState
 from replicator.engine.record_limits import oversized, producer_refusal_reason
-from replicator.engine.source_reader import SourceReader
 from replicator.engine.throttle import ThrottleShare
 from replicator.partition_reader import Record
 from replicator.topics import provenance
@@ -43,32 +41,27 @@ class Forwarder:
 
     def __init__(
         self,
-        config: ConnectorConfig,
-        reader: SourceReader,
+        clients: Clients,
         book: PartitionBook,
-        deliveries: Deliveries,
         committer: Committer,
         *,
         source_error: Callable[[Message], None],
         head_changed: threading.Event,
-        destination_cluster: str,
-        origin_header: tuple[str, bytes],
         throttle: ThrottleShare,
-        lanes: BatchLanes | None = None,
     ) -> None:
-        self.config = config
-        self.reader = reader
+        self.config = clients.config
+        self.reader = clients.reader
         self.book = book
-        self.deliveries = deliveries
+        self.deliveries = deliveries = clients.deliveries
         self.committer = committer  # asked whether to read (`accepting`) and how long to wait for acknowledgements
-        self.source_error = source_error  # an error event among the records: the assignment follower's to handle
+        self.source_error = source_error  # an error event among the records: the partition pauses' to handle
         self.head_changed = head_changed  # a long wait for records ends when the connector's row changed
-        self.destination_cluster = destination_cluster
-        self.origin_header = origin_header
+        self.destination_cluster = clients.destination_cluster
+        self.origin_header = (provenance.ORIGIN, clients.source_cluster.encode())
         queue_limit = int(deliveries.settings["queue.buffering.max.messages"])
         self.intake_limit = max(queue_limit - BATCH, queue_limit // 2)  # records waiting above which none are read
         self.throttle = throttle  # this task's share of the connector's throttle, asked before each batch
-        self.lanes = lanes  # copy.mode=batches: the partitions copied as record batches (`BatchLanes`)
+        self.lanes = clients.lanes  # copy.mode=batches: the partitions copied as record batches (`BatchLanes`)
 
     # -- fetch, map, produce ----------------------------------------------------------------------------
 

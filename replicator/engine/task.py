@@ -18,11 +18,10 @@ configuration versions and assignment generations, paused partitions' retries; d
 (`replicator.engine.destinations`) and single partitions' pauses (`replicator.engine.pauses`). Periodic duties are
 named in one `Scheduler` (`replicator.engine.scheduler`).
 
-The parts are wired here, each given the parts it uses: those that live as long as the task in `__init__`, the
-clients and the parts around them in `rebuild` (made again for a new configuration version). The follower, the
-destinations, the partition pauses and the committers are given the task too, each through a protocol of its own that
-lists what it reads (`FollowedTask`, `DestinationsTask`, `PausesTask`, `CommitterTask`, `TransactionalTask`): the
-clients `rebuild` replaces under them, the lease `run` claims after they are made.
+The parts are wired here, each given what it uses and never the task: those that live as long as the task in
+`__init__`, the clients (`Clients`, `replicator.engine.clients`) and the parts made with them in `rebuild`, which hands
+each new set of clients to the parts that outlive them (`use`). The lease, claimed by `run` after a warm standby made
+its parts, reaches them through a function that returns it.
 """
 
 from __future__ import annotations
@@ -33,12 +32,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from replicator.clusters import ClusterAdmin, ClusterIdentityError, cluster_id
-from replicator.configuration.connector import ConnectorConfig, load
+from replicator.configuration.connector import load
 from replicator.engine.batch_lanes import BatchLanes, Provenance
+from replicator.engine.clients import Clients, Identified, identify
 from replicator.engine.committer import Committer, CommitWatchdogError
 from replicator.engine.deliveries import Deliveries
 from replicator.engine.destinations import Destinations
@@ -56,7 +56,6 @@ from replicator.engine.transactions import TransactionalCommitter
 from replicator.state.head_notices import HeadNotices
 from replicator.state.records import FencedError, Lease, MetricInterval
 from replicator.state.store import Store
-from replicator.topics import provenance
 
 __all__ = ["CommitWatchdogError", "ReplicationTask", "TaskExit"]
 
@@ -96,40 +95,50 @@ class ReplicationTask:
         self.should_stop: Callable[[], bool] = lambda: False  # given by `run` (and `run_owned`, before `prepare`)
         self.book = PartitionBook()
         self.limits = RecordLimits()  # the record size limits of the topics served (`replicator.engine.record_limits`)
-        self.sized_for: tuple[object, ...] = ()  # the size settings the clients were made with
         self.scheduler = Scheduler()
         # Set when Postgres says the connector's row changed (`notices`): read at the loop's next turn, not at the
         # next periodic read.
         self.head_changed = threading.Event()
         self.notices = notices
         self.scheduler.ran(RECORDING_METRICS, metrics_interval_s)  # the first interval ends one interval from now
-        # The parts that live as long as the task; the clients and the parts around them are made by `rebuild`.
-        self.throttle = ThrottleShare()
-        self.pauses = PartitionPauses(self)
-        self.destinations = Destinations(self, self.pauses)
-        self.follower = AssignmentFollower(self, self.pauses, self.destinations, self.throttle)
-        # Until the configuration is read (`rebuild`): commits nothing but heartbeats.
-        self.committer: Committer = Committer(self, self.destinations)
-        # Set by `run` (lease) and `rebuild` (configuration and clients) before anything uses them.
-        self.lease: Lease
-        self.config: ConnectorConfig
-        self.reader: SourceReader
-        self.deliveries: Deliveries
-        self.forwarder: Forwarder
-        self.lanes: BatchLanes | None = None  # copy.mode=batches: partitions copied as record batches
-        self.clients_open = False
-        self.source_cluster = self.destination_cluster = ""  # Kafka cluster ids, read by `rebuild`
-        self.identified: tuple[object, ...] = ()  # the cluster settings those ids were last read with
-        self.origin_header = (provenance.ORIGIN, b"")
-        self.version = 0
-        self.restart_marker: object = None
-        # Whether this instance holds the task: a warm standby's prepared producer must not `init_transactions`,
-        # which would fence the live owner's producer (same transactional.id).
-        self.owning = False
         # Postgres commits, metric rows and destination metadata requests run beside the loop, never blocking a
         # record: one background thread, its results applied by the loop (the committer's and the follower's ticks).
         self.background = ThreadPoolExecutor(1, thread_name_prefix=f"mirus-{connector}-{task_id}")
+        self.lease: Lease  # claimed by `run`, after the parts are made (a warm standby makes them first)
+        # The parts that live as long as the task; the clients and the parts made with them are made by `rebuild`.
+        name = f"{connector}-{task_id}"
+        self.throttle = ThrottleShare()
+        self.pauses = PartitionPauses(store, self.held_lease, self.book, self.on_event, name)
+        self.destinations = Destinations(self.pauses, self.book, self.scheduler, self.background, name)
+        self.follower = AssignmentFollower(
+            store,
+            self.held_lease,
+            connector,
+            task_id,
+            book=self.book,
+            limits=self.limits,
+            scheduler=self.scheduler,
+            background=self.background,
+            head_changed=self.head_changed,
+            on_event=self.on_event,
+            pauses=self.pauses,
+            destinations=self.destinations,
+            throttle=self.throttle,
+        )
+        # Made by `rebuild` (the clients, and the parts made with them) before anything uses them.
+        self.clients: Clients
+        self.committer: Committer
+        self.forwarder: Forwarder
+        self.clients_open = False
+        self.identified: Identified | None = None  # the clusters last identified (`identify`)
+        # Whether this instance holds the task: a warm standby's prepared producer must not `init_transactions`,
+        # which would fence the live owner's producer (same transactional.id).
+        self.owning = False
         self.lags_read: tuple[int, float] | None = None  # `PartitionBook.touched` and the time at the last reading
+
+    def held_lease(self) -> Lease:
+        """The lease this instance holds (given to the parts that write under it; claimed after they are made)."""
+        return self.lease
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -205,8 +214,9 @@ class ReplicationTask:
         # is needed. The source consumers are made at the takeover, in the quiet tier (answered at the first byte).
         mine = self.store.read_assignment(self.connector).get(self.task_id)
         if mine:
+            clients = self.clients
             try:
-                self.deliveries.producer.list_topics(self.config.namer.destination_topic(mine[0][0]), timeout=5)
+                clients.deliveries.producer.list_topics(clients.config.namer.destination_topic(mine[0][0]), timeout=5)
             except Exception as exc:  # only slower later: the task loop reports real trouble
                 log.info("%s-%d: warming up the producer failed: %s", self.connector, self.task_id, exc)
 
@@ -218,59 +228,33 @@ class ReplicationTask:
     def close_clients(self) -> None:
         """Close the source consumers and the destination producers (what they still hold is dropped)."""
         self.clients_open = False  # a failure while closing has nothing left to close
-        try:
-            self.reader.close()
-            if self.lanes is not None:
-                self.lanes.close()
-        finally:
-            self.deliveries.close()
+        self.clients.close()
 
     def rebuild(self, version: int, restart_marker: object, why: str | None = None) -> Rebuild | None:
         """(Re)create clients for the current configuration, resuming every owned partition from its commit (`why`:
-        for another reason than a new version, e.g. record size limits the clients no longer fit). Returns a
-        `Rebuild` if the partitions' limits, read only now, need other clients still."""
+        for another reason than a new version, e.g. record size limits the clients no longer fit), and hand them to
+        the parts. Returns a `Rebuild` if the partitions' limits, read only now, need other clients still."""
         record = self.store.get_connector(self.connector)
         config = load(record.properties)
         if (
             why is None
             and self.clients_open
-            and restart_marker == self.restart_marker
-            and only_throttle_changed(self.config, config)
+            and restart_marker == self.clients.restart_marker
+            and only_throttle_changed(self.clients.config, config)
         ):
-            self.config, self.version = config, record.version
+            self._use(replace(self.clients, config=config, version=record.version), self.committer)
             self.throttle.share(config, self.follower.tasks)
             self.on_event(f"configuration version {record.version}: throttle changed, clients kept")
             return None
         owned = sorted(self.book.states)
+        last: Committer | None = None
         if self.clients_open:
             self.on_event(f"{why or f'configuration version {record.version}'}: restarting clients in place")
-            self.deliveries.drain(10)
+            self.clients.deliveries.drain(10)
             self.committer.commit_now()
+            last = self.committer
             self.close_clients()  # until the new ones are made: a failure in between has nothing left to close
-        self.config = config
-        self.version, self.restart_marker = record.version, restart_marker
-        # Clusters are known by their Kafka cluster id (aliases are display names that may coincide). Asked first: a
-        # cluster that refuses the connection fails the start here at once, naming the refusal, before any other
-        # request waits out its timeout against it. Asked again whenever clients are made (a cluster may have been
-        # replaced behind the same address), but clients made again for the same clusters keep the ids they have
-        # when the clusters do not answer: one metadata time-out must not end a replicating task.
-        clusters = (
-            config.admin_settings("source"),
-            config.source_cluster_alias,
-            config.admin_settings("destination"),
-            config.target_cluster_alias,
-        )
-        try:
-            source_cluster = cluster_id(ClusterAdmin(clusters[0]), "source", config.source_cluster_alias)
-            destination_cluster = cluster_id(self.destinations.admin(), "destination", config.target_cluster_alias)
-        except ClusterIdentityError as exc:
-            if clusters != self.identified:
-                raise
-            self.on_event(f"{exc}: the ids read before for the same clusters are kept")
-        else:
-            self.source_cluster, self.destination_cluster = source_cluster, destination_cluster
-            self.identified = clusters
-        self.origin_header = (provenance.ORIGIN, self.source_cluster.encode())
+        self.identified = identify(config, self.identified, self.on_event)
         # Clients sized for the topics the task serves: those it owns and those assigned to it (a first start owns
         # none yet), their limits read first (only those never read: one request per cluster).
         assigned = self.store.read_assignment(self.connector).get(self.task_id, [])
@@ -278,45 +262,55 @@ class ReplicationTask:
         self.limits.learn(config)
         self.scheduler.ran(READING_SIZE_LIMITS, LIMITS_REFRESH_S)
         consumer, producer = self.limits.client_settings(config, self.task_id)
-        self.sized_for = self.limits.sizes_of(config, self.task_id)
-        self.reader = SourceReader(consumer, self.reader_limits)
-        self.lanes = None
+        reader = SourceReader(consumer, self.reader_limits)
+        lanes = None
         if config.copy_mode == "batches":
-            ids = Provenance(self.store, lambda: self.lease, self.source_cluster, self.destination_cluster)
-            self.lanes = BatchLanes.open(config, self.book, self.reader, self.metrics, self.on_event, ids)
-        self.deliveries = deliveries = Deliveries(
+            producer_ids = Provenance(self.store, self.held_lease, *self.identified[1:])
+            lanes = BatchLanes.open(config, self.book, reader, self.metrics, self.on_event, producer_ids)
+        deliveries = Deliveries(
             producer,
             self.book,
             self.metrics,
             ordered_acks=config.ordered_acks,
             grouped=not config.exactly_once,
-            idle_close_s=self.reader.quiet_after_s + self.reader.dormant_after_s,
+            idle_close_s=reader.quiet_after_s + reader.dormant_after_s,
             name=f"{self.connector}-{self.task_id}",
+        )
+        sized_for = self.limits.sizes_of(config, self.task_id)
+        clients = Clients(
+            config, record.version, restart_marker, sized_for, *self.identified[1:], reader, deliveries, lanes
         )
         # What refusals and a failed producer do is decided by the delivery mode's committer, with `DeliveryFailures`.
         failures = DeliveryFailures(deliveries, self.book, self.pauses, self.on_event)
-        last = self.committer
-        if config.exactly_once:
-            self.committer = TransactionalCommitter(self, self.destinations, failures, self.follower.reset_offsets)
-        else:
-            self.committer = Committer(self, self.destinations, failures, self.lanes)
-        self.committer.watch_on(last)
+        mode = TransactionalCommitter if config.exactly_once else Committer
+        self.committer = committer = mode(
+            self.store,
+            self.held_lease,
+            self.connector,
+            self.task_id,
+            book=self.book,
+            metrics=self.metrics,
+            scheduler=self.scheduler,
+            background=self.background,
+            on_event=self.on_event,
+            should_stop=self.should_stop,
+            clients=clients,
+            destinations=self.destinations,
+            failures=failures,
+        )
+        committer.watch_on(last)
         self.forwarder = Forwarder(
-            config,
-            self.reader,
+            clients,
             self.book,
-            deliveries,
-            self.committer,
+            committer,
             source_error=self.pauses.source_error,
             head_changed=self.head_changed,
-            destination_cluster=self.destination_cluster,
-            origin_header=self.origin_header,
             throttle=self.throttle,
-            lanes=self.lanes,
         )
         self.throttle.share(config, self.follower.tasks)
         if self.owning:
-            self.committer.start()
+            committer.start()
+        self._use(clients, committer)
         self.clients_open = True
         was_paused = list(self.book.paused)
         self.book.clear()
@@ -324,15 +318,20 @@ class ReplicationTask:
         self.pauses.restarted(was_paused)
         return again
 
+    def _use(self, clients: Clients, committer: Committer) -> None:
+        """Hand the clients (and the committer made with them) to the parts that outlive them."""
+        self.clients = clients
+        self.pauses.use(clients)
+        self.destinations.use(clients)
+        self.follower.use(clients, committer)
+
     def _shutdown(self, outcome: TaskExit | None, error: BaseException | None) -> None:
         fenced = outcome is TaskExit.FENCED
         try:
-            if self.clients_open and not fenced:
-                self.deliveries.drain(STOP_DRAIN_S)
-            if not fenced:
+            if self.clients_open and not fenced:  # (without clients, `finish_task` alone says whether it was fenced)
+                self.clients.deliveries.drain(STOP_DRAIN_S)
                 self.committer.commit_now(final=True)
-                if self.clients_open:
-                    self._record_metrics()
+                self._record_metrics()
         except FencedError:
             fenced = True
         except Exception as exc:  # the original outcome matters more than a failed final commit
@@ -352,8 +351,8 @@ class ReplicationTask:
 
     def _rest_and_record(self, now: float) -> None:
         if self.scheduler.due(RESTING, REST_INTERVAL_S, now):
-            self.reader.retier(self.book.next_offset)
-            self.deliveries.close_idle_producers(now)
+            self.clients.reader.retier(self.book.next_offset)
+            self.clients.deliveries.close_idle_producers(now)
         if self.scheduler.due(RECORDING_METRICS, self.metrics.interval_s, now):
             self._record_metrics(now)
 
@@ -363,7 +362,8 @@ class ReplicationTask:
         if now is not None and read is not None and read[0] == touched and now - read[1] < UNTOUCHED_LAGS_S:
             lags = None  # nothing moved: the lags last read stand
         else:
-            lags = self.book.lags(self.reader.watermarks if self.lanes is None else self.lanes.watermarks)
+            reader, lanes = self.clients.reader, self.clients.lanes
+            lags = self.book.lags(reader.watermarks if lanes is None else lanes.watermarks)
             self.lags_read = (touched, now or time.monotonic())
         self.background.submit(self._store_metrics, self.metrics.drain(lags))
 

@@ -21,18 +21,15 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from replicator.assignment import SourcePartition
-from replicator.engine.committer import COMMIT_WAIT_S, Committer, CommitterTask
-from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, Deliveries, close_producer
+from replicator.engine.committer import COMMIT_WAIT_S, Committer
+from replicator.engine.deliveries import ACK_POLL_S, MAX_BLOCK_S, close_producer
 from replicator.engine.destination_copies import DestinationReadError, copies_end
-from replicator.engine.destinations import Destinations
-from replicator.engine.failures import DeliveryFailures
 from replicator.engine.partitions import PartitionState
-from replicator.engine.source_reader import SourceReader
 from replicator.state.records import FencedError
 
 # A newer producer with the same transactional.id exists: this instance must stop (as a fenced Postgres write).
@@ -143,39 +140,20 @@ def fence(settings: dict[str, Any], timeout_s: float) -> None:
         close_producer(producer)
 
 
-class TransactionalTask(CommitterTask, Protocol):
-    """What the transactional committer reads of its task: a committer's, and the reader, to rewind partitions."""
-
-    reader: SourceReader
-
-
 class TransactionalCommitter(Committer):
     """Exactly-once: every commit is a destination transaction's, and what Postgres stores is only ever what a
     committed transaction holds (`PartitionState.durable_offset`)."""
 
     skips_untouched = False  # a transaction's commit moves what may be committed without touching the book
-    task: TransactionalTask
-
-    def __init__(
-        self,
-        task: TransactionalTask,
-        destinations: Destinations,
-        failures: DeliveryFailures,
-        reset_offsets: Callable[[list[SourcePartition]], dict[SourcePartition, int]],
-    ) -> None:
-        super().__init__(task, destinations, failures)
-        self.deliveries: Deliveries = failures.deliveries  # its one producer, what it holds, and its failure
-        self.reset_offsets = reset_offsets  # where a partition never committed starts (`AssignmentFollower`)
-        self.transactions: Transactions | None = None  # once the task is owned (a standby's must not fence the owner)
-        self.due = False  # the transaction commits once its records are acknowledged; intake waits
-        self.abort_reason: str | None = None  # a record of the transaction failed: it must be aborted
+    transactions: Transactions | None = None  # once the task is owned (a standby's must not fence the owner)
+    due = False  # the transaction commits once its records are acknowledged; intake waits
+    abort_reason: str | None = None  # a record of the transaction failed: it must be aborted
 
     def start(self) -> None:
         """`init_transactions` fences older instances of this task, then the first one begins."""
-        task = self.task
         self.due, self.abort_reason = False, None
-        self.transactions = Transactions(self.deliveries.producer, f"task {task.connector}-{task.task_id}")
-        self.transactions.start(COMMIT_WAIT_S, task.should_stop)  # stopped first: the loop ends before any write
+        self.transactions = Transactions(self.deliveries.producer, f"task {self.connector}-{self.task_id}")
+        self.transactions.start(COMMIT_WAIT_S, self.should_stop)  # stopped first: the loop ends before any write
 
     def accepting(self) -> bool:
         return not self.due
@@ -195,7 +173,6 @@ class TransactionalCommitter(Committer):
             deliveries.conclude_cut_runs(delivered=True)
 
     def _settle_refusals(self) -> None:
-        assert self.failures is not None
         for refusal in self.deliveries.take_refusals():
             if refusal.purged:
                 continue
@@ -213,19 +190,18 @@ class TransactionalCommitter(Committer):
         self._replace_producer(f"{err.name()}: {err.str()}")
 
     def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> set[SourcePartition]:
-        """A partition resumes after its last committed copy at the destination when that is ahead of Postgres (the
-        task stopped between a transaction's commit and the offsets' commit). Returns the partitions with copies
-        after their last commit's destination offset (flowing when the last owner stopped)."""
-        task = self.task
+        """Exactly once, a partition starts after its last committed copy at the destination when that is ahead of
+        Postgres (the task stopped between a transaction's commit and the offsets' commit). Returns the partitions
+        with copies after their last commit's destination offset (flowing when the last owner stopped)."""
         try:
             found = self._committed_copies(partitions)
         except DestinationReadError as exc:
-            if task.should_stop():
+            if self.should_stop():
                 return set()  # the loop stops before it reads or writes anything
             raise TransactionError(str(exc)) from None
         for tp, offset in found.items():
             if offset > stored.get(tp, 0):
-                task.on_event(
+                self.on_event(
                     f"{tp[0]}[{tp[1]}] resumes at {offset} after its last copy at the destination "
                     f"(Postgres had {stored.get(tp)})"
                 )
@@ -235,26 +211,24 @@ class TransactionalCommitter(Committer):
     def _committed_copies(self, partitions: list[SourcePartition]) -> dict[SourcePartition, int]:
         """Per partition, the source offset after its last copy that a committed transaction holds at the
         destination (absent: none after the destination offset stored with the last Postgres commit)."""
-        task = self.task
-        points = self.resume_points(partitions, task.store.load_destination_offsets(task.connector, partitions))
-        task.on_event(f"looking up the last copies of {len(points)} partition(s) at the destination")
+        points = self.resume_points(partitions, self.store.load_destination_offsets(self.connector, partitions))
+        self.on_event(f"looking up the last copies of {len(points)} partition(s) at the destination")
         return copies_end(
-            task.config.admin_settings("destination"), task.source_cluster, points, should_stop=task.should_stop
+            self.config.admin_settings("destination"), self.clients.source_cluster, points, should_stop=self.should_stop
         )
 
     def claimed_from(self, silent_tasks: set[int]) -> None:
         # Their open transaction may hold the partitions' records: fencing their transactional.id aborts it before
         # anything of ours is written or read.
-        task = self.task
         for silent in sorted(silent_tasks):
-            fence(task.config.producer_settings(silent), COMMIT_WAIT_S)
-            task.on_event(f"fenced silent task {silent}'s transactions before taking its partitions over")
+            fence(self.config.producer_settings(silent), COMMIT_WAIT_S)
+            self.on_event(f"fenced silent task {silent}'s transactions before taking its partitions over")
 
     def offset_of(self, state: PartitionState) -> int | None:
         return state.durable_offset
 
     def destination_offsets(self, offsets: dict[SourcePartition, int]) -> dict[SourcePartition, int] | None:
-        states = self.task.book.states
+        states = self.book.states
         ends = {tp: states[tp].durable_destination_offset for tp in offsets if tp in states}
         return {tp: end for tp, end in ends.items() if end is not None}
 
@@ -264,7 +238,7 @@ class TransactionalCommitter(Committer):
     def after_tick(self) -> None:
         if self.due or self.abort_reason is not None:
             self._end_transaction()
-            if self.in_flight is None and self.task.book.changed(self.offset_of):
+            if self.in_flight is None and self.book.changed(self.offset_of):
                 self.commit_in_background()  # what the transaction made durable, at once
 
     def before_commit_now(self, final: bool) -> None:
@@ -294,7 +268,7 @@ class TransactionalCommitter(Committer):
                     self._made_durable()
                     return
         except (TransactionAborted, TransactionError) as exc:
-            self.task.on_event(f"the last transaction was not committed ({exc}); the next owner aborts it")
+            self.on_event(f"the last transaction was not committed ({exc}); the next owner aborts it")
 
     # -- end the transaction, or abort it and rewind ----------------------------------------------------------
 
@@ -338,14 +312,14 @@ class TransactionalCommitter(Committer):
     def _made_durable(self) -> None:
         """The transaction committed: its records are at the destination for good, and their offsets may be stored."""
         self.due = False
-        for state in self.task.book.states.values():
+        for state in self.book.states.values():
             state.made_durable()
 
     def _abort_and_rewind(self, reopen: bool = True) -> None:
         assert self.transactions is not None
         deliveries = self.deliveries
         reason, self.abort_reason = self.abort_reason, None
-        self.task.on_event(f"transaction aborted ({reason}): every partition resumes after its last committed record")
+        self.on_event(f"transaction aborted ({reason}): every partition resumes after its last committed record")
         try:
             self.transactions.abort(COMMIT_WAIT_S)
             deadline = time.monotonic() + COMMIT_WAIT_S
@@ -369,21 +343,20 @@ class TransactionalCommitter(Committer):
         out and then failed, or an abort refused while that commit was in progress). So the partitions resume after
         their last committed copy at the destination, as at a start; rewinding to the last commit this instance saw
         would write such a transaction's records twice."""
-        task = self.task
         deliveries = self.deliveries
-        task.on_event(f"transactional producer failed ({reason}); replacing it, every partition rewinds")
+        self.on_event(f"transactional producer failed ({reason}); replacing it, every partition rewinds")
         deliveries.purge()  # its records come back as purged refusals, which `settle` leaves to the rewind
         deliveries.take_failure()
         deliveries.replace_producers()
         self.start()
         try:
-            found = self._committed_copies(list(task.book.states))
+            found = self._committed_copies(list(self.book.states))
         except DestinationReadError as exc:
             raise TransactionError(f"after replacing the transactional producer: {exc}") from None
         for tp, offset in found.items():
-            state = task.book.states[tp]
+            state = self.book.states[tp]
             if state.durable_offset is None or offset > state.durable_offset:
-                task.on_event(
+                self.on_event(
                     f"{tp[0]}[{tp[1]}] resumes at {offset} after its last committed copy (a commit whose answer "
                     f"was lost; this task had seen {state.durable_offset})"
                 )
@@ -392,18 +365,17 @@ class TransactionalCommitter(Committer):
 
     def _rewind(self) -> None:
         """Read every partition again from its last committed position (nothing after it is visible)."""
-        task = self.task
-        book = task.book
+        book = self.book
         resets = self.reset_offsets([tp for tp, state in book.states.items() if state.durable_offset is None])
         positions = []
         for state in book.states.values():
             state.rewound()
             if state.routed:
-                state.route(state.destination_partition, task.config.ordered_acks)
+                state.route(state.destination_partition, self.config.ordered_acks)
             offset = resets[state.tp] if state.durable_offset is None else state.durable_offset
             positions.append(TopicPartition(state.topic, state.partition, offset))
         if positions:
-            task.reader.unassign(list(book.states))
-            task.reader.assign(positions)
+            self.clients.reader.unassign(list(book.states))
+            self.clients.reader.assign(positions)
         if book.paused:
-            task.reader.pause(list(book.paused))
+            self.clients.reader.pause(list(book.paused))

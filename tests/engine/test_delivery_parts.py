@@ -1,51 +1,28 @@
-"""The record path's parts on their own, each built with real small collaborators (a partition book, a source reader
-and producers on the session's clusters, the store): the deliveries' acknowledgements, what each mode's committer
-decides with `DeliveryFailures` for a refused record and a failed producer, the forwarder's batch, and a partition
-whose destination topic is missing."""
+"""The record path's parts on their own, each built from its collaborators as `ReplicationTask.rebuild` builds it (a
+partition book, the clients on the session's clusters, the store; no task, `wire_parts`): the deliveries'
+acknowledgements, what each mode's committer decides with `DeliveryFailures` for a refused record and a failed
+producer, the forwarder's batch, and a partition whose destination topic is missing."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import partial
 
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from mirus_dagster.settings import StackEndpoints
-from replicator.configuration.connector import ConnectorConfig, load
-from replicator.engine.committer import Committer
-from replicator.engine.deliveries import Deliveries, Refusal
-from replicator.engine.failures import DeliveryFailures
+from replicator.engine.deliveries import Refusal
 from replicator.engine.forwarder import Forwarder
 from replicator.engine.partitions import AWAITING_NEW_PRODUCER, InFlight, PartitionState
-from replicator.engine.source_reader import SourceReader
-from replicator.engine.task import ReplicationTask
 from replicator.engine.throttle import ThrottleShare
 from replicator.engine.transactions import TransactionalCommitter
 from replicator.state.records import OPERATOR_PAUSE, PartitionHealth
 from replicator.state.store import Store
 from replicator.topics import provenance
-from tests.fixtures.engine_helpers import connector_properties, create_connector
+from tests.fixtures.engine_helpers import Parts, connector_properties, create_connector, wire_parts
 from tests.fixtures.kafka_helpers import cluster_id, consume_all, create_topics, produce
-
-
-@dataclass
-class Parts:
-    """A task's shared context (the real `ReplicationTask`, never run) and the parts under test, wired by hand."""
-
-    task: ReplicationTask
-    config: ConnectorConfig
-    deliveries: Deliveries
-    committer: Committer
-    events: list[str]
-
-    def state(self, partition: int) -> PartitionState:
-        return self.task.book.states[(self.config.name, partition)]
-
-    def refuse(self, state: PartitionState, offset: int, code: int) -> None:
-        """The destination's answer to a run of `state` from `offset`: refused with `code`, kept as data."""
-        self.deliveries.refuse(Refusal(state, offset, KafkaError(code)))
 
 
 @pytest.fixture
@@ -61,38 +38,21 @@ def parts(stack: StackEndpoints, store: Store, unique: str, request: pytest.Fixt
         connector_properties(stack, unique, **{"topics.whitelist": unique, **extra}),
         {0: [(unique, 0), (unique, 1)]},
     )
-    task = ReplicationTask(store, unique, 0, "test")
-    events: list[str] = []
-    task.on_event = events.append
-    task.lease = store.claim_task(unique, 0, "test")
-    task.config = config = load(store.get_connector(unique).properties)
-    task.reader = SourceReader(config.consumer_settings())
-    task.reader.assign([TopicPartition(unique, p, 0) for p in range(2)])
-    deliveries = Deliveries(
-        config.producer_settings(0),
-        task.book,
-        task.metrics,
-        ordered_acks=config.ordered_acks,
-        grouped=not exactly_once,
-        idle_close_s=60.0,
-        name=unique,
-    )
-    task.deliveries = deliveries
-    failures = DeliveryFailures(deliveries, task.book, task.pauses, task.on_event)
-    if exactly_once:
-        committer: Committer = TransactionalCommitter(task, task.destinations, failures, task.follower.reset_offsets)
-    else:
-        committer = Committer(task, task.destinations, failures)
-    task.committer = committer
+    parts = wire_parts(store, unique, ("source-cluster", cluster_id(stack.destination_bootstrap_servers)))
+    parts.reader.assign([TopicPartition(unique, p, 0) for p in range(2)])
     for p in range(2):
         state = PartitionState((unique, p), 0, unique, "source-cluster")
-        task.book.add(state)
-        deliveries.route(state, p, 2)
+        parts.book.add(state)
+        parts.deliveries.route(state, p, 2)
     try:
-        yield Parts(task, config, deliveries, committer, events)
+        yield parts
     finally:
-        task.reader.close()
-        task.background.shutdown()
+        parts.close()
+
+
+def _refuse(parts: Parts, state: PartitionState, offset: int, code: int) -> None:
+    """The destination's answer to a run of `state` from `offset`: refused with `code`, kept as data."""
+    parts.deliveries.refuse(Refusal(state, offset, KafkaError(code)))
 
 
 def _produce_run(parts: Parts, state: PartitionState, values: list[bytes], callback: bool = True) -> InFlight:
@@ -119,12 +79,12 @@ def test_one_acknowledgement_stands_for_a_run_and_a_run_cut_short_is_acknowledge
     parts.deliveries.drain(30)
     assert state.first_unacknowledged() == 3 and not state.pending and state.in_flight == 0
     assert state.next_destination_offset == 3, "where the next copy goes at the destination"
-    assert parts.task.metrics.counters_for(unique).records == 3
+    assert parts.metrics.counters_for(unique).records == 3
     _produce_run(parts, state, [b"d", b"e"], callback=False)  # cut short: no record carries its callback
     assert state.first_unacknowledged() == 3
     parts.deliveries.drain(30)
     assert state.first_unacknowledged() == 5 and not state.pending and not parts.deliveries.cut_runs
-    assert parts.task.metrics.counters_for(unique).records == 5
+    assert parts.metrics.counters_for(unique).records == 5
 
 
 def test_a_refused_record_pauses_its_partition_alone_from_the_refused_offset(
@@ -134,11 +94,11 @@ def test_a_refused_record_pauses_its_partition_alone_from_the_refused_offset(
     refused.skipped(9)
     other.skipped(9)
     err = KafkaError(KafkaError.INVALID_RECORD)
-    parts.refuse(refused, 7, KafkaError.INVALID_RECORD)
-    assert refused.paused_reason is not None and refused.tp not in parts.task.book.paused, "skipped until decided"
+    _refuse(parts, refused, 7, KafkaError.INVALID_RECORD)
+    assert refused.paused_reason is not None and refused.tp not in parts.book.paused, "skipped until decided"
     parts.committer.settle()
     assert refused.first_unacknowledged() == 7, "re-read from the refused offset"
-    assert parts.task.book.paused == {refused.tp: refused} and refused.tp in parts.task.reader.paused
+    assert parts.book.paused == {refused.tp: refused} and refused.tp in parts.reader.paused
     assert refused.paused_reason == f"destination refused offset 7: {err.str()} (INVALID_RECORD)"
     status = store.partition_statuses(unique)[refused.tp]
     assert (status.state, status.reason) == (PartitionHealth.PAUSED, refused.paused_reason)
@@ -152,13 +112,13 @@ def test_a_failed_producer_pauses_no_partition_and_its_replacement_reads_the_oth
     refused, failed = parts.state(0), parts.state(1)
     refused.skipped(9)
     failed.skipped(9)
-    parts.refuse(refused, 4, KafkaError.INVALID_RECORD)
+    _refuse(parts, refused, 4, KafkaError.INVALID_RECORD)
     # A purged record was not refused: it neither pauses its partition for long nor fails the producer again.
-    parts.refuse(failed, 9, KafkaError._PURGE_QUEUE)
+    _refuse(parts, failed, 9, KafkaError._PURGE_QUEUE)
     parts.committer.settle()
     assert parts.deliveries.failure is None and failed.paused_reason is AWAITING_NEW_PRODUCER
-    assert failed.refused_from is None and failed.tp not in parts.task.book.paused
-    parts.refuse(failed, 6, KafkaError.UNKNOWN_PRODUCER_ID)
+    assert failed.refused_from is None and failed.tp not in parts.book.paused
+    _refuse(parts, failed, 6, KafkaError.UNKNOWN_PRODUCER_ID)
     old = parts.deliveries.producers.all[0]
     parts.committer.settle()  # the producer failed: replaced, once
     assert parts.deliveries.producers.all[0] is not old, "a new producer"
@@ -182,13 +142,13 @@ def test_exactly_once_a_refusal_aborts_the_transaction_and_an_aborts_purge_is_no
     assert isinstance(committer, TransactionalCommitter)
     purged, refused = parts.state(0), parts.state(1)
     # An abort purges what the transaction held: those records are written again after the rewind.
-    parts.refuse(purged, 3, KafkaError._PURGE_INFLIGHT)
+    _refuse(parts, purged, 3, KafkaError._PURGE_INFLIGHT)
     committer.settle()
     assert purged.refused_from is None and purged.paused_reason is None and committer.abort_reason is None
-    parts.refuse(refused, 5, KafkaError.INVALID_RECORD)
+    _refuse(parts, refused, 5, KafkaError.INVALID_RECORD)
     committer.settle()
     assert committer.abort_reason == f"{refused.topic}[1] offset 5: INVALID_RECORD"
-    assert refused.tp in parts.task.book.paused
+    assert refused.tp in parts.book.paused
 
 
 def test_the_forwarder_copies_a_batch_in_order_with_provenance_and_skips_copies_of_the_destinations_records(
@@ -201,15 +161,11 @@ def test_the_forwarder_copies_a_batch_in_order_with_provenance_and_skips_copies_
     )
     produce(stack.source_bootstrap_servers, records)
     forwarder = Forwarder(
-        parts.config,
-        parts.task.reader,
-        parts.task.book,
-        parts.deliveries,
+        parts.clients,
+        parts.book,
         parts.committer,
-        source_error=parts.task.pauses.source_error,
-        head_changed=parts.task.head_changed,
-        destination_cluster=destination,
-        origin_header=(provenance.ORIGIN, b"source-cluster"),
+        source_error=parts.pauses.source_error,
+        head_changed=threading.Event(),
         throttle=ThrottleShare(),
     )
     state = parts.state(0)
@@ -228,24 +184,24 @@ def test_a_partition_whose_destination_topic_is_missing_pauses_until_metadata_na
     parts: Parts, stack: StackEndpoints, unique: str
 ) -> None:
     missing = PartitionState((unique, 5), 0, f"{unique}-missing", "source-cluster")
-    parts.task.book.add(missing)
-    parts.task.destinations.check([missing.tp])
+    parts.book.add(missing)
+    parts.destinations.check([missing.tp])
     assert missing.paused_reason == f"destination topic '{unique}-missing' does not exist"
     assert not missing.routed
     create_topics(stack.destination_bootstrap_servers, {f"{unique}-missing": 6})
-    parts.task.book.unpause(missing)
-    parts.task.destinations.check([missing.tp])
+    parts.book.unpause(missing)
+    parts.destinations.check([missing.tp])
     assert missing.routed and missing.destination_partition == 5 and missing.paused_reason is None
 
 
 def test_an_operators_hold_stops_a_partition_until_released_and_its_retry_then_comes_at_once(
     parts: Parts, unique: str
 ) -> None:
-    pauses, state = parts.task.pauses, parts.state(0)
+    pauses, state = parts.pauses, parts.state(0)
     pauses.follow_pauses({state.tp: "maintenance"})
     assert state.paused_reason == f"{OPERATOR_PAUSE}: maintenance"
-    assert state.tp in parts.task.book.paused and state.tp in parts.task.reader.paused
-    assert parts.task.book.due_for_retry(1e12) == [], "never retried by time"
+    assert state.tp in parts.book.paused and state.tp in parts.reader.paused
+    assert parts.book.due_for_retry(1e12) == [], "never retried by time"
     pauses.follow_pauses({})
-    assert pauses.held == {} and parts.task.book.due_for_retry(0.0) == [state], "retried at the follower's next tick"
+    assert pauses.held == {} and parts.book.due_for_retry(0.0) == [state], "retried at the follower's next tick"
     assert parts.state(1).paused_reason is None

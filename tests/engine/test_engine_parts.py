@@ -12,17 +12,13 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from mirus_dagster.settings import StackEndpoints
-from replicator.configuration.connector import load
 from replicator.engine.committer import UNTOUCHED_RESCAN_S, Committer
-from replicator.engine.deliveries import Deliveries
-from replicator.engine.failures import DeliveryFailures
 from replicator.engine.partitions import RETRY_BACKOFF_S, InFlight, PartitionBook, PartitionState
 from replicator.engine.scheduler import Scheduler
 from replicator.engine.source_reader import SourceReader, TierLimits
-from replicator.engine.task import ReplicationTask
 from replicator.engine.transactions import TransactionalCommitter
 from replicator.state.store import Store
-from tests.fixtures.engine_helpers import connector_properties, create_connector
+from tests.fixtures.engine_helpers import connector_properties, create_connector, wire_parts
 from tests.fixtures.kafka_helpers import create_topics
 
 
@@ -116,28 +112,22 @@ def test_the_scheduler_runs_a_named_duty_once_per_interval() -> None:
 def test_each_committer_writes_what_its_mode_makes_durable(
     stack: StackEndpoints, store: Store, unique: str, committer: type[Committer]
 ) -> None:
+    extra = {"exactly.once.support": "required"} if committer is TransactionalCommitter else {}
     create_connector(
-        store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0), (unique, 1)]}
+        store,
+        connector_properties(stack, unique, **{"topics.whitelist": unique, **extra}),
+        {0: [(unique, 0), (unique, 1)]},
     )
-    task = ReplicationTask(store, unique, 0, "test")
-    task.lease = store.claim_task(unique, 0, "test")
+    parts = wire_parts(store, unique)
+    part = parts.committer
+    assert type(part) is committer, "the delivery mode's"
     acknowledged, untouched = PartitionState((unique, 0), 0, unique, "a"), PartitionState((unique, 1), 5, unique, "a")
-    task.book.add(acknowledged)
-    task.book.add(untouched)
+    parts.book.add(acknowledged)
+    parts.book.add(untouched)
     acknowledged.route(0, ordered_acks=True)  # its acknowledgements say where its copies are
     acknowledged.acknowledged(_produced(acknowledged, 0, 25), 6)  # a transaction committed 25 records ...
     acknowledged.made_durable()
     acknowledged.acknowledged(_produced(acknowledged, 25, 15), 21)  # ... of 40 acknowledged
-    if committer is TransactionalCommitter:
-        config = load(store.get_connector(unique).properties)
-        deliveries = Deliveries(
-            config.producer_settings(0), task.book, task.metrics,
-            ordered_acks=True, grouped=False, idle_close_s=60, name=unique,
-        )  # fmt: skip
-        failures = DeliveryFailures(deliveries, task.book, task.pauses, task.on_event)
-        part: Committer = TransactionalCommitter(task, task.destinations, failures, task.follower.reset_offsets)
-    else:
-        part = Committer(task, task.destinations)
     part.commit_now()
     expected = 40 if committer is Committer else 25
     assert store.load_offsets(unique) == {(unique, 0): expected}, "only the partition that moved"
@@ -145,19 +135,17 @@ def test_each_committer_writes_what_its_mode_makes_durable(
     destination = store.load_destination_offsets(unique, [(unique, 0)])
     # Where the next copy goes: after the last acknowledged one (at least once), the last committed one (exactly once).
     assert destination == {(unique, 0): 22 if committer is Committer else 7}
-    task.background.shutdown()
+    parts.close()
 
 
 def test_an_idle_tasks_commit_visits_its_partitions_only_after_a_read_or_an_acknowledgement(
     stack: StackEndpoints, store: Store, unique: str
 ) -> None:
     create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
-    task = ReplicationTask(store, unique, 0, "test")
-    task.lease = store.claim_task(unique, 0, "test")
-    task.config = load(store.get_connector(unique).properties)
+    parts = wire_parts(store, unique)
+    book, part = parts.book, parts.committer
     state = PartitionState((unique, 0), 0, unique, "a")
-    task.book.add(state)
-    part = Committer(task, task.destinations)
+    book.add(state)
 
     def commit() -> dict[tuple[str, int], int]:
         part.commit_in_background()
@@ -165,18 +153,18 @@ def test_an_idle_tasks_commit_visits_its_partitions_only_after_a_read_or_an_ackn
         return store.load_offsets(unique)
 
     state.acknowledged(_produced(state, 0, 10), None)
-    task.book.touched += 1  # a batch read (the forwarder counts each, and each acknowledged run)
+    book.touched += 1  # a batch read (the forwarder counts each, and each acknowledged run)
     assert commit() == {(unique, 0): 10}
     # Moved with nothing counted: the commit is a heartbeat, no partition is visited ...
     state.acknowledged(_produced(state, 10, 10), None)
     assert commit() == {(unique, 0): 10}
-    task.book.touched += 1  # ... until the next read or acknowledgement
+    book.touched += 1  # ... until the next read or acknowledgement
     assert commit() == {(unique, 0): 20}
     state.acknowledged(_produced(state, 20, 10), None)
     assert part.scanned is not None
     part.scanned = (part.scanned[0], part.scanned[1] - UNTOUCHED_RESCAN_S)  # or until the rescan period passed
     assert commit() == {(unique, 0): 30}
-    task.background.shutdown()
+    parts.close()
 
 
 def test_the_source_reader_fetches_eagerly_a_few_partitions_and_those_known_to_flow(

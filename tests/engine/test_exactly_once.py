@@ -257,8 +257,8 @@ def test_a_producer_replaced_after_a_commit_whose_answer_was_lost_writes_nothing
     cannot bring about on demand."""
     stack = apache_kafka
     _two_partitions(stack, store, unique, 100)
-    task, events = ReplicationTask(store, unique, 0, "test"), []
-    task.on_event = events.append
+    events: list[str] = []
+    task = ReplicationTask(store, unique, 0, "test", on_event=events.append)
     task.lease = store.claim_task(unique, 0, "test")
     task.owning = True  # as `run` does: the committer's transactions start with the clients
     task.refresh(force=True)  # clients, partitions, first transaction
@@ -269,7 +269,8 @@ def test_a_producer_replaced_after_a_commit_whose_answer_was_lost_writes_nothing
 
     # Forwarded in the open transaction (the committer's turn, which would commit it, skipped).
     wait_until(forwarded, timeout=60, interval=0, what="100 records forwarded")
-    task.deliveries.producer.commit_transaction(30)  # committed at the destination; the committer never learns it
+    # Committed at the destination; the committer never learns it.
+    task.clients.deliveries.producer.commit_transaction(30)
     task.committer.producer_failed(KafkaError(KafkaError._FATAL, "the producer failed", fatal=True))
     assert sum("resumes at 50 after its last committed copy" in e for e in events) == 2, events
 

@@ -201,7 +201,7 @@ def test_the_connectors_own_size_settings_win(apache_kafka: StackEndpoints, stor
         reason,
     ), reason
     # The clients were made with the connector's values; what it did not set follows the topics (10 MiB).
-    consumer, producer = runner.task.reader.flowing.settings, runner.task.deliveries.settings
+    consumer, producer = runner.task.clients.reader.flowing.settings, runner.task.clients.deliveries.settings
     assert (consumer["max.partition.fetch.bytes"], consumer["fetch.max.bytes"]) == ("2097152", 16 * MIB)
     assert (producer["message.max.bytes"], producer["batch.size"]) == ("5000000", MIB)
     assert runner.finish() is TaskExit.STOPPED

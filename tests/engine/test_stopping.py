@@ -221,8 +221,8 @@ def _closed(client: Producer | Consumer) -> bool:
 
 
 def _task_clients(task: ReplicationTask) -> list[Producer | Consumer]:
-    producers = [p for p in task.deliveries.producers.all if p is not None]
-    return [*producers, *(shard.consumer for tier in task.reader.tiers for shard in tier.shards)]
+    producers = [p for p in task.clients.deliveries.producers.all if p is not None]
+    return [*producers, *(shard.consumer for tier in task.clients.reader.tiers for shard in tier.shards)]
 
 
 def test_a_task_closes_its_clients_when_it_makes_them_again_and_when_it_stops(
@@ -249,7 +249,7 @@ def test_a_task_closes_its_clients_when_it_makes_them_again_and_when_it_stops(
         outcome = runner.finish()
     assert outcome is TaskExit.STOPPED
     assert all(_closed(client) for client in second)
-    assert all(p is None for p in runner.task.deliveries.producers.all)
+    assert all(p is None for p in runner.task.clients.deliveries.producers.all)
 
 
 def test_an_admin_client_is_destroyed_as_soon_as_it_is_dropped(stack: StackEndpoints) -> None:

@@ -125,7 +125,7 @@ def test_destination_topics_are_written_by_one_producer_per_group_of_topics_each
 
     runner = TaskThread.start(store, unique)
     copied = {t: consume_all(stack.destination_bootstrap_servers, t, n, expected=100) for t, n in widths.items()}
-    grouping = runner.task.deliveries.producers
+    grouping = runner.task.clients.deliveries.producers
     assert len(grouping.all) == 2
     assert grouping.topics == {f"{unique}-a": 0, f"{unique}-b": 1, f"{unique}-c": 0}
     assert runner.finish() is TaskExit.STOPPED
@@ -241,7 +241,7 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     limits = TierLimits(quiet_after_s=0.5, dormant_after_s=1.0, shard_partitions=2, eager_start_partitions=0)
     runner = TaskThread.start(store, unique, reader_limits=limits)
     wait_until(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
-    reader = runner.task.reader
+    reader = runner.task.clients.reader
     # A task starts more than `eager_start_partitions` (here 0) in the quiet tier (answered at a record's first
     # byte): a start or a takeover of thousands of partitions does not begin with thousands of eager fetches.
     assert [s.assigned for s in reader.quiet.shards] == [2, 1]
@@ -253,7 +253,7 @@ def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_rec
     assert [s.assigned for s in reader.dormant.shards] == [2, 1]
     # Its producer, idle as long as a partition takes to turn dormant, is closed (an idle client's threads still
     # wake); the next record opens it again.
-    producers = runner.task.deliveries.producers
+    producers = runner.task.clients.deliveries.producers
     wait_until(lambda: producers.all == [None], timeout=30, what="the idle producer closed")
     # Records on dormant partitions flow at once, and their partitions go back to eager fetching from the next offset.
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"b%d" % i} for i in range(50)])
@@ -288,7 +288,7 @@ def test_only_partitions_that_keep_flowing_move_to_eager_fetching(
     )
     runner = TaskThread.start(store, unique, reader_limits=TierLimits(quiet_after_s=3.0, eager_start_partitions=0))
     wait_until(lambda: any(e.startswith("replicating") for e in runner.events), what="the task replicating")
-    reader = runner.task.reader
+    reader = runner.task.clients.reader
     # One record is read where it is (quiet: answered at its first byte) ...
     produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 1, "value": b"one"}])
     consume_all(stack.destination_bootstrap_servers, unique, 2, expected=1)
@@ -327,7 +327,7 @@ def test_a_few_partitions_started_beside_many_quiet_ones_are_fetched_eagerly_unt
     limits = TierLimits(quiet_after_s=1.0, eager_start_partitions=2)
     runner = TaskThread.start(store, unique, reader_limits=limits)
     wait_until(lambda: any(e.startswith("replicating 3") for e in runner.events), what="the task replicating")
-    reader = runner.task.reader
+    reader = runner.task.clients.reader
     assert reader.assigned_in(reader.quiet) == 3  # more than eager_start_partitions: quiet from the start
     produce(stack.source_bootstrap_servers, [{"topic": new, "value": b"first"}])
     store.write_assignment(unique, {0: [*((held, p) for p in range(3)), (new, 0)]})
