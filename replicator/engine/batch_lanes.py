@@ -34,7 +34,7 @@ from replicator.batches.destination_batches import copies_since
 from replicator.batches.record_batch import Reason
 from replicator.batches.wire import BrokerError, KafkaWire, Partition, UnsupportedSettingError
 from replicator.configuration.connector import ConnectorConfig
-from replicator.engine.destination_copies import ResumePoint
+from replicator.engine.destination_copies import SearchPoint
 from replicator.engine.metrics import TaskMetrics
 from replicator.engine.partitions import PartitionBook, PartitionState
 from replicator.engine.source_reader import SourceReader
@@ -143,7 +143,7 @@ class BatchLanes:
 
     def copies_since(
         self,
-        points: Mapping[SourcePartition, ResumePoint],
+        points: Mapping[SourcePartition, SearchPoint],
         stored: Mapping[SourcePartition, int],
         ends: Mapping[tuple[str, int], int],
     ) -> dict[SourcePartition, list[CopySegment]]:

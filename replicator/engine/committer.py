@@ -28,7 +28,7 @@ from replicator.assignment import SourcePartition
 from replicator.batches.destination_batches import BatchReadError
 from replicator.clusters import ClusterAdmin, log_offsets
 from replicator.engine.clients import Clients
-from replicator.engine.destination_copies import DestinationReadError, ResumePoint, copies_end
+from replicator.engine.destination_copies import DestinationReadError, SearchPoint, copies_end
 from replicator.engine.destinations import Destinations
 from replicator.engine.failures import DeliveryFailures
 from replicator.engine.metrics import TaskMetrics
@@ -126,7 +126,9 @@ class Committer:
         elif deliveries.cut_runs and not len(deliveries):
             deliveries.conclude_cut_runs(delivered=True)
 
-    def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> set[SourcePartition]:
+    def find_copies(
+        self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]
+    ) -> set[SourcePartition]:
         """What the last owner of starting `partitions` copied after its last commit, found at the destination
         (`replicator.engine.destination_copies`): `stored`, the offsets in Postgres, is updated in place where a
         partition starts after those copies. Returns the partitions with copies (flowing when the last owner stopped:
@@ -143,7 +145,7 @@ class Committer:
             return set()  # a first start, or a connector committed before destination offsets were stored
         started = time.monotonic()
         try:
-            points = self.resume_points(list(kept), kept)
+            points = self.search_points(list(kept), kept)
             # A partition whose destination log ends where its last commit left it (a clean stop) holds no copy to
             # find. One ListOffsets request per broker; where the answer is missing the partition is not read: a
             # re-send then goes uncounted, but nothing is skipped that is not known to be there.
@@ -219,15 +221,15 @@ class Committer:
             )
         return starts
 
-    def resume_points(
+    def search_points(
         self, partitions: list[SourcePartition], kept: dict[SourcePartition, int]
-    ) -> dict[SourcePartition, ResumePoint]:
+    ) -> dict[SourcePartition, SearchPoint]:
         """Where each partition's copies are read from at the destination (`kept`: the destination offsets stored
         with the last commit), for those written to the destination partition with their number."""
         destinations = {tp: self.config.namer.destination_topic(tp[0]) for tp in partitions}
         layouts = self.destinations.layouts(set(destinations.values()))
         return {
-            tp: ResumePoint(destination, tp[1], kept.get(tp))
+            tp: SearchPoint(destination, tp[1], kept.get(tp))
             for tp, destination in destinations.items()
             if tp[1] in layouts[destination].ids
         }

@@ -37,7 +37,7 @@ class DestinationReadError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class ResumePoint:
+class SearchPoint:
     """Where the destination's copies of one source partition are read from."""
 
     topic: str  # destination topic and partition
@@ -48,7 +48,7 @@ class ResumePoint:
 def copies_end(
     settings: Mapping[str, Any],
     source_cluster: str,
-    points: Mapping[SourcePartition, ResumePoint],
+    points: Mapping[SourcePartition, SearchPoint],
     idle_s: float = SCAN_IDLE_S,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> dict[SourcePartition, int]:

@@ -86,7 +86,7 @@ class DeliveryFailures:
             if state.destination_partition != UNASSIGNED_PARTITION:
                 state.route(state.destination_partition, deliveries.ordered_acks)
             # Partitions the destination did not refuse go on at once, from their first unacknowledged record;
-            # a refused one waits for its backoff (`AssignmentFollower.resume`).
+            # a refused one waits for its backoff (`AssignmentFollower.unpause`).
             if state.paused_reason is None or state.awaiting:
                 state.unpaused()
                 self.pauses.read_again(state)

@@ -212,7 +212,7 @@ class AssignmentFollower:
             self.unstarted = partitions
             return rebuild
         stored = self.store.load_offsets(self.connector, partitions)
-        flowing = committer.resume(partitions, stored)
+        flowing = committer.find_copies(partitions, stored)
         resets = committer.reset_offsets([tp for tp in partitions if tp not in stored])
         assign = []
         for tp in partitions:
@@ -243,7 +243,7 @@ class AssignmentFollower:
     # -- paused partitions --------------------------------------------------------------------------------
 
     def retry(self, due: list[PartitionState]) -> Rebuild | None:
-        """Resume the paused partitions whose backoff is over. The size limits of those refused for their size, and
+        """Unpause the paused partitions whose backoff is over. The size limits of those refused for their size, and
         of destination topics not read yet (missing until now), are read first, in one request per cluster:
         clients that no longer fit are made again, which restarts every partition instead."""
         again = {state.destination_topic for state in due if state.recheck_limit}
@@ -260,7 +260,7 @@ class AssignmentFollower:
                 self.book.pause(state, state.paused_reason or "")
                 continue
             state.within_limit()
-            self.resume(state)
+            self.unpause(state)
         return None
 
     def limits_read(self, changed: set[str]) -> Rebuild | None:
@@ -277,7 +277,7 @@ class AssignmentFollower:
                 limits.fit(state, clients.config)
         return None
 
-    def resume(self, state: PartitionState) -> None:
+    def unpause(self, state: PartitionState) -> None:
         """Read a paused partition again from its first unacknowledged offset, its backoff over."""
         reason = self.book.unpause(state)
         self.destinations.check([state.tp])

@@ -189,7 +189,9 @@ class TransactionalCommitter(Committer):
             raise FencedError(f"the destination fenced this task's transactional producer ({err.name()})")
         self._replace_producer(f"{err.name()}: {err.str()}")
 
-    def resume(self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]) -> set[SourcePartition]:
+    def find_copies(
+        self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]
+    ) -> set[SourcePartition]:
         """Exactly once, a partition starts after its last committed copy at the destination when that is ahead of
         Postgres (the task stopped between a transaction's commit and the offsets' commit). Returns the partitions
         with copies after their last commit's destination offset (flowing when the last owner stopped)."""
@@ -211,7 +213,7 @@ class TransactionalCommitter(Committer):
     def _committed_copies(self, partitions: list[SourcePartition]) -> dict[SourcePartition, int]:
         """Per partition, the source offset after its last copy that a committed transaction holds at the
         destination (absent: none after the destination offset stored with the last Postgres commit)."""
-        points = self.resume_points(partitions, self.store.load_destination_offsets(self.connector, partitions))
+        points = self.search_points(partitions, self.store.load_destination_offsets(self.connector, partitions))
         self.on_event(f"looking up the last copies of {len(points)} partition(s) at the destination")
         return copies_end(
             self.config.admin_settings("destination"), self.clients.source_cluster, points, should_stop=self.should_stop
