@@ -14,6 +14,10 @@
   (SASL_SSL, SCRAM, mutual TLS, ACLs enforced).
 - Tests of a gap itself (a destination that cannot add partitions) start an embedded broker of their own, so that
   they prove the same thing whichever clusters `stack` points at.
+
+Two pytest-xdist workers run the suite (`-n 2`, pyproject.toml): most of it waits on brokers, Postgres and processes,
+not on a core. Each worker has the session fixtures above of its own, on free ports and in its own temporary folder;
+a module runs whole on one worker (`ModuleScheduling`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 from sqlalchemy import Engine
+from xdist.scheduler import LoadScopeScheduling
 
 from mirus.faults.brokers import KafkaKit
 from mirus.local.stack import LocalStack, free_port
@@ -69,9 +74,24 @@ if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+class ModuleScheduling(LoadScopeScheduling):
+    """Whole modules to the workers, so that a module fixture (a `dagster dev`, the compose deployment and its
+    images) starts once; tests/reports/ as one unit, so that one Spark session (tests/reports/conftest.py) serves
+    it. A worker takes the next unit when it is about to run out."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return "tests/reports/" if module.startswith("tests/reports/") else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling:
+    return ModuleScheduling(config, log)
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackEndpoints]:
-    """Both clusters and Postgres, started once per test session, stopped at its end."""
+    """Both clusters and Postgres, started once per worker, stopped at its end."""
     local = LocalStack(private_stack_settings(tmp_path_factory.mktemp("stack")))
     endpoints = local.up()
     try:
