@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,9 @@ import pytest
 
 from mirus.faults.brokers import BrokerProcess, tansu_broker
 from mirus.local.stack import free_port
+from mirus_dagster.settings import StackEndpoints
+from replicator.state.store import Store
+from tests.fixtures.engine_helpers import private_database
 
 
 @pytest.fixture
@@ -23,3 +27,11 @@ def destination_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
         if broker.proc is not None:
             broker.proc.send_signal(signal.SIGCONT)
         broker.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def estate_db(stack: StackEndpoints) -> Iterator[tuple[Store, str]]:
+    """A database of its own: the workers host every running connector they find, and other tests' are not theirs."""
+    engine = private_database(stack, f"workers_{uuid.uuid4().hex[:8]}")
+    yield Store(engine), engine.url.render_as_string(hide_password=False)
+    engine.dispose()

@@ -183,11 +183,13 @@ def test_a_start_stops_at_once_while_it_looks_up_its_copies_at_the_destination(
 
 
 def test_workers_hosting_owners_and_standbys_stop_at_once(
-    store: Store, stack: StackEndpoints, unique: str, tmp_path: Path
+    estate_db: tuple[Store, str], stack: StackEndpoints, unique: str, tmp_path: Path
 ) -> None:
+    store, url = estate_db
     names = [f"{unique}-{i}" for i in range(3)]
     traffics = [replicating(store, stack, name, **{"task.standby.runs": "1"}) for name in names]
-    workers = [ReplicatorProcess.worker(stack, i, 2, tmp_path / f"worker-{i}.log") for i in range(2)]
+    own = StackEndpoints(stack.source_bootstrap_servers, stack.destination_bootstrap_servers, url)
+    workers = [ReplicatorProcess.worker(own, i, 2, tmp_path / f"worker-{i}.log") for i in range(2)]
     try:
         wait_until(
             lambda: all(store.load_offsets(name) for name in names), timeout=90, what="every connector committing"

@@ -7,11 +7,9 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from assets.connectors import _tasks
 from mirus.local.devserver import dagster_dev
@@ -37,7 +35,7 @@ from replicator.state.records import LEASE_HELD, ConnectorState, ConnectorStatus
 from replicator.state.store import Store
 from sensors.run_starter import build_run_starter
 from sensors.supervisor import build_task_supervisor
-from tests.fixtures.engine_helpers import connector_properties, create_connector, private_database
+from tests.fixtures.engine_helpers import connector_properties, create_connector
 from tests.fixtures.kafka_helpers import create_topics, produce
 from tests.fixtures.replica_check import check_replica
 
@@ -52,14 +50,6 @@ def test_every_task_is_hosted_by_distinct_workers_that_stay_put_as_the_estate_ch
     # More copies than workers: every worker hosts it, none twice; no copies asked still hosts it once.
     assert sorted(hosts("c", 0, workers=3, copies=5)) == [0, 1, 2]
     assert len(hosts("c", 0, workers=3, copies=0)) == 1
-
-
-@pytest.fixture
-def estate_db(stack: StackEndpoints) -> Iterator[tuple[Store, str]]:
-    """A database of its own: the workers host every running connector they find, and other tests' are not theirs."""
-    engine = private_database(stack, f"workers_{uuid.uuid4().hex[:8]}")
-    yield Store(engine), engine.url.render_as_string(hide_password=False)
-    engine.dispose()
 
 
 def _committed(store: Store, connector: str) -> int:

@@ -229,7 +229,9 @@ class Platform:
 
 @pytest.fixture(scope="module")
 def platform(stack: StackEndpoints, db_engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    """The connector is added over GraphQL with the `put_connector` job, once for every test of this module."""
+    """The connector is added over GraphQL with the `put_connector` job, once for every test of this module, and
+    deleted from the store once `dagster dev` stopped: workers and monitors of later modules host every stored
+    connector."""
     name = f"dagster-dev-{uuid.uuid4().hex[:8]}"
     topics = {f"{name}-a": 3, f"{name}-b": 2}
     create_topics(stack.destination_bootstrap_servers, topics)
@@ -252,6 +254,7 @@ def platform(stack: StackEndpoints, db_engine: Engine, tmp_path_factory: pytest.
             yield Platform(dev, stack, Store(db_engine), name, topics, webhook)
         finally:
             webhook.close()
+    Store(db_engine).delete_connector(name)
 
 
 def test_the_monitor_starts_an_owner_and_a_standby_per_task_and_records_are_replicated(platform: Platform) -> None:

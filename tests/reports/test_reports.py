@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
@@ -101,7 +102,8 @@ def _rows(path: Path, connector: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def estate(
     stack: StackEndpoints, db_engine: Engine, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
-) -> Estate:
+) -> Iterator[Estate]:
+    """The connector is deleted at the end: workers and monitors of later modules host every stored connector."""
     store = Store(db_engine)
     u = f"rep-{uuid.uuid4().hex[:8]}"
     a, b, c = f"{u}-a", f"{u}-b", f"{u}-c"
@@ -177,7 +179,8 @@ def estate(
         raise_on_error=True,
     )
     assert result.success
-    return Estate(u, a, b, c, ages_a, ages_c, slack_ms, expected_bytes, expected_records, (before, after), lake, result)
+    yield Estate(u, a, b, c, ages_a, ages_c, slack_ms, expected_bytes, expected_records, (before, after), lake, result)
+    store.delete_connector(u)
 
 
 def test_latency_report_matches_the_known_source_timestamps(estate: Estate) -> None:
