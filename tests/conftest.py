@@ -28,6 +28,7 @@ import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -42,6 +43,7 @@ from mirus_dagster.settings import PlatformSettings, StackEndpoints
 from replicator.configuration.secrets import ENV_ALLOWED_ENV
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import Store
+from tests.fixtures.early_build import CONTAINER_TESTS, EarlyImageBuild, runs_container_tests
 
 
 def private_stack_settings(state_dir: Path) -> PlatformSettings:
@@ -77,11 +79,37 @@ if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
 class ModuleScheduling(LoadScopeScheduling):
     """Whole modules to the workers, so that a module fixture (a `dagster dev`, the compose deployment and its
     images) starts once; tests/reports/ as one unit, so that one Spark session (tests/reports/conftest.py) serves
-    it. A worker takes the next unit when it is about to run out."""
+    it. A worker takes the next unit when it is about to run out; the container module only once the early image
+    build is done, unless nothing else is left."""
 
     def _split_scope(self, nodeid: str) -> str:
         module = nodeid.split("::", 1)[0]
         return "tests/reports/" if module.startswith("tests/reports/") else module
+
+    def _assign_work_unit(self, node: Any) -> None:
+        if CONTAINER_TESTS in self.workqueue and len(self.workqueue) > 1 and _building():
+            self.workqueue.move_to_end(CONTAINER_TESTS)
+        super()._assign_work_unit(node)
+
+
+_early_build: EarlyImageBuild | None = None
+
+
+def _building() -> bool:
+    return _early_build is not None and not _early_build.done.is_set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The images' build started early (tests/fixtures/early_build.py), by the process that starts the workers."""
+    global _early_build
+    config = session.config
+    if not hasattr(config, "workerinput") and not config.option.collectonly and runs_container_tests(config):
+        _early_build = EarlyImageBuild()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _early_build is not None:
+        _early_build.finish()
 
 
 @pytest.hookimpl(optionalhook=True)

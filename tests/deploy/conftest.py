@@ -28,6 +28,7 @@ from tests.fixtures.compose_platform import (
     stop_engine,
     volume_exists,
 )
+from tests.fixtures.early_build import build_lock
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ log = logging.getLogger(__name__)
 def docker_engine() -> Iterator[None]:
     """The machine's Docker engine (started by the shared script if none answers; stopped again at the session's end
     if this session started it). An error, never a skip, when it cannot be had."""
-    started = ensure_engine()
+    with build_lock():  # not while the early build starts it
+        started = ensure_engine()
     yield
     if started:
         stop_engine()
@@ -86,7 +88,8 @@ def compose_platform(
     }
     platform = ComposePlatform(f"mirus-ct-{suffix}", env, secrets=[server.password or ""])
     try:
-        log.info("images built in %.0f s", platform.build())
+        with build_lock():  # after the early build, whose layers this one finds
+            log.info("images built in %.0f s", platform.build())
         log.info("platform up in %.0f s", platform.up())
         yield platform, store
     finally:
