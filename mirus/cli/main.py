@@ -3,26 +3,49 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import click
-from sqlalchemy import Engine
 
-from mirus.cli.admin import OFFSET_COMMANDS, api_command, connectors_group
-from mirus.cli.offsets import offsets
-from mirus.cli.verify import verify
-from mirus.faults.command import faults
-from mirus.local.stack import LocalStack, StackError
-from mirus.local.traffic import traffic
-from mirus_dagster.settings import PlatformSettings
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from mirus.local.stack import LocalStack
+
+
+class LazyGroup(click.Group):
+    """A group whose commands in `lazy` ("module:attribute") are imported only when they run or are listed: a
+    replicator process (`mirus task run`) starts without the administration, offsets, verify and fault modules, each
+    of which would add its imports to every task's start (click's documented pattern for lazy subcommands)."""
+
+    def __init__(self, *args: Any, lazy: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.lazy:
+            return super().get_command(ctx, cmd_name)
+        module, _, attribute = self.lazy[cmd_name].partition(":")
+        command = getattr(importlib.import_module(module), attribute)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{self.lazy[cmd_name]} is not a click command")
+        return command
 
 
 def _stack() -> LocalStack:
+    from mirus.local.stack import LocalStack
+    from mirus_dagster.settings import PlatformSettings
+
     return LocalStack(PlatformSettings.from_env())
 
 
@@ -38,7 +61,16 @@ def _migrated_engine() -> Engine:
         ) from None
 
 
-@click.group()
+@click.group(
+    cls=LazyGroup,
+    lazy={
+        "api": "mirus.cli.admin:api_command",
+        "connectors": "mirus.cli.admin:connectors_group",
+        "faults": "mirus.faults.command:faults",
+        "offsets": "mirus.cli.offsets:offsets",
+        "verify": "mirus.cli.verify:verify",
+    },
+)
 def main() -> None:
     """mirus-dagster: Kafka cross-cluster replication orchestrated by Dagster."""
 
@@ -54,6 +86,8 @@ def stack() -> None:
 @stack.command("up")
 def stack_up() -> None:
     """Start every embedded part that is not running yet (harmless when already up)."""
+    from mirus.local.stack import StackError
+
     local = _stack()
     try:
         local.up()
@@ -212,6 +246,7 @@ def dev(port: int, keep_stack: bool, demo: bool, api_port: int) -> None:
     """Start the embedded stack, migrate the database, run the Dagster UI and the REST API; Ctrl-C stops it all."""
     from mirus.local.dev import DevSession
     from mirus.local.devserver import DagsterDevError
+    from mirus.local.stack import StackError
     from replicator.state.database import DatabaseUnavailableError
 
     session = DevSession(_stack(), port, demo, keep_stack, click.echo, api_port)
@@ -239,19 +274,9 @@ def _interrupted(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-@main.group()
+@main.group(cls=LazyGroup, lazy={"traffic": "mirus.local.traffic:traffic"})
 def demo() -> None:
     """The demo data set."""
-
-
-demo.add_command(traffic)
-main.add_command(verify)
-main.add_command(offsets)
-for command in OFFSET_COMMANDS:  # connectors' own offsets, next to the consumer groups' translation
-    offsets.add_command(command)
-main.add_command(connectors_group)
-main.add_command(api_command)
-main.add_command(faults)
 
 
 if __name__ == "__main__":

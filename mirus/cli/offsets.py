@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 
 import click
 
+from mirus.cli.admin import OFFSET_COMMANDS
 from mirus.local.stack import LocalStack
 from mirus_dagster.settings import PlatformSettings
 from replicator.clusters import ClusterAdmin, ClusterIdentityError, cluster_id
@@ -121,3 +122,7 @@ def translate(connector: str, group: str, apply: bool, fmt: str, database_url: s
             click.echo(f"not applied: {problem}", err=True)
             raise SystemExit(EXIT_NOT_APPLIED)
         click.echo(f"applied {len(written)} offset(s) to destination group {group!r}", err=True)
+
+
+for _command in OFFSET_COMMANDS:  # connectors' own offsets, next to the consumer groups' translation
+    offsets.add_command(_command)
