@@ -50,6 +50,10 @@ class Reason(enum.Enum):
     GAPS = "its inner offsets have gaps (a compacted batch): brokers refuse non-sequential offsets"
     TOO_LARGE = "larger than the destination topic's max.message.bytes"
     PARTIAL = "it starts before the position: copying it whole would copy records twice"
+    APPEND_TIME = (
+        "its topic keeps append times (LogAppendTime): copied as bytes, its records would show their producer's "
+        "timestamps at the destination instead of the append time a source consumer reads"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,10 @@ class RecordBatch:
         `position`; None when it can. (The partition kept and no per-record change are the connector's to say.)"""
         if self.magic != 2:
             return Reason.MAGIC
+        if self.attributes & LOG_APPEND_TIME:
+            # A consumer reads each record of such a batch at the batch's max timestamp (the append time); the
+            # records' own fields keep their producer's timestamps, which a CreateTime destination topic shows.
+            return Reason.APPEND_TIME
         if self.base_offset < position:
             return Reason.PARTIAL
         if self.records_count != self.last_offset_delta + 1:

@@ -8,9 +8,10 @@ limit are known (`take_ready`, once a second); it leaves the source reader then,
 alone. A batch that cannot pass (gaps, too large, not magic 2, a start inside it) is handed back: the partition
 returns to the source reader at that batch's first offset, and to a lane once the record path copied past the
 batch's end and holds nothing of it again, so the destination gets every record once and in order whichever path
-wrote it. A problem the copier cannot retry, a pause or a hold give the partition back to the record path too, whose
-decisions (pauses, backoffs, replaced producers) then apply unchanged; a producer the destination no longer knows
-(a lost or outdated producer id or sequence) is replaced by a new one for every lane.
+wrote it. A topic that keeps append times stays on the record path once its first batch is seen (every batch of it
+would come back). A problem the copier cannot retry, a pause or a hold give the partition back to the record path
+too, whose decisions (pauses, backoffs, replaced producers) then apply unchanged; a producer the destination no
+longer knows (a lost or outdated producer id or sequence) is replaced by a new one for every lane.
 
 The ledger (`PartitionState`) holds both paths' progress: a lane's copies are acknowledged when its step returns, so
 a committed offset covers them as the record path's acknowledgements do. Their provenance lives in Postgres, not in
@@ -22,6 +23,7 @@ a batch whose producer id the platform recorded for the source cluster is a copy
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 
@@ -253,6 +255,8 @@ class BatchLanes:
         for source, hand_back in step.handed_back.items():
             tp = (source.topic, source.partition)
             self.records_until[tp] = hand_back.batch.next_offset
+            if hand_back.reason is Reason.APPEND_TIME:  # every batch of the topic: records for the task's life
+                self.not_before[tp] = math.inf
             said = (tp, hand_back.reason.value)
             why = None if said in self.told else f"a batch {hand_back.reason.value}"
             self.told.add(said)  # once a partition and reason: a compacted topic hands every batch back

@@ -184,6 +184,35 @@ def test_a_batch_that_cannot_pass_is_copied_by_the_record_path_in_order_and_the_
     }, row
 
 
+def test_a_topic_that_keeps_append_times_is_copied_by_records_with_the_times_a_source_consumer_reads(
+    apache_kafka: StackEndpoints, store: Store, unique: str, api: str
+) -> None:
+    # A consumer reads every record of a LogAppendTime batch at the broker's append time; the records' own fields keep
+    # their producer's timestamps, which a copy of the batch's bytes would show in a CreateTime destination topic.
+    source, destination = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
+    create_topics(source, {unique: 1}, config={"message.timestamp.type": "LogAppendTime"})
+    create_topics(destination, {unique: 1})
+    records = _source_records(unique, 1, 60, 100)  # stamped a minute ago by their producer
+    produce(source, records[:30], **{"linger.ms": 50})
+    create_connector(
+        store, connector_properties(apache_kafka, unique, **{"topics.whitelist": unique, **BATCHES}), {0: [(unique, 0)]}
+    )
+    runner = TaskThread.start(store, unique)
+    wait_until(lambda: store.load_offsets(unique) == {(unique, 0): 30}, timeout=60, what="30 copied")
+    produce(source, records[30:], **{"linger.ms": 50})
+    wait_until(lambda: store.load_offsets(unique) == {(unique, 0): 60}, timeout=60, what="60 copied")
+    hand_backs = _scraped(api, "mirus_batch_hand_backs_total", unique, "reason")
+    assert runner.finish() is TaskExit.STOPPED
+
+    originals = consume_all(source, unique, 1, expected=60)
+    assert {r.timestamp for r in originals}.isdisjoint(r["timestamp"] for r in records), "append times, read so"
+    copies = consume_all(destination, unique, 1, expected=60)
+    assert _as_read(copies, strip_provenance=True) == _as_read(originals), "the timestamps a source consumer reads"
+    assert all(provenance.parse(c.headers) is not None for c in copies), "every record by the record path"
+    assert hand_backs == {reason: (1 if reason == "append_time" else 0) for reason in HAND_BACK_REASONS}, hand_backs
+    assert any("keeps append times" in e for e in runner.events), runner.events
+
+
 def test_batches_of_a_compacted_topic_are_handed_back_and_counted_as_gaps(
     apache_kafka: StackEndpoints, store: Store, unique: str, api: str, instance: dg.DagsterInstance
 ) -> None:
