@@ -2,12 +2,13 @@
 
     python benchmarks/latency_vs_mirrormaker.py [--rates 1000,5000,20000,50000] [--seconds 12] [--rounds 1]
         [--copiers engine,mirrormaker] [--topics 1] [--partitions 4] [--engine-property KEY=VALUE ...]
-        [--baseline OTHER_CHECKOUT]
+        [--baseline OTHER_CHECKOUT] [--load librdkafka|kafka-python]
 
 Needs the two Apache Kafka 1.0 clusters running (see `benchmarks/apache_kafka.py`). For every rate and copier:
 fresh topics (`--topics` of `--partitions`: one of 4 by default); the copier is started and proven to flow (one
 record through); then a load process writes 100-byte records at a steady rate for `--seconds`, spread evenly over
-every partition (a producer per topic), and this process reads the destination. Copiers alternate at each rate
+every partition (`--load`: librdkafka, a producer per topic; kafka-python, one producer whose requests carry every
+partition, for many partitions), and this process reads the destination. Copiers alternate at each rate
 (order flips every round). Copiers: `mirrormaker` (the kit's), `engine` and `engine-*` (`apache_kafka.ENGINE_COPIERS`,
 e.g. `engine-batches`), `engine-baseline`. A copier's CPU is shown as its share of a core while the load's records
 come through (from the load's start until the last arrived), and in CPU-s over its whole run.
@@ -64,15 +65,31 @@ def autogroup_warning() -> str | None:
     return None
 
 
-def load_steady(topics: list[str], partitions: int, rate: int, seconds: float) -> None:
+def load_steady(topics: list[str], partitions: int, rate: int, seconds: float, client: str = "librdkafka") -> None:
     """Write `rate` records/s for `seconds`, one partition after another over every partition of `topics`, CreateTime
-    = the moment of `produce()`. A producer per topic: one librdkafka producer sends a produce request per partition
-    from one thread, which over a thousand partitions falls behind by itself."""
+    = the moment of the send. `librdkafka`: a producer per topic (one librdkafka producer sends a produce request per
+    partition from one thread, librdkafka issue #1700, which over a thousand partitions falls behind by itself: seconds
+    behind at 5,000 records/s over 1,000 partitions here); `kafka-python`: one producer whose requests carry every
+    partition of a broker, as the Java client's do."""
+    targets = [(topic, p) for p in range(partitions) for topic in topics]
+    value, sent, start, total = b"v" * 100, 0, time.perf_counter(), int(rate * seconds)
+    if client == "kafka-python":
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=SOURCE, linger_ms=1, acks="all", max_block_ms=30_000)
+        while sent < total:
+            due = min(int((time.perf_counter() - start) * rate), total)
+            while sent < due:
+                topic, partition = targets[sent % len(targets)]
+                producer.send(topic, value, partition=partition)
+                sent += 1
+            time.sleep(0.0005)
+        producer.flush(30)
+        producer.close()
+        return
     settings = {"bootstrap.servers": SOURCE, "linger.ms": 1, "queue.buffering.max.messages": 1_000_000}
     producers = {topic: Producer(settings) for topic in topics}
     produce = {topic: producer.produce for topic, producer in producers.items()}
-    targets = [(topic, p) for p in range(partitions) for topic in topics]
-    value, sent, start, total = b"v" * 100, 0, time.perf_counter(), int(rate * seconds)
     while sent < total:
         due = min(int((time.perf_counter() - start) * rate), total)
         while sent < due:
@@ -154,6 +171,7 @@ def one_run(
     engine: dict[str, str],
     shape: tuple[int, int] = (1, 4),
     baseline: str | None = None,
+    load_client: str = "librdkafka",
 ) -> tuple[str, dict[str, float]]:
     """One copier at one rate: the printed line, its percentiles and its share of a core (`cpu`); `engine`: connector
     properties the engine's connector gets beside its defaults and its copier's; `shape`: how many topics, of how
@@ -188,7 +206,7 @@ def one_run(
         load_avg = common.load_average()
         watched = [psutil.Process(p.pid) for p in procs]
         loader = common.start_process(
-            [sys.executable, __file__, "load", ",".join(topics), str(partitions), str(rate), str(seconds)],
+            [sys.executable, __file__, "load", ",".join(topics), str(partitions), str(rate), str(seconds), load_client],
             env,
             niceness=MEASURING_NICENESS,
         )
@@ -258,6 +276,12 @@ def main() -> None:
         "engine-baseline runs the engine from there",
     )
     parser.add_argument(
+        "--load",
+        choices=("librdkafka", "kafka-python"),
+        default="librdkafka",
+        help="the load's client: kafka-python for many partitions (librdkafka sends a request per partition)",
+    )
+    parser.add_argument(
         "--engine-property",
         action="append",
         default=[],
@@ -289,6 +313,7 @@ def main() -> None:
                         engine_properties,
                         (args.topics, args.partitions),
                         args.baseline,
+                        args.load,
                     )
                     print(line, flush=True)
                     runs.setdefault((rate, copier), []).append(stats)
@@ -296,6 +321,6 @@ def main() -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["load"]:
-    load_steady(sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
+    load_steady(sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6])
 elif __name__ == "__main__":
     main()
