@@ -30,8 +30,10 @@ from replicator.state.store import Store
 
 log = logging.getLogger(__name__)
 
-# Pause, delete, restart, new config versions and assignment generations: one indexed row read this often.
+# Pause, delete, restart, new config versions and assignment generations: one indexed row read this often, and
+# seldom while Postgres's notices of a change are proven to arrive (`HeadNotices.heard`): a read is then a safety net.
 REFRESH_INTERVAL_S = 0.5
+HEARD_REFRESH_INTERVAL_S = 10.0
 
 
 class Rebuild(NamedTuple):
@@ -71,6 +73,7 @@ class AssignmentFollower:
         scheduler: Scheduler,
         background: ThreadPoolExecutor,
         head_changed: threading.Event,
+        heard: Callable[[], bool],
         on_event: Callable[[str], None],
         pauses: PartitionPauses,
         destinations: Destinations,
@@ -85,6 +88,7 @@ class AssignmentFollower:
         self.scheduler = scheduler
         self.background = background  # the task's thread beside the loop: the connector's row is read there
         self.head_changed = head_changed  # Postgres said the connector's row changed: read it at the loop's next turn
+        self.heard = heard  # whether Postgres's notices of a change are proven to arrive
         self.on_event = on_event
         self.pauses = pauses
         self.destinations = destinations
@@ -119,11 +123,10 @@ class AssignmentFollower:
             if outcome is not None:
                 return outcome
         scheduler = self.scheduler
-        if self.head_in_flight is None and (
-            self.head_changed.is_set() or scheduler.due(REFRESHING, REFRESH_INTERVAL_S, now)
-        ):
+        interval = HEARD_REFRESH_INTERVAL_S if self.heard() else REFRESH_INTERVAL_S
+        if self.head_in_flight is None and (self.head_changed.is_set() or scheduler.due(REFRESHING, interval, now)):
             self.head_changed.clear()  # before the read: a change committed during it is read again
-            scheduler.ran(REFRESHING, REFRESH_INTERVAL_S, now)
+            scheduler.ran(REFRESHING, interval, now)
             self.head_in_flight = self.background.submit(self.store.connector_head, self.connector)
         self.destinations.tick(now)
         book, limits = self.book, self.limits

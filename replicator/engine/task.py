@@ -96,8 +96,7 @@ class ReplicationTask:
         self.book = PartitionBook()
         self.limits = RecordLimits()  # the record size limits of the topics served (`replicator.engine.record_limits`)
         self.scheduler = Scheduler()
-        # Set when Postgres says the connector's row changed (`notices`): read at the loop's next turn, not at the
-        # next periodic read.
+        # Set when Postgres says the connector's row changed (`notices`): read at the loop's next turn.
         self.head_changed = threading.Event()
         self.notices = notices
         self.scheduler.ran(RECORDING_METRICS, metrics_interval_s)  # the first interval ends one interval from now
@@ -120,6 +119,7 @@ class ReplicationTask:
             scheduler=self.scheduler,
             background=self.background,
             head_changed=self.head_changed,
+            heard=notices.heard if notices else lambda: False,
             on_event=self.on_event,
             pauses=self.pauses,
             destinations=self.destinations,

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.engine import deliveries, follower
 from replicator.engine.metrics import BUCKET_LABELS
+from replicator.engine.scheduler import REFRESHING
 from replicator.engine.source_reader import TierLimits
 from replicator.engine.task import CommitWatchdogError, TaskExit
 from replicator.state.head_notices import HeadNotices
@@ -671,6 +673,26 @@ def test_a_kill_re_sends_what_was_copied_after_the_last_commit_counted_or_resume
         assert duplicated == 500 - sum(committed_at_kill.values())  # everything the killed run had not committed
         assert counted == duplicated  # the metric counts each record written again
         assert any(f"re-sending {duplicated} record(s) copied" in e for e in last.events), last.events
+
+
+def test_a_task_that_hears_notices_reads_its_connector_every_ten_seconds_and_still_reacts_at_once(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    # Twice a second was most of an idle task's Postgres transactions; proven notices make the read a safety net.
+    create_topics(stack.source_bootstrap_servers, {unique: 1})
+    create_topics(stack.destination_bootstrap_servers, {unique: 1})
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
+    notices = HeadNotices(store.engine)
+    try:
+        wait_until(notices.heard, what="notices proven to arrive")
+        runner = TaskThread.start(store, unique, notices=notices)
+        wait_until(lambda: any(e.startswith("replicating 1") for e in runner.events), what="the task replicating")
+        next_read = runner.task.scheduler.next_at[REFRESHING] - time.monotonic()
+        assert follower.REFRESH_INTERVAL_S < next_read <= follower.HEARD_REFRESH_INTERVAL_S, next_read
+        store.set_connector_state(unique, ConnectorState.PAUSED)
+        assert runner.join(5) is TaskExit.PAUSED  # told by the notice, long before the next read
+    finally:
+        notices.close()
 
 
 def test_a_change_to_the_connector_reaches_the_task_when_postgres_says_so_not_at_its_next_read(

@@ -2,7 +2,8 @@
 upgrades migrate a new database, and a task replicates and commits while its standby waits, then the owner's process
 is killed and the standby takes over at once, fences the old epoch and resumes from the last commit — the same
 scenario as on a direct connection (`tests/engine/test_ownership.py`, `kill_9_hands_over`); and the same for two
-workers (`tests/engine/test_workers.py`, `workers_hand_over`)."""
+workers (`tests/engine/test_workers.py`, `workers_hand_over`). Notices of a connector's change, which PgBouncer
+does not carry, are not trusted through it."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
+from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
-from replicator.state.database import head_revision
+from replicator.state.database import head_revision, make_engine
+from replicator.state.head_notices import PROBE_TIMEOUT_S, HeadNotices
 from replicator.state.store import Store
 from tests.engine.test_ownership import kill_9_hands_over
 from tests.engine.test_workers import workers_hand_over
@@ -73,3 +76,22 @@ def test_workers_through_pgbouncer_host_tasks_and_hand_them_over_when_one_dies(
         workers_hand_over(stack, Store(engine), url, f"pgbouncer-workers-{uuid.uuid4().hex[:8]}", tmp_path)
     finally:
         engine.dispose()
+
+
+def test_notices_are_not_trusted_through_pgbouncer_where_they_never_arrive(
+    db_engine: Engine, stack: StackEndpoints, bouncer: PgBouncer
+) -> None:
+    # PgBouncer in transaction mode takes LISTEN and delivers nothing: a task behind it must keep reading its
+    # connector's row twice a second (`HeadNotices.heard`), while one on a direct connection may read it seldom.
+    direct = HeadNotices(db_engine)
+    bounced_engine = make_engine(bouncer.url(stack.database_url))
+    through = HeadNotices(bounced_engine)
+    try:
+        wait_until(direct.heard, what="notices heard on a direct connection")
+        wait_until(through.listening.is_set, what="LISTEN taken through PgBouncer")
+        wait_until(lambda: through.unanswered_s() > PROBE_TIMEOUT_S, what="a probe through PgBouncer overdue")
+        assert not through.heard() and direct.heard()
+    finally:
+        through.close()
+        direct.close()
+        bounced_engine.dispose()
