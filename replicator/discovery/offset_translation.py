@@ -221,15 +221,15 @@ class OffsetTranslator:
         found: dict[tuple[str, str, int], int],
     ) -> None:
         """Copies made as record batches carry no header: the stored segments say where the newest copy of a record
-        below each committed offset is (`Store.resume_points`). A partition may hold both kinds of copies; the later
-        position wins, as it would between two copies found by their headers."""
+        below each committed offset is (`Store.translated_offsets`). A partition may hold both kinds of copies; the
+        later position wins, as it would between two copies found by their headers."""
         wanted = [(source, dest, offset) for dest, items in targets.items() for _group, source, offset in items]
-        points = self.store.resume_points(self.config.name, wanted)
+        points = self.store.translated_offsets(self.config.name, wanted)
         for dest, items in targets.items():
             for group, (topic, partition), offset in items:
-                resume = points.get(((topic, partition), dest, offset))
-                if resume is not None:
-                    found[(group, topic, partition)] = max(found[(group, topic, partition)], resume)
+                translated = points.get(((topic, partition), dest, offset))
+                if translated is not None:
+                    found[(group, topic, partition)] = max(found[(group, topic, partition)], translated)
 
     def _returning(
         self,

@@ -3,8 +3,9 @@ no `mirus.source` header: where each stretch of a source partition was copied (`
 lease's epoch, with the offsets it is committed with: `Store.commit`), and the producer ids this platform's flows
 hold at each cluster (`platform_producer_ids`, the batch path's cycle guard).
 
-Segments answer what the header answers for a record-path copy: where a group resumes (`resume_points`), where a
-source record's copy is (`segment_for`), which record a copy stands for (`load_segments`, `copy_origins`).
+Segments answer what the header answers for a record-path copy: where a group's committed offset translates to
+(`translated_offsets`), where a source record's copy is (`segment_for`), which record a copy stands for
+(`load_segments`, `copy_origins`).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ ON CONFLICT DO NOTHING
 # Per question (source partition, destination partition, source offset O): 1 + the destination offset of the newest
 # copy of a record below O. The newest segment starting below O holds it: destination offsets grow as segments are
 # written, so every older segment ends before that one starts.
-_RESUME = text("""
+_TRANSLATED = text("""
 SELECT n.i, l.destination_start + least(n.source_offset, l.source_start + l.count) - l.source_start
 FROM unnest(CAST(:topics AS text[]), CAST(:partitions AS int[]), CAST(:destination_topics AS text[]),
             CAST(:destination_partitions AS int[]), CAST(:offsets AS bigint[]))
@@ -195,7 +196,7 @@ class SegmentStore(StoreBase):
             row = conn.execute(query).one_or_none()
         return (row[0], row[1], row[2]) if row is not None else None
 
-    def resume_points(
+    def translated_offsets(
         self, connector: str, wanted: Sequence[tuple[SourcePartition, SourcePartition, int]]
     ) -> dict[tuple[SourcePartition, SourcePartition, int], int]:
         """For each (source partition, destination partition, source offset O): the destination offset right after
@@ -211,7 +212,7 @@ class SegmentStore(StoreBase):
             "offsets": [offset for _s, _d, offset in wanted],
         }
         with self.engine.connect() as conn:
-            return {wanted[i - 1]: resume for i, resume in conn.execute(_RESUME, params)}
+            return {wanted[i - 1]: offset for i, offset in conn.execute(_TRANSLATED, params)}
 
     def copy_origins(
         self, source_cluster_id: str, destination_cluster_id: str, copies: Sequence[tuple[SourcePartition, int]]

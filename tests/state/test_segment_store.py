@@ -57,7 +57,7 @@ def test_a_group_resumes_after_the_newest_copy_of_the_records_it_processed(store
     store.record_segments(lease, [seg(0, 0, 10), seg(15, 10, 5), seg(15, 15, 5)])
     dest = ("t.copy", 0)
     wanted = [(("t", 0), dest, o) for o in (0, 5, 10, 12, 15, 16, 20, 99)] + [(("t", 1), ("t.copy", 1), 5)]
-    assert store.resume_points(unique, wanted) == {
+    assert store.translated_offsets(unique, wanted) == {
         (("t", 0), dest, 5): 5,
         (("t", 0), dest, 10): 10,
         (("t", 0), dest, 12): 10,  # in the gap: 10 holds the copy of 15, the first record at or after 12
