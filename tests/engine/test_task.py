@@ -686,7 +686,7 @@ def test_a_task_that_hears_notices_reads_its_connector_every_ten_seconds_and_sti
     try:
         wait_until(notices.heard, what="notices proven to arrive")
         runner = TaskThread.start(store, unique, notices=notices)
-        wait_until(lambda: any(e.startswith("replicating 1") for e in runner.events), what="the task replicating")
+        wait_until(lambda: REFRESHING in runner.task.scheduler.next_at, what="the task's first read of its row")
         next_read = runner.task.scheduler.next_at[REFRESHING] - time.monotonic()
         assert follower.REFRESH_INTERVAL_S < next_read <= follower.HEARD_REFRESH_INTERVAL_S, next_read
         store.set_connector_state(unique, ConnectorState.PAUSED)

@@ -149,7 +149,7 @@ def test_batches_lose_nothing_under_every_kind_of_fault_and_a_kill_resends_nothi
     # The batch path (copy.mode=batches) resuming after its own copies at the destination: a copy carries no
     # provenance header, so the independent reader matches copies to sources by the segments the tasks stored.
     plan = FaultPlan(
-        duration_s=30,
+        duration_s=45,  # room for every fault of the round: a broker restart alone takes about 13 s
         rate=400,
         partitions=4,
         tasks=2,
