@@ -46,6 +46,7 @@ from replicator.engine.metrics import BUCKET_LABELS
 from replicator.state.store import Store
 
 WARMUP_S = 2.0
+WARM_ABOVE_PARTITIONS = 100  # shapes with more partitions get a first record in each before the clock runs
 # The load producer and the reading consumer run ahead of everything else on the machine (brokers and copiers at
 # the default 0), so their own scheduling delays stay out of the figures as far as the kernel allows.
 MEASURING_NICENESS = -10
@@ -77,6 +78,9 @@ def load_steady(topics: list[str], partitions: int, rate: int, seconds: float, c
         from kafka import KafkaProducer
 
         producer = KafkaProducer(bootstrap_servers=SOURCE, linger_ms=1, acks="all", max_block_ms=30_000)
+        for topic in topics:  # metadata (and the broker's connection) first: not in the first records' clock
+            producer.partitions_for(topic)
+        start = time.perf_counter()
         while sent < total:
             due = min(int((time.perf_counter() - start) * rate), total)
             while sent < due:
@@ -109,7 +113,7 @@ def load_steady(topics: list[str], partitions: int, rate: int, seconds: float, c
         producer.flush(30)
 
 
-def reader(bootstrap: str, topics: list[str], partitions: int) -> Consumer:
+def reader(bootstrap: str, topics: list[str], partitions: int, start: int = 0) -> Consumer:
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -118,7 +122,7 @@ def reader(bootstrap: str, topics: list[str], partitions: int) -> Consumer:
             "fetch.wait.max.ms": 100,
         }
     )
-    consumer.assign([TopicPartition(topic, p, 0) for topic in topics for p in range(partitions)])
+    consumer.assign([TopicPartition(topic, p, start) for topic in topics for p in range(partitions)])
     return consumer
 
 
@@ -194,8 +198,22 @@ def one_run(
         argvs = kit.engine_argv(name, 1)
         if copier == "engine-baseline" and baseline:
             argvs = kit.baseline_argvs(baseline, argvs, env["MIRUS_DATABASE_URL"])
+    # Over many partitions, a record in each first, copied before the clock runs: a broker's first append to a
+    # partition makes its segment and index files (seconds over a thousand fresh partitions, on either cluster).
+    warm = len(topics) * partitions > WARM_ABOVE_PARTITIONS
+    if warm:
+        first = Producer({"bootstrap.servers": SOURCE, "linger.ms": 5})
+        for topic in topics:
+            for p in range(partitions):
+                first.produce(topic, b"first", partition=p)
+        first.flush(60)
     procs = [common.start_process(argv, env) for argv in argvs]
-    consumer = reader(bootstrap, targets, partitions)
+    if warm:
+        common.wait_until(
+            lambda: all(n >= partitions for n in common.end_offsets(bootstrap, targets, partitions).values()),
+            300, 0.5, f"{copier}: a first record in every partition",
+        )  # fmt: skip
+    consumer = reader(bootstrap, targets, partitions, start=1 if warm else 0)
     try:
         ping = Producer({"bootstrap.servers": SOURCE})
         ping.produce(topics[0], b"ping", partition=0)
