@@ -112,6 +112,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         _early_build.finish()
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _early_build is not None:
+        terminalreporter.write_line(f"the platform's images, early: {_early_build.outcome}")
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling:
     return ModuleScheduling(config, log)
