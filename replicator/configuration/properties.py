@@ -242,7 +242,9 @@ class PropertyFields(BaseModel):
         choices=frozenset({"disabled", "requested", "required"}), expected="disabled, requested or required")
     copy_mode: str = Property(
         "records", "`batches`: a partition's record batches are copied as bytes wherever they can pass (the partition "
-        "kept, offsets without gaps, magic 2, within the destination topic's max.message.bytes): their records, "
+        "kept, offsets without gaps, magic 2, within the destination topic's max.message.bytes, a source topic that "
+        "keeps create times: one that keeps append times is copied by records, whose copies carry the append time a "
+        "source consumer reads): their records, "
         "compression, timestamps and headers untouched, no provenance headers added; the record path copies what "
         "cannot pass, in order, and every partition until it moves to batches (nothing in flight, its destination "
         "partition and size limit known). Copies made as batches carry no provenance headers: where they went is "
@@ -250,8 +252,8 @@ class PropertyFields(BaseModel):
         "batches skips them by their producer id; a flow back on `records` cannot tell them (keep both directions "
         "on `batches`). `records`: every record through the record path, with provenance headers. At least once "
         "only. What went each way, and why partitions went back to the record path: docs/MONITORING.md, \"The "
-        "batch path\". The default stays `records` while a flow back on records cannot tell batch copies and the "
-        "fault suite runs on records.",
+        "batch path\". The default stays `records` while a flow back on records cannot tell batch copies: a "
+        "connector's default must not depend on how the connector opposite it copies.",
         choices=frozenset({"records", "batches"}), expected="records or batches")
     task_heartbeat_interval_ms: int = Property(
         2000, "How often a task proves it is alive: every offset commit heartbeats its lease, and when commits are "
