@@ -1,4 +1,4 @@
-"""What a kill -9 of a task re-sends on Apache Kafka, at the default and with `resume.after.destination.copies`.
+"""What a kill -9 of a task re-sends on Apache Kafka, at the default and with `start.after.destination.copies`.
 
     python benchmarks/resend_on_kill.py [--rounds 3] [--backlog 400000] [--rate 2000] [--partitions 8]
 
@@ -37,7 +37,7 @@ from confluent_kafka import Producer
 from mirus.waiting import wait_until
 from replicator.state.store import Store
 
-SETTINGS = {"default": False, "resume.after.destination.copies": True}
+SETTINGS = {"default": False, "start.after.destination.copies": True}
 FOUND = re.compile(
     r"(re-sending|resuming after) (\d+) record\(s\) copied since the last commit,? \(?found in ([\d.]+)s"
 )
@@ -83,7 +83,7 @@ def one_kill(store: Store, url: str, setting: str, scenario: str, args: argparse
     for bootstrap in (SOURCE, DESTINATION):
         common.create_topic(bootstrap, name, args.partitions)
     kit.put_engine_connector(
-        store, name, name, "", args.partitions, 1, **{"resume.after.destination.copies": str(SETTINGS[setting]).lower()}
+        store, name, name, "", args.partitions, 1, **{"start.after.destination.copies": str(SETTINGS[setting]).lower()}
     )
     load = None
     if scenario == "catch-up":

@@ -111,7 +111,7 @@ class StoreCollector(Collector):
         resent = CounterMetricFamily(
             "mirus_records_resent",
             "Records written again after a task restart: at least once, those copied after their partition's last "
-            "commit before it (0 with resume.after.destination.copies).",
+            "commit before it (0 with start.after.destination.copies).",
             labels=labels,
         )
         batch_records = CounterMetricFamily(

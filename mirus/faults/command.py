@@ -43,10 +43,10 @@ def faults() -> None:
     "embedded broker shows aborted transactions' records to read_committed readers).",
 )
 @click.option(
-    "--resume-after-destination-copies",
-    "resume_after_copies",
+    "--start-after-destination-copies",
+    "start_after_copies",
     is_flag=True,
-    help="Replicate with resume.after.destination.copies=true: a killed task's successor resumes after the copies "
+    help="Replicate with start.after.destination.copies=true: a killed task's successor resumes after the copies "
     "at the destination, so a kill re-sends nothing.",
 )
 @click.option(
@@ -66,7 +66,7 @@ def run(
     kinds: str | None,
     apache_kafka: bool,
     exactly_once: bool,
-    resume_after_copies: bool,
+    start_after_copies: bool,
     copy_batches: bool,
     seed: int,
     work_dir: Path | None,
@@ -87,7 +87,7 @@ def run(
             seed=seed,
             work_dir=work_dir,
             exactly_once=exactly_once,
-            resume_after_copies=resume_after_copies,
+            start_after_copies=start_after_copies,
             copy_batches=copy_batches,
         )
     except ValueError as exc:

@@ -147,7 +147,7 @@ class FaultRun:
                 "tasks.max": str(self.plan.tasks),
                 **({"producer.message.timeout.ms": str(timeout)} if timeout is not None else {}),
                 **({"exactly.once.support": "required"} if self.plan.exactly_once else {}),
-                **({"resume.after.destination.copies": "true"} if self.plan.resume_after_copies else {}),
+                **({"start.after.destination.copies": "true"} if self.plan.start_after_copies else {}),
                 **({"copy.mode": "batches"} if self.plan.copy_batches else {}),
             }
         )

@@ -28,7 +28,7 @@ class FaultPlan:
     # The engine never gives a record up for time; a value here makes it (a cut longer than this times out).
     producer_message_timeout_ms: int | None = None
     exactly_once: bool = False
-    resume_after_copies: bool = False  # resume.after.destination.copies: a kill re-sends nothing
+    start_after_copies: bool = False  # start.after.destination.copies: a kill re-sends nothing
     copy_batches: bool = False  # copy.mode=batches: batches copied as bytes where they can pass
 
     def __post_init__(self) -> None:

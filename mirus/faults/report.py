@@ -92,7 +92,7 @@ class FaultReport:
             f"{t['duplicated']:,} duplicated ({100 * t['duplicated'] / max(t['source_records'], 1):.2f} %), "
             f"{t['elsewhere']} in another partition",
             f"mode: {'exactly-once (read_committed reader)' if self.plan.exactly_once else 'at-least-once'}"
-            + (", resume.after.destination.copies" if self.plan.resume_after_copies else "")
+            + (", start.after.destination.copies" if self.plan.start_after_copies else "")
             + (", copy.mode=batches" if self.plan.copy_batches else ""),
         ]
         if self.kills:

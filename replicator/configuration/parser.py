@@ -86,10 +86,10 @@ class ConnectorParser(ClientRules, TopicRules):
                     "must be records with exactly.once.support: the batch path writes no transactions, the record "
                     "path copies exactly once",
                 )
-        if fields.get("resume_after_destination_copies") and fields.get("provenance_headers_enabled") is False:
+        if fields.get("start_after_destination_copies") and fields.get("provenance_headers_enabled") is False:
             self.fail(
                 "provenance.headers.enabled",
-                "must stay true with resume.after.destination.copies=true: each partition resumes after its "
+                "must stay true with start.after.destination.copies=true: each partition resumes after its "
                 "last copy at the destination, found by these headers",
             )
         fields["selector"] = self.selector()
@@ -106,9 +106,9 @@ class ConnectorParser(ClientRules, TopicRules):
                     field = str(problem["loc"][0]) if problem["loc"] else "config"
                     self.fail(FIELD_PROPERTIES.get(field, field), str(problem["msg"]).removeprefix("Value error, "))
             else:
-                if config.resume_after_destination_copies and not config.ordered_acks:
+                if config.start_after_destination_copies and not config.ordered_acks:
                     self.fail(
-                        "resume.after.destination.copies",
+                        "start.after.destination.copies",
                         "needs a producer whose acknowledgement stands for every earlier record (producer."
                         "enable.idempotence and producer.enable.gapless.guarantee true, no producer.message.timeout."
                         "ms: the defaults): otherwise a copy at the destination does not mean the records before it "

@@ -212,15 +212,17 @@ class PropertyFields(BaseModel):
     offset_flush_interval_ms: int = Property(
         1000, "How often a task commits replicated offsets to Postgres (and, in exactly-once mode, its destination "
         "transaction first).", minimum=100)
-    resume_after_destination_copies: bool = Property(
+    start_after_destination_copies: bool = Property(
         False, "At least once: when a task starts (after a crash, a kill, a takeover), read each partition's copies "
-        "written at the destination since its last commit and resume after the last one, so a crash re-sends "
+        "written at the destination since its last commit and start after the last one, so a crash re-sends "
         "nothing instead of the records read since the last commit. A start reads those copies either way (one "
         "ListOffsets request per destination broker first: a partition with nothing past its commit is not read); "
         "false counts them as re-sent (mirus_records_resent_total) and writes them again. Needs "
         "provenance.headers.enabled (copies made as batches, copy.mode=batches, are found by their bytes instead: "
         "the walk stops at the first batch that is not this platform's copy of the next source batch) and the "
-        "default producer ordering. Exactly-once always resumes so.")
+        "default producer ordering. Exactly-once always starts so. Formerly resume.after.destination.copies (still "
+        "read: `resume` is Kafka's word for a paused partition or connector going on).",
+        aliases=("resume.after.destination.copies",))
     replication_throttle_bytes_per_second: int = Property(
         0, "The most the connector replicates a second, in key + value bytes (as the metrics count them), shared "
         "evenly by its tasks; over it the tasks stop reading until the budget allows (nothing is dropped: the "

@@ -11,7 +11,7 @@ At least once, a partition commits its first offset not yet acknowledged (`Parti
 acknowledgements advance each partition on their own, and every `offset.flush.interval.ms` one transaction writes
 every partition that moved, with where its next copy goes at the destination, on a background thread — consumption
 never waits for a commit. A crash re-sends what was copied after the last commit: a start finds those copies at
-the destination and counts them, or skips them (`resume.after.destination.copies`).
+the destination and counts them, or skips them (`start.after.destination.copies`).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class Committer:
 
         At least once, a partition starts at its committed offset and so writes again what was copied after that
         commit (a crash's re-send): those copies are counted (`mirus_records_resent_total`), or with
-        resume.after.destination.copies skipped."""
+        start.after.destination.copies skipped."""
         config = self.config
         if not config.ordered_acks:
             return set()  # a copy then says nothing of the records before it (and no destination offset is stored)
@@ -175,7 +175,7 @@ class Committer:
         if not ahead:
             return set()
         records, took = sum(ahead.values()), f"found in {time.monotonic() - started:.2f}s"
-        if config.resume_after_destination_copies:
+        if config.start_after_destination_copies:
             skipped = {tp: found[tp] for tp in ahead}
             stored.update(skipped)
             self.on_event(

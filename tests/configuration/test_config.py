@@ -885,17 +885,24 @@ def test_settings_that_contradict_exactly_once_are_refused(prop: str, value: str
 @pytest.mark.parametrize(
     ("prop", "value", "reason"),
     [
-        ("provenance.headers.enabled", "false", "must stay true with resume.after.destination.copies=true"),
+        ("provenance.headers.enabled", "false", "must stay true with start.after.destination.copies=true"),
         ("producer.enable.gapless.guarantee", "false", "needs a producer whose acknowledgement stands"),
         ("producer.message.timeout.ms", "30000", "needs a producer whose acknowledgement stands"),
     ],
 )
-def test_resuming_after_destination_copies_is_refused_where_a_copy_does_not_prove_the_records_before_it(
+def test_starting_after_destination_copies_is_refused_where_a_copy_does_not_prove_the_records_before_it(
     prop: str, value: str, reason: str
 ) -> None:
-    assert parse(**{"resume.after.destination.copies": "true"}).resume_after_destination_copies
-    refused = prop if prop == "provenance.headers.enabled" else "resume.after.destination.copies"
-    assert reason in error_for(refused, **{"resume.after.destination.copies": "true", prop: value})
+    assert parse(**{"start.after.destination.copies": "true"}).start_after_destination_copies
+    refused = prop if prop == "provenance.headers.enabled" else "start.after.destination.copies"
+    assert reason in error_for(refused, **{"start.after.destination.copies": "true", prop: value})
+
+
+def test_start_after_destination_copies_is_still_read_by_its_former_name() -> None:
+    # `resume` is Kafka's word for a paused partition or connector going on; stored connectors keep the old name.
+    assert parse(**{"resume.after.destination.copies": "true"}).start_after_destination_copies
+    both = {"start.after.destination.copies": "true", "resume.after.destination.copies": "false"}
+    assert "set only one" in error_for("resume.after.destination.copies", **both)
 
 
 def test_an_unknown_exactly_once_value_is_refused() -> None:

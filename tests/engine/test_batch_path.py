@@ -270,13 +270,13 @@ def test_a_kill_after_batches_were_copied_re_sends_them_counted_or_resumes_after
     apache_kafka: StackEndpoints, store: Store, unique: str, tmp_path: Path, skipping: bool
 ) -> None:
     """Batch copies carry no header: a start finds those made after the last commit by their bytes, and with
-    resume.after.destination.copies resumes after them, so a kill -9 writes nothing twice."""
+    start.after.destination.copies resumes after them, so a kill -9 writes nothing twice."""
     source, destination = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
     create_topics(source, {unique: 2})
     create_topics(destination, {unique: 2})
     # Commits an hour apart: the killed run copies everything and commits nothing of it.
     extra = {"topics.whitelist": unique, "offset.flush.interval.ms": 3_600_000, **BATCHES}
-    properties = connector_properties(apache_kafka, unique, **extra, **{"resume.after.destination.copies": skipping})
+    properties = connector_properties(apache_kafka, unique, **extra, **{"start.after.destination.copies": skipping})
     create_connector(store, properties, {0: [(unique, 0), (unique, 1)]})
     records = _source_records(unique, 2, 600, 100)
     produce(source, records[:200])

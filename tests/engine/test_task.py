@@ -616,7 +616,7 @@ def test_a_kill_re_sends_what_was_copied_after_the_last_commit_counted_or_resume
     extra = {"topics.whitelist": unique, "offset.flush.interval.ms": 3_600_000}
     create_connector(
         store,
-        connector_properties(stack, unique, **extra, **{"resume.after.destination.copies": skipping}),
+        connector_properties(stack, unique, **extra, **{"start.after.destination.copies": skipping}),
         {0: [(unique, p) for p in range(partitions)]},
     )
     produce(

@@ -166,7 +166,7 @@ def test_batches_lose_nothing_under_every_kind_of_fault_and_a_kill_resends_nothi
         work_dir=tmp_path,
         apache_kafka=True,
         copy_batches=True,
-        resume_after_copies=True,
+        start_after_copies=True,
     )
     report = FaultRun(plan).run()
     print(report.to_text())
