@@ -46,7 +46,7 @@ def faults() -> None:
     "--start-after-destination-copies",
     "start_after_copies",
     is_flag=True,
-    help="Replicate with start.after.destination.copies=true: a killed task's successor resumes after the copies "
+    help="Replicate with start.after.destination.copies=true: a killed task's successor starts after the copies "
     "at the destination, so a kill re-sends nothing.",
 )
 @click.option(

@@ -8,7 +8,7 @@ source partition it resumes: what a crash left at the destination after the last
 - Exactly-once (`replicator.engine.transactions`) resumes after that copy: a crash between a transaction's commit
   and the offsets' commit leaves the destination ahead of Postgres.
 - At least once, those copies are what the task re-sends when it resumes from its committed offsets
-  (`mirus_records_resent_total`); with `start.after.destination.copies=true` it resumes after them instead and
+  (`mirus_records_resent_total`); with `start.after.destination.copies=true` it starts after them instead and
   re-sends nothing. That is sound because an at-least-once producer is idempotent with gapless ordering: a copy
   at the destination means every earlier record of its source partition is there too (a refused record stops the
   producer before any later one of its partition is written, and a new producer starts again from the first
