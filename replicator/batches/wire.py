@@ -10,8 +10,6 @@ lost, a request timed out) come back as data, a `Problem` per partition; only `i
 from __future__ import annotations
 
 import collections
-import ctypes
-import functools
 import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -91,26 +89,6 @@ _read_in_large_chunks(KafkaTCPTransport, (BlockingIOError, InterruptedError))
 _read_in_large_chunks(
     KafkaSSLTransport, (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 )
-
-
-# A fetch response is read into a new buffer of its whole size (up to FETCH_MAX_BYTES and a batch), then copied
-# into the records' bytes: glibc serves allocations over 128 KB with fresh mmap'ed pages, each faulted in and zeroed
-# by the kernel, and gives them back at free. Served from the heap instead, a response's memory is reused by the
-# next: about a quarter less CPU to fetch 200 MB here. mallopt's largest threshold on 64-bit Linux is 32 MB.
-MMAP_THRESHOLD = 32 * 1024 * 1024
-TRIM_THRESHOLD = 128 * 1024 * 1024  # free memory the heap keeps before giving it back
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-
-
-@functools.cache
-def reuse_large_buffers() -> bool:
-    """Large allocations from the heap, for this process (glibc only: elsewhere nothing changes); whether it took."""
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
 class Partition(NamedTuple):
@@ -198,7 +176,6 @@ class KafkaWire:
     """Raw fetches, InitProducerId and raw produces against one cluster."""
 
     def __init__(self, settings: Mapping[str, str], *, request_timeout_ms: int = 40_000, fetch_max_bytes: int) -> None:
-        reuse_large_buffers()
         self._net = NetworkSelector()
         self._manager = KafkaConnectionManager(
             self._net,
