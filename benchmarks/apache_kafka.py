@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import common
+import psutil
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -53,6 +54,28 @@ ENGINE_COPIERS: dict[str, dict[str, str]] = {
     "engine-eos": {"exactly.once.support": "required"},
     "engine-batches": {"copy.mode": "batches"},
 }
+
+
+def broker_process(cluster: str = "a") -> psutil.Process:
+    """The kit's broker of cluster `a` (the source) or `b` (the destination)."""
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(arg.endswith(f"server-{cluster}.properties") for arg in proc.info["cmdline"] or ()):
+            return proc
+    raise RuntimeError(f"the kit's broker of cluster {cluster} (server-{cluster}.properties) was not found")
+
+
+def wait_for_quiet_brokers(share: float = 0.1, timeout_s: float = 300.0) -> None:
+    """Until each of the kit's brokers used less than `share` of a core over a second: a broker deletes or creates
+    a thousand partitions for tens of seconds after the request (its controller's work), which the next run's
+    figures would otherwise carry."""
+    brokers = [broker_process(cluster) for cluster in "ab"]
+
+    def quiet() -> bool:
+        before = [common.cpu_s([b]) for b in brokers]
+        time.sleep(1.0)
+        return all(common.cpu_s([b]) - cpu < share for b, cpu in zip(brokers, before, strict=True))
+
+    common.wait_until(quiet, timeout_s, 0.0, "the brokers quiet after creating or deleting partitions")
 
 
 @dataclass

@@ -104,15 +104,8 @@ class Window:
         )
 
 
-def broker_process() -> psutil.Process:
-    for proc in psutil.process_iter(["cmdline"]):
-        if any(arg.endswith("server-a.properties") for arg in proc.info["cmdline"] or ()):
-            return proc
-    raise RuntimeError("the source broker's process (server-a.properties) was not found")
-
-
 def measure(task: psutil.Process | None, engine: Engine, seconds: float = WINDOW_S) -> Window:
-    broker, postgres = broker_process(), common.postgres_processes()
+    broker, postgres = kit.broker_process(), common.postgres_processes()
     tasks = [task] if task else []
     before = (common.cpu_s(tasks), common.cpu_s([broker]), common.cpu_s(postgres), *common.database_writes(engine))
     time.sleep(seconds)

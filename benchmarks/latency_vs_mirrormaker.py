@@ -56,6 +56,26 @@ MEASURING_NICENESS = -10
 AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
 
 
+def disk_warning() -> str | None:
+    """Why a thousand partitions' latency would be the disk's on this machine, if it would."""
+    log_dirs = [
+        line.split("=", 1)[1].split(",")
+        for arg in kit.broker_process("a").cmdline() if arg.endswith("server-a.properties")
+        for line in Path(arg).read_text().splitlines() if line.startswith("log.dirs=")
+    ]  # fmt: skip
+    mounts = sorted(psutil.disk_partitions(all=True), key=lambda m: len(m.mountpoint), reverse=True)
+    on_disk = [
+        d for dirs in log_dirs for d in dirs
+        if next((m.fstype for m in mounts if d.startswith(m.mountpoint)), "") != "tmpfs"
+    ]  # fmt: skip
+    if on_disk:
+        return (
+            f"warning: the source broker's log.dirs {', '.join(on_disk)} are not on tmpfs: over a thousand partitions "
+            "this machine's disk holds every append for seconds (start the kit with KAFKA_WORK=/dev/shm/kit)"
+        )
+    return None
+
+
 def autogroup_warning() -> str | None:
     """Why the measuring processes' niceness would not put them first on this machine, if it would not."""
     if AUTOGROUP.exists() and AUTOGROUP.read_text().strip() != "0":
@@ -207,6 +227,8 @@ def one_run(
             for p in range(partitions):
                 first.produce(topic, b"first", partition=p)
         first.flush(60)
+    if warm:  # the brokers' work of making a thousand partitions, done before anything is timed
+        kit.wait_for_quiet_brokers()
     procs = [common.start_process(argv, env) for argv in argvs]
     if warm:
         common.wait_until(
@@ -255,6 +277,8 @@ def one_run(
     common.delete_topics(SOURCE, topics)
     if copier != "direct":
         common.delete_topics(DESTINATION, targets)
+    if warm:
+        kit.wait_for_quiet_brokers()
     return line, stats
 
 
@@ -311,6 +335,8 @@ def main() -> None:
     engine_properties = dict(kv.split("=", 1) for kv in args.engine_property)
     os.setpriority(os.PRIO_PROCESS, 0, MEASURING_NICENESS)  # the reading consumer (copiers are started at 0)
     if warning := autogroup_warning():
+        print(warning, flush=True)
+    if args.topics * args.partitions > WARM_ABOVE_PARTITIONS and (warning := disk_warning()):
         print(warning, flush=True)
     with common.platform_database() as store:
         env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
