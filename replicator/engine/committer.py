@@ -306,9 +306,12 @@ class Committer:
         else:
             offsets = self.book.changed(self.offset_of)
             self.scanned = (touched, now) if self.skips_untouched else None
-        self.started = now
-        self.scheduler.ran(HEARTBEATING, self.config.task_heartbeat_interval_ms / 1000, self.started)
         segments = list(self.lanes.segments) if self.lanes is not None else []
+        heartbeat_s = self.config.task_heartbeat_interval_ms / 1000
+        if not offsets and not segments and not self.scheduler.due(HEARTBEATING, heartbeat_s, now):
+            return  # nothing to store: an idle task writes its heartbeat alone, when due (a transaction each)
+        self.started = now
+        self.scheduler.ran(HEARTBEATING, heartbeat_s, self.started)
         future = self.background.submit(
             self.store.commit, self.lease(), offsets, self.destination_offsets(offsets), segments
         )

@@ -230,6 +230,34 @@ def test_the_lease_heartbeats_every_heartbeat_interval_between_commits_further_a
     assert sum(_committed(store, unique).values()) == 1  # the final commit
 
 
+def test_an_idle_task_writes_its_heartbeat_alone_not_a_commit_every_flush_interval(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    # Every commit is a Postgres transaction that heartbeats the lease: an idle task committing nothing every
+    # offset.flush.interval.ms would cost Postgres that many transactions for each of thousands of idle tasks.
+    create_topics(stack.source_bootstrap_servers, {unique: 1})
+    create_topics(stack.destination_bootstrap_servers, {unique: 1})
+    properties = connector_properties(
+        stack,
+        unique,
+        **{"topics.whitelist": unique, "offset.flush.interval.ms": "1000", "task.heartbeat.interval.ms": "3000"},
+    )
+    create_connector(store, properties, {0: [(unique, 0)]})
+    task = TaskThread.start(store, unique)
+    try:
+        produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"v"}])
+        wait_until(lambda: sum(_committed(store, unique).values()) == 1, timeout=60, what="the first record committed")
+        heartbeats, window_ends = set(), time.monotonic() + 6.5
+        while time.monotonic() < window_ends:  # sampled: the lease's heartbeat_at over 6.5 idle seconds
+            heartbeats.add(store.lease_of(unique, 0).heartbeat_at)
+            time.sleep(0.05)
+        assert 2 <= len(heartbeats) <= 4, f"{len(heartbeats)} writes in 6.5 s: one every 3 s, not one a second"
+        produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"w"}])
+        wait_until(lambda: sum(_committed(store, unique).values()) == 2, timeout=10, what="a record moving commits")
+    finally:
+        task.finish()
+
+
 def test_quiet_partitions_move_to_cheap_fetches_and_flow_again_at_their_next_record(
     stack: StackEndpoints, store: Store, unique: str
 ) -> None:
