@@ -195,24 +195,24 @@ def test_clean_stop_resumes_from_exactly_the_committed_offsets(
     assert sum(_committed(store, unique).values()) == 300
 
 
+def _one_partition_task(
+    stack: StackEndpoints, store: Store, unique: str, flush: str, heartbeat: str, **properties: str
+) -> TaskThread:
+    """A task copying topic `unique`'s one partition, committing every `flush` ms, heartbeating every `heartbeat` ms."""
+    create_topics(stack.source_bootstrap_servers, {unique: 1})
+    create_topics(stack.destination_bootstrap_servers, {unique: 1})
+    settings = {"offset.flush.interval.ms": flush, "task.heartbeat.interval.ms": heartbeat, **properties}
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique, **settings}),
+                     {0: [(unique, 0)]})  # fmt: skip
+    return TaskThread.start(store, unique)
+
+
 def test_the_lease_heartbeats_every_heartbeat_interval_between_commits_further_apart(
     stack: StackEndpoints, store: Store, unique: str
 ) -> None:
     # Commits every 60 s would leave the lease silent past task.lease.timeout.ms: a standby would fence a live task.
-    create_topics(stack.source_bootstrap_servers, {unique: 1})
-    create_topics(stack.destination_bootstrap_servers, {unique: 1})
-    properties = connector_properties(
-        stack,
-        unique,
-        **{
-            "topics.whitelist": unique,
-            "offset.flush.interval.ms": "60000",
-            "task.heartbeat.interval.ms": "200",
-            "task.lease.timeout.ms": "1000",
-        },
-    )
-    create_connector(store, properties, {0: [(unique, 0)]})
-    task = TaskThread.start(store, unique)
+    lease_timeout = {"task.lease.timeout.ms": "1000"}
+    task = _one_partition_task(stack, store, unique, flush="60000", heartbeat="200", **lease_timeout)
     try:
         wait_until(lambda: store.lease_of(unique, 0) is not None, timeout=60, what="the task claiming its lease")
         seen = set()
@@ -235,15 +235,7 @@ def test_an_idle_task_writes_its_heartbeat_alone_not_a_commit_every_flush_interv
 ) -> None:
     # Every commit is a Postgres transaction that heartbeats the lease: an idle task committing nothing every
     # offset.flush.interval.ms would cost Postgres that many transactions for each of thousands of idle tasks.
-    create_topics(stack.source_bootstrap_servers, {unique: 1})
-    create_topics(stack.destination_bootstrap_servers, {unique: 1})
-    properties = connector_properties(
-        stack,
-        unique,
-        **{"topics.whitelist": unique, "offset.flush.interval.ms": "1000", "task.heartbeat.interval.ms": "3000"},
-    )
-    create_connector(store, properties, {0: [(unique, 0)]})
-    task = TaskThread.start(store, unique)
+    task = _one_partition_task(stack, store, unique, flush="1000", heartbeat="3000")
     try:
         produce(stack.source_bootstrap_servers, [{"topic": unique, "partition": 0, "value": b"v"}])
         wait_until(lambda: sum(_committed(store, unique).values()) == 1, timeout=60, what="the first record committed")
