@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import OperationalError
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+# The newest migration's revision: what a task's process compares the database with, without importing Alembic (a
+# tenth of a task's start). tests/state/test_upgrade.py checks it is Alembic's head.
+SCHEMA_REVISION = "0014"
 
 
 class DatabaseUnavailableError(RuntimeError):
@@ -56,6 +59,8 @@ def make_engine(url: str, pool_size: int = 5, max_overflow: int = 5) -> Engine:
 
 
 def alembic_config(engine: Engine) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.attributes["engine"] = engine
@@ -64,31 +69,40 @@ def alembic_config(engine: Engine) -> Config:
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Bring the schema to `revision`. Idempotent; concurrent callers serialize on an advisory lock."""
+    from alembic import command
+
     command.upgrade(alembic_config(engine), revision)
 
 
 def upgrade_if_behind(engine: Engine) -> None:
     """Migrate only when the schema is behind this code's: a current one costs one read, no lock."""
-    if current_revision(engine) != head_revision(engine):
+    if current_revision(engine) != SCHEMA_REVISION:
         upgrade(engine)
 
 
 def require_current(engine: Engine) -> None:
     """Fail clearly unless the schema is this code's (tasks never migrate: the platform's start does)."""
-    current, head = current_revision(engine), head_revision(engine)
-    if current != head:
+    current = current_revision(engine)
+    if current != SCHEMA_REVISION:
         raise SchemaBehindError(
-            f"the platform database's schema is at revision {current or 'none'}, this code needs {head}: run "
-            "`mirus db upgrade` (the platform's start and the code location apply it too)"
+            f"the platform database's schema is at revision {current or 'none'}, this code needs "
+            f"{SCHEMA_REVISION}: run `mirus db upgrade` (the platform's start and the code location apply it too)"
         )
 
 
 def current_revision(engine: Engine) -> str | None:
+    """The revision Alembic stored in the database (None before the first migration)."""
     with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        if not conn.scalar(text("SELECT to_regclass('alembic_version') IS NOT NULL")):
+            return None
+        revision: str | None = conn.scalar(text("SELECT version_num FROM alembic_version"))
+        return revision
 
 
 def head_revision(engine: Engine) -> str | None:
+    """The newest revision of the migrations, as Alembic reads them."""
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config(engine)).get_current_head()
 
 
