@@ -45,6 +45,7 @@ from mirus.local.stack import LocalStack, free_port
 from mirus.waiting import wait_until
 from mirus_dagster.settings import PlatformSettings
 from replicator.assignment import SourcePartition
+from replicator.clusters import ClusterAdmin, log_offsets
 from replicator.configuration.connector import validate_submission
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import Store
@@ -234,9 +235,11 @@ class FaultRun:
             task_id = self.rng.randrange(self.plan.tasks)
             at = time.monotonic() - load.started
             tasks.kill(task_id)
-            # Read after the process is gone: nothing can be committed any more until its successor runs.
+            # Read after the process is gone: nothing can be committed or copied any more until its successor runs.
             committed = self.store.load_offsets(self.name, assignment[task_id])
             ends = {p: load.ends[p] for _t, p in assignment[task_id]}
+            admin = ClusterAdmin({"bootstrap.servers": self.proxy.address})
+            written = log_offsets(admin, [(self.destination_topic, p) for p in ends], latest=True)
             kills.append(
                 KillCheck(
                     task=task_id,
@@ -244,6 +247,7 @@ class FaultRun:
                     uncommitted=sum(ends[p] - committed.get((self.topic, p), 0) for p in ends),
                     committed={str(p): committed.get((self.topic, p), 0) for p in ends},
                     ends={str(p): e for p, e in ends.items()},
+                    written={str(p): end for (_t, p), end in written.items()},
                 )
             )
             return f"task {task_id} (SIGKILL); {kills[-1].uncommitted} records beyond its committed offsets"
@@ -300,15 +304,20 @@ class FaultRun:
 def _attribute_replays(kills: list[KillCheck], report: VerifyReport, topic: str) -> None:
     """Give each kill the replay its successor caused: per partition, in destination order, the first replay not yet
     given to a kill that starts between the kill's committed offset and the source's end at that moment (the
-    successor resumes at the committed offset, or later if the replay began with records never delivered) and goes
+    successor resumes at the committed offset, or later if the replay began with records never delivered), goes
     back only over records delivered before that end (a replay reaching past it re-sends what a later producer
-    replacement had in flight, not what the killed task had read)."""
+    replacement had in flight, not what the killed task had read), and begins with the successor's first copy, where
+    the destination partition ended when the task died (a replay elsewhere is a replaced producer's: the killed
+    task's before, or the successor's own later)."""
     available = {p.source_partition: list(p.replays) for p in report.partitions if p.source_topic == topic}
     for kill in kills:
         for partition, committed in kill.committed.items():
             replays = available.get(int(partition), [])
-            end = kill.ends[partition]
-            match = next((r for r in replays if committed <= r.start <= end and r.highest < end), None)
+            end, written = kill.ends[partition], kill.written.get(partition)
+            match = next(
+                (r for r in replays if committed <= r.start <= end and r.highest < end and written in (None, r.at)),
+                None,
+            )
             if match is not None:
                 replays.remove(match)
                 kill.resent += match.resent

@@ -28,6 +28,7 @@ class KillCheck:
     resent: int = 0  # measured at the destination: the replays that started at those committed offsets
     committed: dict[str, int] = field(default_factory=dict)
     ends: dict[str, int] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)  # each destination partition's end when the task died
 
     @property
     def within_bound(self) -> bool:

@@ -1,21 +1,44 @@
-"""The batches a batch path wrote to the destination after its last commit, found again by their bytes.
+"""Where the copies a task made after its last commit end at the destination, whichever path made them.
 
-A copy made as bytes carries no provenance header, so a start finds it otherwise: from the offsets stored with the
-last commit (the source offset, and the destination offset its next copy went to), the destination partition is
-read batch by batch beside the source partition. A destination batch is a copy of the next source batch the copier
-would have copied (control batches, aborted transactions and the platform's own copies skipped, as it skips them)
-when this platform's batch producer wrote it and its records are the source batch's, byte for byte: only a batch's
-header is rewritten on the way. The first batch that is not stops the walk; what lies past it is not known to be a
-copy, and a start that resumes before it re-sends rather than skips.
+A start (copy.mode=batches) reads the destination partition batch by batch from the destination offset stored with
+the last commit, beside the source partition from its committed offset, and keeps a position: the source offset
+before which every record is known to be at the destination. Two kinds of copies move it on, in any order and any
+number of times, because each one means every earlier record of its source partition is at the destination:
+
+- A record-path copy names its source partition and offset (`mirus.source`, read from the batch's records): its
+  producer is idempotent and gapless, and a partition is given to the record path only where every earlier record is
+  at the destination. A copy of offset O moves the position to O + 1 at least, also in the middle of a source batch.
+- A batch-path copy carries no header. A destination batch is the copy of the next source batch from the position
+  (control batches, aborted transactions and the platform's own copies skipped, as the copier skips them; never one
+  starting before the position, which the copier hands to the record path) when this platform's batch producer
+  wrote it and it is that batch byte for byte but for what the copier rewrites (offset, leader epoch, producer, the
+  transactional bit, CRC). The copier starts a batch only once everything before it is acknowledged. Its segment is
+  the copy's provenance, stored by the start.
+
+Anything else is passed over: batches of other writers, copies of other source partitions (a destination partition
+several feed), a batch whose records cannot be read here (a codec kafka-python lacks). Passing over never moves the
+position, so at worst a start resumes before a copy and writes it again; it never skips a record not there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from kafka.errors import UnsupportedCodecError
+from kafka.record.default_records import DefaultRecordBatch
 
 from replicator.batches.copier import Segment, merged
-from replicator.batches.record_batch import HEADER_SIZE, RecordBatch, committed, split, truncated_length
+from replicator.batches.record_batch import (
+    HEADER_SIZE,
+    TRANSACTIONAL,
+    RecordBatch,
+    committed,
+    split,
+    truncated_length,
+)
 from replicator.batches.wire import KafkaWire, Partition, Problem
+from replicator.topics import provenance
 
 READ_BYTES = 1_048_576
 
@@ -27,6 +50,15 @@ class BatchReadError(RuntimeError):
         super().__init__(f"{partition.topic}[{partition.partition}]: {problem.name} (error {problem.code})")
 
 
+@dataclass(frozen=True)
+class Copies:
+    """What a walk found: the source offset after the last copy (the committed offset when none), and the batch
+    copies among them as segments, in order."""
+
+    end: int
+    segments: list[Segment]
+
+
 def copies_since(
     source: KafkaWire,
     destination: KafkaWire,
@@ -35,35 +67,57 @@ def copies_since(
     destination_partition: Partition,
     destination_offset: int,
     destination_end: int,
+    source_cluster: str,
     producers: set[int],
     ours: Callable[[int], bool] = lambda _producer_id: False,
-) -> list[Segment]:
-    """The copies of `source_partition`'s batches from `source_offset` on that the destination holds from
-    `destination_offset` up to `destination_end`, written by one of `producers` (this platform's batch producers at
-    the destination), as segments in order; empty when the first batch there is not such a copy."""
-    originals = _batches(source, source_partition, source_offset, None)
-    found = []
-    position = source_offset
+) -> Copies:
+    """The copies of `source_partition` from `source_offset` on that the destination holds from `destination_offset`
+    up to `destination_end`: record-path copies by their `mirus.source` values (`source_cluster`'s), batch copies
+    written by one of `producers` (this platform's batch producers at the destination) by their bytes."""
+    prefix = provenance.source_prefix(source_cluster, *source_partition)
+    originals = (
+        b
+        for b in _batches(source, source_partition, source_offset, None)
+        if not (b.producer_id >= 0 and ours(b.producer_id))
+    )
+    original: RecordBatch | None = None  # the source batch a batch copy must be of, read when one comes
+    position, found = source_offset, []
     for copy in _batches(destination, destination_partition, destination_offset, destination_end):
-        if copy.base_offset < destination_offset:
-            continue  # the batch the stored offset falls inside: written before the last commit
-        if copy.producer_id not in producers:
-            break
-        original = next((b for b in originals if not (b.producer_id >= 0 and ours(b.producer_id))), None)
-        if original is None or original.base_offset < position or not _same_records(original, copy):
-            break
-        found.append(Segment(original.base_offset, copy.base_offset, original.records_count))
-        position = original.next_offset
-    return merged(found)
+        if copy.producer_id in producers:
+            while original is None or original.base_offset < position:  # before: copied (by the record path)
+                if (original := next(originals, None)) is None:
+                    break
+            if original is not None and _copied(original, copy):
+                found.append(Segment(original.base_offset, copy.base_offset, original.records_count))
+                position = original.next_offset
+        elif copy.magic == 2:
+            position = max(position, _record_copies_end(copy, prefix))
+    return Copies(position, merged(found))
 
 
-def _same_records(original: RecordBatch, copy: RecordBatch) -> bool:
+def _copied(original: RecordBatch, copy: RecordBatch) -> bool:
     return (
         original.magic == copy.magic == 2
+        and original.attributes & ~TRANSACTIONAL == copy.attributes
+        and original.base_timestamp == copy.base_timestamp
+        and original.max_timestamp == copy.max_timestamp
         and original.records_count == copy.records_count
         and original.last_offset_delta == copy.last_offset_delta
         and original.data[HEADER_SIZE:] == copy.data[HEADER_SIZE:]
     )
+
+
+def _record_copies_end(batch: RecordBatch, prefix: bytes) -> int:
+    """The source offset after the last record-path copy of `prefix`'s partition in `batch` (0 when none)."""
+    end = 0
+    try:
+        for record in DefaultRecordBatch(bytes(batch.data)):
+            for name, value in record.headers:
+                if name == provenance.SOURCE and value is not None and value.startswith(prefix):
+                    end = max(end, int(value[len(prefix) :]) + 1)
+    except UnsupportedCodecError:
+        return 0
+    return end
 
 
 def _batches(wire: KafkaWire, partition: Partition, offset: int, end: int | None) -> Iterator[RecordBatch]:

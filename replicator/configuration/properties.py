@@ -218,9 +218,9 @@ class PropertyFields(BaseModel):
         "nothing instead of the records read since the last commit. A start reads those copies either way (one "
         "ListOffsets request per destination broker first: a partition with nothing past its commit is not read); "
         "false counts them as re-sent (mirus_records_resent_total) and writes them again. Needs "
-        "provenance.headers.enabled (copies made as batches, copy.mode=batches, are found by their bytes instead: "
-        "the walk stops at the first batch that is not this platform's copy of the next source batch) and the "
-        "default producer ordering. Exactly-once always starts so. Formerly resume.after.destination.copies (still "
+        "provenance.headers.enabled (copies made as batches, copy.mode=batches, carry none and are found by their "
+        "bytes: a batch of this platform's producer holding the next source batch's records) and the default "
+        "producer ordering. Exactly-once always starts so. Formerly resume.after.destination.copies (still "
         "read: `resume` is Kafka's word for a paused partition or connector going on).",
         aliases=("resume.after.destination.copies",))
     replication_throttle_bytes_per_second: int = Property(

@@ -148,27 +148,30 @@ class BatchLanes:
         points: Mapping[SourcePartition, SearchPoint],
         stored: Mapping[SourcePartition, int],
         ends: Mapping[tuple[str, int], int],
-    ) -> dict[SourcePartition, list[CopySegment]]:
-        """Per partition, the batches copied after the last commit (from `stored` at the source, from its point up
-        to its partition's end in `ends` at the destination) that the destination holds
-        (`replicator.batches.destination_batches`; BatchReadError when a partition cannot be read)."""
-        producers = self.provenance.at_destination()
-        found = {}
+    ) -> tuple[dict[SourcePartition, int], dict[SourcePartition, list[CopySegment]]]:
+        """Per partition, the source offset after the last copy made after the last commit (from `stored` at the
+        source, from its point up to its partition's end in `ends` at the destination), by either path, and the
+        batch copies among them (`replicator.batches.destination_batches`; BatchReadError when a partition cannot be
+        read)."""
+        producers, source_cluster = self.provenance.at_destination(), self.provenance.source_cluster
+        found, batch_copies = {}, {}
         for tp, point in points.items():
             end = ends.get((point.topic, point.partition))
             if point.start is None or end is None:
                 continue
-            segments = copies_since(
+            copies = copies_since(
                 self.copier.source, self.copier.destination, Partition(*tp), stored[tp],
-                Partition(point.topic, point.partition), point.start, end, producers, self.provenance.ours,
+                Partition(point.topic, point.partition), point.start, end,
+                source_cluster, producers, self.provenance.ours,
             )  # fmt: skip
-            if segments:
-                found[tp] = [
+            found[tp] = copies.end
+            if copies.segments:
+                batch_copies[tp] = [
                     CopySegment(tp[0], tp[1], s.source_offset, point.topic, point.partition, s.destination_offset,
                                 s.count)
-                    for s in segments
+                    for s in copies.segments
                 ]  # fmt: skip
-        return found
+        return found, batch_copies
 
     def watermarks(self, tp: SourcePartition) -> tuple[int, int]:
         """The partition's high watermark as a lane's last fetch answered (the reader's, off the lanes)."""

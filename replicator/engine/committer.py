@@ -34,7 +34,7 @@ from replicator.engine.failures import DeliveryFailures
 from replicator.engine.metrics import TaskMetrics
 from replicator.engine.partitions import PartitionBook, PartitionState, describe
 from replicator.engine.scheduler import COMMITTING, HEARTBEATING, Scheduler
-from replicator.state.records import Lease
+from replicator.state.records import CopySegment, Lease
 from replicator.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,8 @@ class Committer:
         self, partitions: list[SourcePartition], stored: dict[SourcePartition, int]
     ) -> set[SourcePartition]:
         """What the last owner of starting `partitions` copied after its last commit, found at the destination
-        (`replicator.engine.destination_copies`): `stored`, the offsets in Postgres, is updated in place where a
+        (`replicator.engine.destination_copies`; with the batch path, `replicator.batches.destination_batches`, which
+        finds the copies of both paths): `stored`, the offsets in Postgres, is updated in place where a
         partition starts after those copies. Returns the partitions with copies (flowing when the last owner stopped:
         they start on eager fetching).
 
@@ -162,11 +163,11 @@ class Committer:
                 return set()
             self.on_event(f"looking up the last copies of {len(points)} partition(s) at the destination")
             settings, source_cluster = config.admin_settings("destination"), self.clients.source_cluster
-            found = copies_end(settings, source_cluster, points, RESEND_SCAN_S, self.should_stop)
-            # Copies made as batches carry no header: found again by their bytes (copy.mode=batches).
-            batch_copies = self.lanes.copies_since(points, stored, ends) if self.lanes is not None else {}
-            for tp, segments in batch_copies.items():
-                found[tp] = max(found.get(tp, 0), segments[-1].source_start + segments[-1].count)
+            batch_copies: dict[SourcePartition, list[CopySegment]] = {}
+            if self.lanes is None:
+                found = copies_end(settings, source_cluster, points, RESEND_SCAN_S, self.should_stop)
+            else:  # copies of both paths, interleaved: records by their headers, batches (no header) by their bytes
+                found, batch_copies = self.lanes.copies_since(points, stored, ends)
         except (KafkaException, DestinationReadError, BatchReadError) as exc:
             # The destination is down or refuses (its partitions wait for it anyway): resume as without the read.
             self.on_event(f"copies since the last commit not looked up ({exc}): resuming at the committed offsets")

@@ -13,6 +13,9 @@ source partition it resumes: what a crash left at the destination after the last
   at the destination means every earlier record of its source partition is there too (a refused record stops the
   producer before any later one of its partition is written, and a new producer starts again from the first
   unacknowledged record).
+
+With copy.mode=batches, whose copies carry no header, a start reads both paths' copies with
+`replicator.batches.destination_batches` instead.
 """
 
 from __future__ import annotations

@@ -110,8 +110,8 @@ class SourceLog:
             return found
         return next((i for i in found if not self.delivered[i]), found[-1])
 
-    def deliver(self, stream: tuple[str, int], i: int, content: int, timestamp: int) -> None:
-        """Record one copy of source record `i` seen in destination partition `stream`."""
+    def deliver(self, stream: tuple[str, int], at: int, i: int, content: int, timestamp: int) -> None:
+        """Record one copy of source record `i` seen in destination partition `stream` at offset `at`."""
         offset = self.offsets[i]
         delivered_before = self.delivered[i] > 0
         if not delivered_before:
@@ -134,7 +134,7 @@ class SourceLog:
                 replay_end = -1
             else:
                 if len(self.replays) < MAX_REPLAYS:
-                    self.replays.append(Replay(offset, highest))
+                    self.replays.append(Replay(offset, highest, at))
                 if replay_end < 0:
                     replay_end = highest  # a restart re-sending what was delivered: fine while it stays exact
         elif replay_end >= 0:
@@ -230,7 +230,7 @@ class VerifyRun:
                 if log is not None and i is not None:
                     dest.content_matched += 1
                     log.content_matched += 1
-                    log.deliver((topic, partition), i, content, timestamp)
+                    log.deliver((topic, partition), msg.offset(), i, content, timestamp)
                     return True
             dest.unmatched += 1
             return False
@@ -249,7 +249,7 @@ class VerifyRun:
             return False
         if partition != source_partition:
             log.elsewhere += 1
-        log.deliver((topic, partition), i, content, timestamp)
+        log.deliver((topic, partition), msg.offset(), i, content, timestamp)
         return True
 
     def _segment_source(self, topic: str, partition: int, offset: int) -> tuple[str, int, int] | None:

@@ -17,10 +17,12 @@ class Mismatch:
 
 @dataclass
 class Replay:
-    """Copies of one source partition went back to `start` after reaching `highest`: a restart re-sent them."""
+    """Copies of one source partition went back to `start` after reaching `highest`: a restart re-sent them, from
+    destination offset `at`."""
 
     start: int
     highest: int
+    at: int
 
     @property
     def resent(self) -> int:

@@ -29,15 +29,6 @@ LIMIT = 1_000_012  # Kafka's default max.message.bytes
 LZ4 = 3
 
 
-@pytest.fixture
-def wires(apache_kafka: StackEndpoints) -> Iterator[tuple[KafkaWire, KafkaWire]]:
-    with (
-        KafkaWire({"bootstrap.servers": apache_kafka.source_bootstrap_servers}, fetch_max_bytes=8_000_000) as source,
-        KafkaWire({"bootstrap.servers": apache_kafka.destination_bootstrap_servers}, fetch_max_bytes=8_000_000) as dest,
-    ):
-        yield source, dest
-
-
 def copy_all(copier: BatchCopier, records: int, timeout: float = 60.0) -> list[Step]:
     """Steps until `records` records were copied; no step may report a problem or hand a batch back."""
     steps: list[Step] = []

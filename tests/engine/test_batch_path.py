@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -265,6 +266,39 @@ def test_two_flows_in_opposite_directions_on_identity_names_never_copy_a_copy_ba
     assert len(consume_all(b, unique, 1, expected=60)) == 60, "B: A's 50 and its 10, nothing twice"
 
 
+def _copied_as_batches_then_stopped(
+    apache_kafka: StackEndpoints, store: Store, unique: str, partitions: int, records: list[dict[str, object]],
+    skipping: bool,
+) -> None:  # fmt: skip
+    """A connector committing an hour apart (so that a run killed later commits nothing) copies `records` as batches
+    and stops: the final commit stores where each partition's next copy goes."""
+    extra = {"topics.whitelist": unique, "offset.flush.interval.ms": 3_600_000, **BATCHES}
+    properties = connector_properties(apache_kafka, unique, **extra, **{"start.after.destination.copies": skipping})
+    create_connector(store, properties, {0: [(unique, p) for p in range(partitions)]})
+    produce(apache_kafka.source_bootstrap_servers, records)
+    first = TaskThread.start(store, unique)
+    wait_until(lambda: any("copied as batches" in e for e in first.events), what="the partitions on the batch path")
+    consume_all(apache_kafka.destination_bootstrap_servers, unique, partitions, expected=len(records))
+    assert first.finish() is TaskExit.STOPPED
+
+
+@contextmanager
+def _killed_when_done(apache_kafka: StackEndpoints, connector: str, tmp_path: Path) -> Iterator[Path]:
+    """The connector's task run as `mirus task run` in a process of its own, its partitions on the batch path, and
+    killed -9 when the block ends; yields its log."""
+    env = {**os.environ, "MIRUS_DATABASE_URL": apache_kafka.database_url}
+    argv = [sys.executable, "-c", "from mirus.cli.main import main; main()", "task", "run", connector, "0"]
+    log = tmp_path / "killed.log"
+    with open(log, "w") as out:
+        killed = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_until(lambda: "copied as batches" in log.read_text(), what="the killed run's batch path")
+            yield log
+        finally:
+            killed.send_signal(signal.SIGKILL)
+            killed.wait(10)
+
+
 @pytest.mark.parametrize("skipping", [False, True], ids=["re-sent-and-counted", "resumed-after-the-copies"])
 def test_a_kill_after_batches_were_copied_re_sends_them_counted_or_resumes_after_them(
     apache_kafka: StackEndpoints, store: Store, unique: str, tmp_path: Path, skipping: bool
@@ -274,29 +308,11 @@ def test_a_kill_after_batches_were_copied_re_sends_them_counted_or_resumes_after
     source, destination = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
     create_topics(source, {unique: 2})
     create_topics(destination, {unique: 2})
-    # Commits an hour apart: the killed run copies everything and commits nothing of it.
-    extra = {"topics.whitelist": unique, "offset.flush.interval.ms": 3_600_000, **BATCHES}
-    properties = connector_properties(apache_kafka, unique, **extra, **{"start.after.destination.copies": skipping})
-    create_connector(store, properties, {0: [(unique, 0), (unique, 1)]})
     records = _source_records(unique, 2, 600, 100)
-    produce(source, records[:200])
-    first = TaskThread.start(store, unique)
-    wait_until(lambda: any("copied as batches" in e for e in first.events), what="the partitions on the batch path")
-    consume_all(destination, unique, 2, expected=200)
-    assert first.finish() is TaskExit.STOPPED  # the final commit stores where each partition's next copy goes
-
-    env = {**os.environ, "MIRUS_DATABASE_URL": apache_kafka.database_url}
-    argv = [sys.executable, "-c", "from mirus.cli.main import main; main()", "task", "run", unique, "0"]
-    log = tmp_path / "killed.log"
-    with open(log, "w") as out:
-        killed = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            wait_until(lambda: "copied as batches" in log.read_text(), what="the killed run's batch path")
-            produce(source, records[200:500], **{"linger.ms": 20})
-            consume_all(destination, unique, 2, expected=500)
-        finally:
-            killed.send_signal(signal.SIGKILL)
-            killed.wait(10)
+    _copied_as_batches_then_stopped(apache_kafka, store, unique, 2, records[:200], skipping)
+    with _killed_when_done(apache_kafka, unique, tmp_path):
+        produce(source, records[200:500], **{"linger.ms": 20})
+        consume_all(destination, unique, 2, expected=500)
     assert store.load_offsets(unique) == {(unique, 0): 100, (unique, 1): 100}, "the killed run committed nothing"
 
     last = TaskThread.start(store, unique)
@@ -321,6 +337,44 @@ def test_a_kill_after_batches_were_copied_re_sends_them_counted_or_resumes_after
     else:
         assert len(values) == 900 and set(values) == {r["value"] for r in records}, "300 re-sent, nothing lost"
         assert any("re-sending 300 record(s) copied" in e for e in last.events), last.events
+
+
+def test_a_kill_after_copies_of_both_paths_in_turn_resumes_after_the_last_of_them(
+    apache_kafka: StackEndpoints, store: Store, unique: str, tmp_path: Path
+) -> None:
+    """Past one commit a partition is copied as batches, then by the record path (a batch too large for the
+    destination), then as batches again; after a kill -9 the start finds where the last copy ends, whichever path
+    made it, and resumes there: every record once, in order."""
+    source, destination = apache_kafka.source_bootstrap_servers, apache_kafka.destination_bootstrap_servers
+    create_topics(source, {unique: 1})
+    create_topics(destination, {unique: 1}, config={"max.message.bytes": "20000"})
+    small = _source_records(unique, 1, 80, 100)
+    big = [{**r, "value": b"b" * 1000} for r in _source_records(unique, 1, 100, 1000)]
+    _copied_as_batches_then_stopped(apache_kafka, store, unique, 1, small[:20], skipping=True)
+    with _killed_when_done(apache_kafka, unique, tmp_path) as log:
+        produce(source, small[20:40], **{"linger.ms": 20})
+        consume_all(destination, unique, 1, expected=40)
+        produce(source, big, **{"linger.ms": 200, "batch.size": 1_000_000})  # one batch of ~100 KB: too large
+        consume_all(destination, unique, 1, expected=140)
+        wait_until(lambda: log.read_text().count("copied as batches") == 2, what="back on the batch path")
+        produce(source, small[40:60], **{"linger.ms": 20})
+        copies = consume_all(destination, unique, 1, expected=160)
+    assert store.load_offsets(unique) == {(unique, 0): 20}, "the killed run committed nothing"
+    by_path = [provenance.parse(c.headers) is not None for c in sorted(copies, key=lambda c: c.offset)]
+    assert by_path == [False] * 40 + [True] * 100 + [False] * 20, "batches, records, batches past the commit"
+
+    last = TaskThread.start(store, unique)
+    wait_until(lambda: any("replicating" in e for e in last.events), timeout=60, what="the partition started")
+    assert any("resuming after 140 record(s) copied since the last commit" in e for e in last.events), last.events
+    assert store.load_offsets(unique) == {(unique, 0): 160}, "after the last copy, whichever path made it"
+    segments = store.load_segments(unique)[(unique, 0)]  # the batch copies' provenance, stored at the start
+    assert [(s.source_start, s.destination_start, s.count) for s in segments] == [(0, 0, 40), (140, 140, 20)]
+    produce(source, small[60:])
+    copies = consume_all(destination, unique, 1, expected=180)
+    assert last.finish() is TaskExit.STOPPED
+    assert store.load_offsets(unique) == {(unique, 0): 180}
+    originals = consume_all(source, unique, 1, expected=180)
+    assert _as_read(copies, strip_provenance=True) == _as_read(originals), "every record once, in order"
 
 
 def test_copy_mode_batches_is_refused_with_exactly_once() -> None:

@@ -145,8 +145,9 @@ def test_duplicates_from_a_replay_are_allowed_and_counted(stack: StackEndpoints,
     p0 = partition(report, 0)
     assert (p0.replicated, p0.duplicated, p0.out_of_order, p0.missing) == (6, 3, 0, 0)
     assert report.totals["duplicated"] == 3
-    # Where the restart resumed and how far the copies had got: what the fault harness checks against its bound.
-    assert p0.replays == [Replay(start=3, highest=5)] and p0.replays[0].resent == 3
+    # Where the restart resumed, how far the copies had got and where at the destination the re-sent copies begin:
+    # what the fault harness checks against its bound, and tells a kill's re-send from one before it by.
+    assert p0.replays == [Replay(start=3, highest=5, at=6)] and p0.replays[0].resent == 3
     assert partition(report, 1).replays == []
 
 
@@ -272,7 +273,7 @@ def test_copies_made_as_record_batches_are_attributed_by_their_segments(
         True,
         6,
         3,
-        [{"start": 3, "highest": 5}],
+        [{"start": 3, "highest": 5, "at": 6}],
     )
     assert (second["missing_offsets"], second["mismatched_offsets"]) == ([4], [{"offset": 2, "differs": "content"}])
     [copies] = report["destinations"]
