@@ -5,6 +5,7 @@ source batches rewritten (`rewrite`) for a producer id the walk is told is the p
 
 from __future__ import annotations
 
+import pytest
 from confluent_kafka import Producer
 
 from mirus_dagster.settings import StackEndpoints
@@ -108,3 +109,16 @@ def test_a_batch_copy_of_a_later_batch_than_the_next_is_no_proof_of_the_records_
     destination.batch_copy(c)  # b is not at the destination: c's copy cannot mean it is
     produce(bootstrap, destination.record_copies(range(10, 13), f"{unique}-other"))  # another source topic's
     assert destination.copies_found(source_wire, unique) == Copies(10, [Segment(0, 0, 10)])
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4"])
+def test_record_path_copies_compressed_by_the_destination_producer_are_found(
+    apache_kafka: StackEndpoints, wires: tuple[KafkaWire, KafkaWire], unique: str, codec: str
+) -> None:
+    # producer.compression.type on a connector compresses the record path's copies: a start reads their headers
+    # inside the compressed batch (kafka-python decodes with the lz4 and python-snappy packages).
+    (a, _b, _c, _d), destination = _topics(apache_kafka, wires, unique)
+    destination.batch_copy(a)
+    produce(apache_kafka.destination_bootstrap_servers, destination.record_copies(range(10, 17), unique),
+            **{"compression.type": codec})  # fmt: skip
+    assert destination.copies_found(wires[0], unique) == Copies(17, [Segment(0, 0, 10)])
