@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # The newest migration's revision: what a task's process compares the database with, without importing Alembic (a
-# tenth of a task's start). tests/state/test_upgrade.py checks it is Alembic's head.
+# tenth of a task's start). tests/local/test_stack.py checks it is Alembic's head.
 SCHEMA_REVISION = "0014"
 
 
