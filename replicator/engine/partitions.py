@@ -34,7 +34,7 @@ class InFlight:
     the run carries a delivery callback: one acknowledgement for the run. Elsewhere every record is its own run.
     """
 
-    __slots__ = ("count", "done", "first", "last", "size", "tail_sent", "timestamps")
+    __slots__ = ("count", "destination_end", "done", "first", "last", "size", "tail_sent", "timestamps")
 
     def __init__(self, first: int) -> None:
         self.first = first  # source offset of the run's first record: nothing from here on is acknowledged yet
@@ -44,6 +44,7 @@ class InFlight:
         self.timestamps: list[int] = []  # CreateTime / LogAppendTime of each record that has one (ms)
         self.tail_sent = False  # whether a record carrying the run's callback was produced
         self.done = False
+        self.destination_end: int | None = None  # after its last copy at the destination, once acknowledged there
 
     def add(self, offset: int, size: int, timestamp: int) -> None:
         """A record produced in this run (the forwarder's one call per record; `timestamp` 0: none)."""
@@ -63,7 +64,8 @@ class PartitionState:
       first_unacknowledged()      the first record not yet at the destination: everything before it is acknowledged
       committed_offset            as stored in Postgres by the last commit
       durable_offset              exactly once: after the last committed destination transaction (what may be stored)
-      next_destination_offset     after the last acknowledged copy, at the destination
+      next_destination_offset     at the destination, after the copy of the record before first_unacknowledged()
+                                  (or before that: never after a copy still to be acknowledged)
       durable_destination_offset  exactly once: after the last committed transaction's copy, at the destination
     """
 
@@ -175,12 +177,18 @@ class PartitionState:
         """The destination acknowledged the run (its last copy at `destination_offset`, where known)."""
         self.in_flight -= run.count
         run.done = True
+        # (None only without acknowledgements, acks=0, which an ordered state rules out, or for a run cut short.)
+        if destination_offset is not None and self.ordered:
+            run.destination_end = destination_offset + 1
+        # The destination offset moves with the acknowledged head alone, so that it always pairs with
+        # `first_unacknowledged()` or comes before it. A run acknowledged behind an unanswered one (a record timed
+        # out, then the next run delivered) would otherwise put it past copies that a commit says are still to be
+        # made: a start would find nothing there to skip and write them again.
         pending = self.pending
         while pending and pending[0].done:
-            pending.popleft()
-        # (None only without acknowledgements, acks=0, which an ordered state rules out.)
-        if destination_offset is not None and self.ordered:
-            self.next_destination_offset = destination_offset + 1
+            end = pending.popleft().destination_end
+            if end is not None:
+                self.next_destination_offset = end
 
     def unanswered(self, run: InFlight) -> None:
         """The run was refused, or given up with its producer: it stays in `pending`, nothing past it committed."""

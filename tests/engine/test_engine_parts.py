@@ -55,6 +55,27 @@ def test_a_partition_commits_up_to_its_first_unacknowledged_record() -> None:
     assert state.first_unacknowledged() == 12
 
 
+def test_the_destination_offset_a_commit_stores_never_passes_a_copy_still_unacknowledged() -> None:
+    """A start resumes at the stored source offset and skips the copies it finds from the stored destination offset
+    on: a destination offset past copies that came before an unanswered run would make them written twice."""
+    state = _state(start=10)
+    state.route(0, ordered_acks=True)
+    timed_out, delivered = _produced(state, 10, 5), _produced(state, 15, 5)
+    state.acknowledged(delivered, 104)  # delivered (at destination offsets 100..104) behind a run not answered
+    state.unanswered(timed_out)
+    assert state.first_unacknowledged() == 10
+    assert state.next_destination_offset is None, "nothing known where source offset 10's copy goes"
+    state.read_again()  # a new producer sends both runs again
+    again = _produced(state, 10, 10)
+    state.acknowledged(again, 114)
+    assert (state.first_unacknowledged(), state.next_destination_offset) == (20, 115)
+    first, second = _produced(state, 20, 5), _produced(state, 25, 5)
+    state.acknowledged(second, 124)
+    assert (state.first_unacknowledged(), state.next_destination_offset) == (20, 115), "held by the first run"
+    state.acknowledged(first, 119)
+    assert (state.first_unacknowledged(), state.next_destination_offset) == (30, 125)
+
+
 def test_reading_again_starts_at_the_first_unacknowledged_record_and_forgets_what_was_in_flight() -> None:
     book, state = PartitionBook(), _state(start=0)
     book.add(state)
