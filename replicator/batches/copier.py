@@ -32,7 +32,7 @@ from replicator.batches.record_batch import (
 )
 from replicator.batches.wire import UNKNOWN, Fetched, KafkaWire, Partition, Problem, Produced, ProducerIdentity
 
-PARTITION_FETCH_BYTES = 1_048_576
+PARTITION_FETCH_BYTES = 4 * 1_048_576
 # A batch sent again with its sequence: Kafka since 1.0 answers with the offset it wrote the batch at; brokers that
 # answer DUPLICATE_SEQUENCE_NUMBER instead (Kafka 0.11, Tansu) wrote it too, at an offset they do not say.
 DUPLICATE_SEQUENCE_NUMBER = 46

@@ -20,6 +20,7 @@ from kafka.net.manager import KafkaConnectionManager
 from kafka.net.selector import NetworkSelector
 from kafka.net.transport import KafkaSSLTransport, KafkaTCPTransport
 from kafka.protocol.consumer import FetchRequest
+from kafka.protocol.frame import KafkaBytes
 from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest
 
 from replicator.batches.record_batch import AbortedTransaction
@@ -89,6 +90,24 @@ _read_in_large_chunks(KafkaTCPTransport, (BlockingIOError, InterruptedError))
 _read_in_large_chunks(
     KafkaSSLTransport, (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 )
+
+
+def _read_with_one_copy(frame: type[KafkaBytes]) -> None:
+    """kafka-python 3.0 decodes a field of a response frame (a bytearray) as `bytes(frame[start:end])`: two copies, the
+    first a bytearray as large as the field. A fetch response's records are most of its 16 MB, and the two copies
+    were half of the fetch's CPU. Read through a memoryview instead: one copy, the same bytes."""
+    if not callable(getattr(frame, "read", None)) or not hasattr(frame(0), "_idx"):
+        raise ImportError(f"kafka-python's {frame.__name__} no longer reads from _idx")
+
+    def read(self: Any, nbytes: int | None = None) -> bytes:
+        start = self._idx
+        end = self._idx = len(self) if nbytes is None else min(start + nbytes, len(self))
+        return bytes(memoryview(self)[start:end])
+
+    frame.read = read
+
+
+_read_with_one_copy(KafkaBytes)
 
 
 class Partition(NamedTuple):

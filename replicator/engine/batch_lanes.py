@@ -181,8 +181,9 @@ class BatchLanes:
 
     # -- the loop's turn ---------------------------------------------------------------------------------------
 
-    def step(self, now: float) -> None:
-        """Move partitions between the paths as needed, then copy every lane's batches once."""
+    def step(self, now: float) -> bool:
+        """Move partitions between the paths as needed, then copy every lane's batches once. Whether a fetch was
+        made (it waits up to MAX_WAIT_MS for records)."""
         if self.book.removals != self.removals:  # released, dropped, or made again: their lanes end
             self.removals = self.book.removals
             for tp in [tp for tp, state in self.lanes.items() if self.book.states.get(tp) is not state]:
@@ -194,7 +195,7 @@ class BatchLanes:
             self.taken_at = now
             self.take_ready(now)
         if not self.lanes:
-            return
+            return False
         try:
             if self.recorded != self.copier.producer.producer_id:
                 # Recorded before it writes anything: a flow reading the destination skips its batches from the start.
@@ -204,8 +205,9 @@ class BatchLanes:
         except SQLAlchemyError as exc:
             # Without Postgres a copy cannot be told from a record: nothing is copied until it answers again.
             log.warning("copy.mode=batches: waiting for the platform database: %s", exc)
-            return
+            return False
         self._settle(step, now)
+        return True
 
     def take_ready(self, now: float) -> None:
         """Partitions the record path holds nothing of, whose destination partition and size limit are known."""

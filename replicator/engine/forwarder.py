@@ -68,10 +68,13 @@ class Forwarder:
     def poll_once(self) -> None:
         deliveries, reader = self.deliveries, self.reader
         timeout = min(self.config.poll_timeout_ms / 1000, MAX_BLOCK_S)
-        if self.lanes is not None:
-            self.lanes.step(time.monotonic())  # its fetch waits for records: the record path's wait is short then
-            if self.lanes.lanes:
-                timeout = ACK_POLL_S
+        if self.lanes is not None and self.lanes.step(time.monotonic()):
+            # The lanes' fetch waited for records: the record path's wait is short then, and none at all when it
+            # holds no partition (a wait there would hold back the lanes' next produce).
+            if not reader.holds_partitions():
+                deliveries.poll_acks(0)
+                return
+            timeout = ACK_POLL_S
         if not self.book.states:
             time.sleep(min(timeout, 0.2))  # nothing assigned yet; housekeeping will pick work up
             return

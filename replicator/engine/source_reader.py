@@ -136,6 +136,10 @@ class SourceReader:
 
     # -- fetch --------------------------------------------------------------------------------------------
 
+    def holds_partitions(self) -> bool:
+        """Whether any of its consumers has partitions assigned."""
+        return any(shard.assigned for tier in self.tiers for shard in tier.shards)
+
     def consume(self, count: int, timeout: float, until: Callable[[], bool] = lambda: False) -> list[Record]:
         """Records from every consumer holding partitions (flowing first); waits up to `timeout` for the first, or
         while several consumers are waited on in slices, until `until()` says to stop waiting.
