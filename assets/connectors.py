@@ -36,7 +36,7 @@ from mirus_dagster.constants import (
 )
 from replicator.configuration.masking import mask_properties
 from replicator.discovery.heartbeats import liveness_s
-from replicator.engine.batch_lanes import HAND_BACK_REASONS
+from replicator.engine.metrics import HAND_BACK_REASONS
 from replicator.state.records import (
     LEASE_HELD,
     OPERATOR_PAUSE,

@@ -19,8 +19,7 @@ from replicator.configuration import administration
 from replicator.configuration.connector import ConnectorConfig, ConnectorConfigError, load
 from replicator.discovery.heartbeats import liveness_s
 from replicator.discovery.monitor import plan_partitions
-from replicator.engine.batch_lanes import HAND_BACK_REASONS
-from replicator.engine.metrics import BUCKET_LABELS
+from replicator.engine.metrics import BUCKET_LABELS, HAND_BACK_REASONS
 from replicator.state.records import LEASE_HELD, PartitionHealth, TopicTotals
 from replicator.state.store import Store
 

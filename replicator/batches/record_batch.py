@@ -21,7 +21,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import crc32c
-from kafka.record.default_records import DefaultRecordBatch
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
@@ -122,6 +121,10 @@ class RecordBatch:
 
     def is_abort_marker(self) -> bool:
         """A control batch whose marker is ABORT (COMMIT otherwise), read with kafka-python's record reader."""
+        # Imported here: `Reason` is read by processes that never copy batches (the API, the assets, a task on the
+        # record path), and kafka-python is a tenth of a second of their start.
+        from kafka.record.default_records import DefaultRecordBatch
+
         return self.is_control and any(record.abort for record in DefaultRecordBatch(self.data))
 
 

@@ -32,12 +32,12 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
 from replicator.batches.copier import UNKNOWN_OFFSET, BatchCopier, Step
-from replicator.batches.destination_batches import copies_since
+from replicator.batches.destination_batches import BatchReadError, copies_since
 from replicator.batches.record_batch import Reason
 from replicator.batches.wire import BrokerError, KafkaWire, Partition, UnsupportedSettingError
 from replicator.configuration.connector import ConnectorConfig
-from replicator.engine.destination_copies import SearchPoint
-from replicator.engine.metrics import TaskMetrics
+from replicator.engine.destination_copies import DestinationReadError, SearchPoint
+from replicator.engine.metrics import PAUSED, PROBLEM, TaskMetrics
 from replicator.engine.partitions import PartitionBook, PartitionState
 from replicator.engine.source_reader import SourceReader
 from replicator.state.records import CopySegment, Lease
@@ -51,10 +51,6 @@ MAX_WAIT_MS = 100  # a fetch with nothing to copy is answered after this long: t
 FETCH_MAX_BYTES = 16 * 1024 * 1024
 # The destination no longer accepts the producer's identity or sequence: a new producer id, every lane again.
 PRODUCER_LOST = {45, 47, 59}  # OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER_ID
-# Why a partition went back to the record path, as /metrics labels it: a batch that cannot pass (`Reason`), the
-# partition paused or held, or a problem the copier cannot retry.
-PAUSED, PROBLEM = "paused", "problem"
-HAND_BACK_REASONS = (*(reason.name.lower() for reason in Reason), PAUSED, PROBLEM)
 
 
 class Provenance:
@@ -151,19 +147,22 @@ class BatchLanes:
     ) -> tuple[dict[SourcePartition, int], dict[SourcePartition, list[CopySegment]]]:
         """Per partition, the source offset after the last copy made after the last commit (from `stored` at the
         source, from its point up to its partition's end in `ends` at the destination), by either path, and the
-        batch copies among them (`replicator.batches.destination_batches`; BatchReadError when a partition cannot be
-        read)."""
+        batch copies among them (`replicator.batches.destination_batches`; DestinationReadError when a partition
+        cannot be read)."""
         producers, source_cluster = self.provenance.at_destination(), self.provenance.source_cluster
         found, batch_copies = {}, {}
         for tp, point in points.items():
             end = ends.get((point.topic, point.partition))
             if point.start is None or end is None:
                 continue
-            copies = copies_since(
-                self.copier.source, self.copier.destination, Partition(*tp), stored[tp],
-                Partition(point.topic, point.partition), point.start, end,
-                source_cluster, producers, self.provenance.ours,
-            )  # fmt: skip
+            try:
+                copies = copies_since(
+                    self.copier.source, self.copier.destination, Partition(*tp), stored[tp],
+                    Partition(point.topic, point.partition), point.start, end,
+                    source_cluster, producers, self.provenance.ours,
+                )  # fmt: skip
+            except BatchReadError as exc:
+                raise DestinationReadError(f"reading the destination to resume: {exc}") from exc
             found[tp] = copies.end
             if copies.segments:
                 batch_copies[tp] = [

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from replicator.clusters import ClusterAdmin, ClusterIdentityError, cluster_id
 from replicator.configuration.connector import ConnectorConfig
-from replicator.engine.batch_lanes import BatchLanes
 from replicator.engine.deliveries import Deliveries
 from replicator.engine.source_reader import SourceReader
+
+if TYPE_CHECKING:  # (imported by a task that copies batches alone: `ReplicationTask.rebuild`)
+    from replicator.engine.batch_lanes import BatchLanes
 
 # The settings and aliases of both clusters, and the Kafka cluster ids they answered with (source, destination).
 Identified = tuple[tuple[object, ...], str, str]

@@ -25,7 +25,6 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.assignment import SourcePartition
-from replicator.batches.destination_batches import BatchReadError
 from replicator.clusters import ClusterAdmin, log_offsets
 from replicator.engine.clients import Clients
 from replicator.engine.destination_copies import DestinationReadError, SearchPoint, copies_end
@@ -168,7 +167,7 @@ class Committer:
                 found = copies_end(settings, source_cluster, points, RESEND_SCAN_S, self.should_stop)
             else:  # copies of both paths, interleaved: records by their headers, batches (no header) by their bytes
                 found, batch_copies = self.lanes.copies_since(points, stored, ends)
-        except (KafkaException, DestinationReadError, BatchReadError) as exc:
+        except (KafkaException, DestinationReadError) as exc:
             # The destination is down or refuses (its partitions wait for it anyway): resume as without the read.
             self.on_event(f"copies since the last commit not looked up ({exc}): resuming at the committed offsets")
             return set()

@@ -20,7 +20,13 @@ from bisect import bisect_left
 from datetime import UTC, datetime
 
 from replicator.assignment import SourcePartition
+from replicator.batches.record_batch import Reason
 from replicator.state.records import MetricInterval, MetricRow
+
+# Why the batch path handed a partition back to the record path (`copy.mode=batches`), as /metrics labels it: a
+# batch that cannot pass (`Reason`), the partition paused or held, or a problem the copier cannot retry.
+PAUSED, PROBLEM = "paused", "problem"
+HAND_BACK_REASONS = (*(reason.name.lower() for reason in Reason), PAUSED, PROBLEM)
 
 LATENCY_BUCKETS_MS: tuple[int, ...] = (
     10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000,

@@ -37,7 +37,6 @@ from dataclasses import replace
 from sqlalchemy.exc import SQLAlchemyError
 
 from replicator.configuration.connector import load
-from replicator.engine.batch_lanes import BatchLanes, Provenance
 from replicator.engine.clients import Clients, Identified, identify
 from replicator.engine.committer import Committer, CommitWatchdogError
 from replicator.engine.deliveries import Deliveries
@@ -100,8 +99,8 @@ class ReplicationTask:
         self.head_changed = threading.Event()
         self.notices = notices
         self.scheduler.ran(RECORDING_METRICS, metrics_interval_s)  # the first interval ends one interval from now
-        # Postgres commits, metric rows and destination metadata requests run beside the loop, never blocking a
-        # record: one background thread, its results applied by the loop (the committer's and the follower's ticks).
+        # Postgres commits, metric rows and destination metadata requests: one thread beside the loop, never blocking
+        # a record, its results applied by the loop (the committer's and the follower's ticks).
         self.background = ThreadPoolExecutor(1, thread_name_prefix=f"mirus-{connector}-{task_id}")
         self.lease: Lease  # claimed by `run`, after the parts are made (a warm standby makes them first)
         # The parts that live as long as the task; the clients and the parts made with them are made by `rebuild`.
@@ -131,8 +130,7 @@ class ReplicationTask:
         self.forwarder: Forwarder
         self.clients_open = False
         self.identified: Identified | None = None  # the clusters last identified (`identify`)
-        # Whether this instance holds the task: a warm standby's prepared producer must not `init_transactions`,
-        # which would fence the live owner's producer (same transactional.id).
+        # Whether this instance holds the task: a standby's producer must not `init_transactions` (fencing the owner's).
         self.owning = False
         self.lags_read: tuple[int, float] | None = None  # `PartitionBook.touched` and the time at the last reading
 
@@ -150,9 +148,8 @@ class ReplicationTask:
         `lease`: a claim already taken (`replicator.engine.ownership`), after standing by `stood_by_s`; without it the
         task claims now, fencing any owner.
         """
-        # A batch of up to 10,000 records outlives many young collections while it is forwarded: at Python's
-        # default threshold (700) its objects are promoted, and full collections (of the whole heap) come every few
-        # seconds at high rates. The setting is the process's: a worker's tasks share it, which suits them alike.
+        # A batch of up to 10,000 records outlives many young collections at Python's default threshold (700): its
+        # objects are promoted, and full collections come every few seconds at high rates. (Per process: all alike.)
         gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
         self.should_stop = should_stop
         self.lease = lease or self.store.claim_task(self.connector, self.task_id, self.owner)
@@ -265,6 +262,8 @@ class ReplicationTask:
         reader = SourceReader(consumer, self.reader_limits)
         lanes = None
         if config.copy_mode == "batches":
+            from replicator.engine.batch_lanes import BatchLanes, Provenance  # (with kafka-python: 0.1 s of a start)
+
             producer_ids = Provenance(self.store, self.held_lease, *self.identified[1:])
             lanes = BatchLanes.open(config, self.book, reader, self.metrics, self.on_event, producer_ids)
         deliveries = Deliveries(

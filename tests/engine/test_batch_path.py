@@ -30,7 +30,7 @@ from replicator.batches.record_batch import RecordBatch, split
 from replicator.batches.wire import KafkaWire, Partition
 from replicator.configuration.connector import validate_submission
 from replicator.configuration.model import ConnectorConfigError
-from replicator.engine.batch_lanes import HAND_BACK_REASONS
+from replicator.engine.metrics import HAND_BACK_REASONS
 from replicator.engine.task import TaskExit
 from replicator.state.store import Store
 from replicator.topics import provenance
