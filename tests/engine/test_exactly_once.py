@@ -20,6 +20,7 @@ from mirus.waiting import wait_until
 from mirus_dagster.settings import StackEndpoints
 from replicator.clusters import cluster_id
 from replicator.configuration.connector import transactional_id
+from replicator.engine.partitions import RETRY_BACKOFF_S
 from replicator.engine.task import CommitWatchdogError, ReplicationTask, TaskExit
 from replicator.state.store import Store
 from replicator.topics import provenance
@@ -241,7 +242,13 @@ def test_an_aborted_transaction_is_hidden_and_its_records_written_again(
     resource = ConfigResource(ConfigResource.Type.TOPIC, unique, set_config={"max.message.bytes": "1000012"})
     for future in admin.alter_configs([resource]).values():
         future.result(timeout=30)
-    wait_until(lambda: sum(store.load_offsets(unique).values()) == 100, timeout=60, what="replication after the abort")
+    # Each refused partition retries on its backoff, which grows while the limit is still being raised (Kafka 1.0
+    # applies a topic's new config through ZooKeeper): up to RETRY_BACKOFF_S[-1] between two tries.
+    wait_until(
+        lambda: sum(store.load_offsets(unique).values()) == 100,
+        timeout=2 * RETRY_BACKOFF_S[-1],
+        what="replication after the abort",
+    )
     task.finish()
     _exactly(apache_kafka, unique, 2, 100)
 
