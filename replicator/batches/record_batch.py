@@ -19,6 +19,7 @@ import enum
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import crc32c
 
@@ -55,8 +56,7 @@ class Reason(enum.Enum):
     )
 
 
-@dataclass(frozen=True, slots=True)
-class RecordBatch:
+class RecordBatch(NamedTuple):
     """One batch of a fetched blob: its bytes (a view, not a copy) and its header. For magic 0 and 1 only
     `base_offset`, `batch_length` and `magic` are read (the other fields are -1)."""
 

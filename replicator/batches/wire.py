@@ -136,8 +136,7 @@ class Problem:
         return cls(code, str(exc) or type(exc).__name__, bool(getattr(exc, "retriable", False)))
 
 
-@dataclass(frozen=True, slots=True)
-class Fetched:
+class Fetched(NamedTuple):
     """One partition of a read_committed fetch: the records blob as the broker sent it, or the problem."""
 
     problem: Problem | None
@@ -147,8 +146,7 @@ class Fetched:
     last_stable_offset: int = -1
 
 
-@dataclass(frozen=True, slots=True)
-class Produced:
+class Produced(NamedTuple):
     """One produced batch: where the broker wrote it, or the problem."""
 
     problem: Problem | None
