@@ -127,11 +127,11 @@ def measure(task: psutil.Process | None, engine: Engine, seconds: float = WINDOW
 APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 
 
-def create_estate_topics(topics: dict[str, int]) -> None:
+def create_estate_topics(topics: dict[str, int], append_time: bool = True) -> None:
     """`topics` on both clusters, one request each (Kafka 1.0 creates thousands of partitions slowly); the source's
-    keep LogAppendTime."""
+    keep LogAppendTime unless `append_time` is false (the batch path hands such a topic's batches back)."""
     for bootstrap in (SOURCE, DESTINATION):
-        config = APPEND_TIME if bootstrap == SOURCE else {}
+        config = APPEND_TIME if bootstrap == SOURCE and append_time else {}
         common.create_topics(bootstrap, topics, config, batch=1, timeout_s=600, poll_s=1.0)
 
 
@@ -328,7 +328,8 @@ def measure_code(
     partitions, total = args.partitions, len(wide) * args.partitions
     store = Store(engine)
     figures: dict[str, float] = {}
-    kit.put_engine_connector(store, "wide", ",".join(wide), "", partitions, 1)
+    mode = {"copy.mode": args.copy_mode}
+    kit.put_engine_connector(store, "wide", ",".join(wide), "", partitions, 1, **mode)
     end = sum(common.end_offsets(SOURCE, wide, partitions).values())
     with task_process(code, url, "wide") as task:
         started = time.monotonic()
@@ -388,7 +389,7 @@ def measure_code(
         flow_pg=flowing.postgres_cpu,
         p99=p99,
     )
-    kit.put_engine_connector(store, "narrow", narrow, "", NARROW, 1)
+    kit.put_engine_connector(store, "narrow", narrow, "", NARROW, 1, **mode)
     end = sum(common.end_offsets(SOURCE, [narrow], NARROW).values())
     with task_process(code, url, "narrow") as task:
         while not caught_up(engine, "narrow", NARROW, end):
@@ -458,6 +459,13 @@ def main() -> None:
     parser.add_argument("--baseline", help="another checkout of the project, measured alternately with this one")
     parser.add_argument("--mirrormaker", action="store_true", help="also the source broker beside MirrorMaker 1.0")
     parser.add_argument("--prefix", help="reuse the topics of an earlier run")
+    parser.add_argument(
+        "--copy-mode",
+        choices=("records", "batches"),
+        default="records",
+        help="the connector's copy.mode; batches: source topics keep CreateTime (latency then includes the load's "
+        "own queueing)",
+    )
     args = kit.parse_args(parser)
     prefix = args.prefix or f"estate{int(time.time())}"
     wide = [f"{prefix}-{i:03d}" for i in range(args.topics)]
@@ -468,8 +476,8 @@ def main() -> None:
     )
     started = time.perf_counter()
     if not args.prefix:
-        create_estate_topics({**dict.fromkeys(wide, args.partitions), narrow: NARROW})
-    else:
+        create_estate_topics({**dict.fromkeys(wide, args.partitions), narrow: NARROW}, args.copy_mode == "records")
+    elif args.copy_mode == "records":
         stamp_appends([*wide, narrow])
     kit.fill(wide, args.partitions)
     kit.fill([narrow], NARROW)
