@@ -230,12 +230,14 @@ class KafkaWire:
         *,
         partition_max_bytes: Mapping[Partition, int] | int = 1_048_576,
         max_wait_ms: int = 500,
+        min_bytes: int = 1,
     ) -> dict[Partition, Fetched]:
         """The records of each partition from its position (read_committed), one request per leader, sent together;
-        at most `fetch_max_bytes` in all (more only for one batch larger than that)."""
+        at most `fetch_max_bytes` in all (more only for one batch larger than that). A leader answers once it has
+        `min_bytes` for the request, or after `max_wait_ms`."""
         limits = partition_max_bytes
         sizes = limits if isinstance(limits, Mapping) else dict.fromkeys(positions, limits)
-        return dict(self._run(self._fetch, dict(positions), sizes, max_wait_ms))
+        return dict(self._run(self._fetch, dict(positions), sizes, max_wait_ms, min_bytes))
 
     def init_producer_id(self) -> ProducerIdentity:
         """A new idempotent producer id (no transactional id) and its epoch; BrokerError if refused."""
@@ -295,7 +297,7 @@ class KafkaWire:
         return problem
 
     async def _fetch(
-        self, positions: dict[Partition, int], sizes: Mapping[Partition, int], max_wait_ms: int
+        self, positions: dict[Partition, int], sizes: Mapping[Partition, int], max_wait_ms: int, min_bytes: int
     ) -> dict[Partition, Fetched]:
         by_leader, missing = await self._leaders(positions)
         results = {partition: Fetched(problem) for partition, problem in missing.items()}
@@ -316,7 +318,7 @@ class KafkaWire:
             request = FetchRequest(
                 replica_id=-1,
                 max_wait_ms=max_wait_ms,
-                min_bytes=1,
+                min_bytes=min_bytes,
                 max_bytes=self.fetch_max_bytes,
                 isolation_level=READ_COMMITTED,
                 session_id=0,
