@@ -186,7 +186,7 @@ class BatchLanes:
 
     def step(self, now: float) -> bool:
         """Move partitions between the paths as needed, then copy every lane's batches once. Whether a fetch was
-        made (it waits up to MAX_WAIT_MS for records)."""
+        made (one with nothing to copy waits MAX_WAIT_MS, or LANES_ALONE_WAIT_MS)."""
         if self.book.removals != self.removals:  # released, dropped, or made again: their lanes end
             self.removals = self.book.removals
             for tp in [tp for tp, state in self.lanes.items() if self.book.states.get(tp) is not state]:
