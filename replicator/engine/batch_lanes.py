@@ -194,6 +194,9 @@ class BatchLanes:
                 del self.lanes[tp]
         for tp in [tp for tp in self.book.paused if tp in self.lanes]:
             self._give_back(self.lanes[tp], PAUSED, "paused")
+        # Read before partitions move: the step that takes the record path's last ones still waits MAX_WAIT_MS, so
+        # the loop's first duties after a move (a start's first commit among them) come as soon as they did before.
+        self.copier.max_wait_ms = MAX_WAIT_MS if self.reader.holds_partitions() else LANES_ALONE_WAIT_MS
         if now - self.taken_at >= TAKE_READY_S:
             self.taken_at = now
             self.take_ready(now)
@@ -204,7 +207,6 @@ class BatchLanes:
                 # Recorded before it writes anything: a flow reading the destination skips its batches from the start.
                 self.provenance.record(self.copier.producer.producer_id)
                 self.recorded = self.copier.producer.producer_id
-            self.copier.max_wait_ms = MAX_WAIT_MS if self.reader.holds_partitions() else LANES_ALONE_WAIT_MS
             step = self.copier.step()  # (asks Postgres whose a batch's producer id is, for an id not seen)
         except SQLAlchemyError as exc:
             # Without Postgres a copy cannot be told from a record: nothing is copied until it answers again.
