@@ -84,6 +84,9 @@ class Run:
     wall_s: float
     cpu_s: float
     load: float  # 1-minute load average when the run started
+    # Records/s from the first records seen at the destination to the last: the rate once copying, without the
+    # copier's start (a JVM's, or Python's imports), which a long-running replicator pays once.
+    copy_rate: float
 
 
 def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
@@ -335,8 +338,13 @@ def timed_copy(
         assert counter is not None
         return common.records_in(counter, target, partitions)
 
+    first: list[tuple[float, int]] = []  # when records were first seen at the destination, and how many
+
     def copied_all() -> bool:
-        if count() >= records:
+        n = count()
+        if n and not first:
+            first.append((time.perf_counter(), n))
+        if n >= records:
             return True
         if any(p.poll() is not None and p.returncode != 0 for p in procs):
             raise RuntimeError(
@@ -348,14 +356,17 @@ def timed_copy(
     procs = [common.start_process(argv, env, log=log) for argv in argvs]
     try:
         common.wait_until(copied_all, timeout_s, 0.02, f"{copier}: all {records} records at {target}")
-        wall = time.perf_counter() - start
+        end = time.perf_counter()
+        wall = end - start
+        (seen_at, seen), *_ = first
+        copy_rate = (records - seen) / (end - seen_at) if end > seen_at else float("nan")
     finally:
         for p in procs:
             if p.poll() is None:
                 p.send_signal(stop_signal)
         if counter is not None:
             counter.close()
-    return Run(copier, wall, sum(reap(p) for p in procs), load)
+    return Run(copier, wall, sum(reap(p) for p in procs), load, copy_rate)
 
 
 def reap(proc: subprocess.Popen[bytes], grace_s: float = 60.0) -> float:

@@ -130,22 +130,29 @@ def main() -> None:
                 runs[copier].append(run)
                 print(
                     f"round {r + 1} {copier:<24} {run.wall_s:6.2f} s wall {run.cpu_s:6.2f} CPU-s "
-                    f"(load average {run.load:.2f})",
+                    f"{run.copy_rate:>12,.0f} records/s once copying (load average {run.load:.2f})",
                     flush=True,
                 )
             common.delete_topics(DESTINATION, targets)
             common.delete_topics(SOURCE, [topic])
 
     print(f"\n{n:,} records x {args.size} B over {parts} partitions; median of {args.rounds} alternating runs")
-    print(f"{'copier':<24}{'wall s':>8}{'CPU-s':>8}{'records/s':>12}{'wall/MM1':>10}{'CPU/MM1':>9}  load avg")
+    print("(copying: records/s from the first records seen at the destination to the last, the start left out)")
+    print(
+        f"{'copier':<24}{'wall s':>8}{'CPU-s':>8}{'records/s':>12}{'wall/MM1':>10}{'CPU/MM1':>9}"
+        f"{'copying/s':>12}{'/MM1':>6}  load avg"
+    )
     mm = runs.get("mirrormaker")
     mm_wall = median([x.wall_s for x in mm]) if mm else None
     mm_cpu = median([x.cpu_s for x in mm]) if mm else None
+    mm_rate = median([x.copy_rate for x in mm]) if mm else None
     for copier, rs in runs.items():
         wall, cpu = median([x.wall_s for x in rs]), median([x.cpu_s for x in rs])
+        rate = median([x.copy_rate for x in rs])
         ratios = f"{wall / mm_wall:>10.2f}{cpu / mm_cpu:>9.2f}" if mm_wall and mm_cpu else f"{'':>19}"
+        rate_ratio = f"{rate / mm_rate:>6.2f}" if mm_rate else f"{'':>6}"
         loads = "/".join(f"{x.load:.1f}" for x in rs)
-        print(f"{copier:<24}{wall:>8.2f}{cpu:>8.2f}{n / wall:>12,.0f}{ratios}  {loads}")
+        print(f"{copier:<24}{wall:>8.2f}{cpu:>8.2f}{n / wall:>12,.0f}{ratios}{rate:>12,.0f}{rate_ratio}  {loads}")
 
 
 if __name__ == "__main__":

@@ -92,16 +92,24 @@ _read_in_large_chunks(
 )
 
 
+# A response's rest at least this large is read as a view of its frame (see `_read_with_one_copy`).
+VIEW_AT_LEAST = 1_048_576
+
+
 def _read_with_one_copy(frame: type[KafkaBytes]) -> None:
-    """kafka-python 3.0 decodes a field of a response frame (a bytearray) as `bytes(frame[start:end])`: two copies, the
-    first a bytearray as large as the field. A fetch response's records are most of its 16 MB, and the two copies
-    were half of the fetch's CPU. Read through a memoryview instead: one copy, the same bytes."""
+    """kafka-python 3.0 reads a response frame (a bytearray) as `bytes(frame[start:end])`, two copies, the first a
+    bytearray as large as the part read; its decoder then copies each field out. A fetch response's records are
+    most of its 16 MB, and these copies were most of the fetch's CPU. Read through a memoryview instead: one copy,
+    the same bytes; and none for the rest of a large frame, which the decoder only reads fields from (each field
+    still a copy, so nothing refers to the frame once decoded). Small reads stay bytes: a SASL token is read so."""
     if not callable(getattr(frame, "read", None)) or not hasattr(frame(0), "_idx"):
         raise ImportError(f"kafka-python's {frame.__name__} no longer reads from _idx")
 
-    def read(self: Any, nbytes: int | None = None) -> bytes:
+    def read(self: Any, nbytes: int | None = None) -> bytes | memoryview:
         start = self._idx
         end = self._idx = len(self) if nbytes is None else min(start + nbytes, len(self))
+        if nbytes is None and end - start >= VIEW_AT_LEAST:
+            return memoryview(self)[start:end]
         return bytes(memoryview(self)[start:end])
 
     frame.read = read

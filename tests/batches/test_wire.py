@@ -15,6 +15,7 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.batches.copier import BatchCopier, Segment
 from replicator.batches.record_batch import rewrite, split
 from replicator.batches.wire import (
+    VIEW_AT_LEAST,
     KafkaWire,
     Partition,
     Problem,
@@ -69,6 +70,29 @@ def test_broker_errors_come_back_per_partition(apache_kafka: StackEndpoints, uni
             Partition(f"{unique}-none", 0): [Produced(Problem(3, "UNKNOWN_TOPIC_OR_PARTITION", True))],
         }
         assert set(wire.fetch({Partition(f"{unique}-none", 0): 0})) == {Partition(f"{unique}-none", 0)}
+
+
+def test_a_fetch_larger_than_a_view_is_read_with_the_same_bytes_as_small_ones(
+    apache_kafka: StackEndpoints, unique: str
+) -> None:
+    """A response frame of VIEW_AT_LEAST or more is decoded from a view of itself, a smaller one from a copy: both
+    give the partition's batches byte for byte."""
+    bootstrap = apache_kafka.source_bootstrap_servers
+    create_topics(bootstrap, {unique: 1})
+    produce(bootstrap, [{"topic": unique, "key": b"%d" % i, "value": bytes([i % 251]) * 1000} for i in range(3000)])
+    partition = Partition(unique, 0)
+    with KafkaWire({"bootstrap.servers": bootstrap}, fetch_max_bytes=8_000_000) as wire:
+        large = wire.fetch({partition: 0}, partition_max_bytes=8_000_000)[partition].records
+        assert len(large) > VIEW_AT_LEAST
+        small, position = [], 0
+        while position < 3000:
+            batches, _ = split(wire.fetch({partition: position}, partition_max_bytes=100_000)[partition].records)
+            small += [bytes(b.data) for b in batches]
+            position = batches[-1].next_offset
+    batches, end = split(large)
+    assert end == len(large)
+    assert [bytes(b.data) for b in batches] == small
+    assert sum(b.records_count for b in batches) == 3000
 
 
 @pytest.fixture(scope="module")
