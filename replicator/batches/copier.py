@@ -11,7 +11,9 @@ again at the next step.
 
 While a step's batches are produced, the next step's fetch is already on its way (from where the lanes will be once
 every batch is acknowledged): the source and the destination work at once, as a broker's replica fetcher does. A
-fetch from a position that did not come true (a produce failed, a lane stopped or moved) is left unused.
+fetch from a position that did not come true (a produce failed, a lane stopped or moved) is left unused. A fetch that
+waits for records is sent the same way, and a step waits for its answer `step_wait_ms` at most: a fetch may wait at
+its broker longer than the task's loop can (`max_wait_ms`), and the next step waits for the same fetch again.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from replicator.batches.record_batch import (
     AbortedTransaction,
@@ -118,6 +121,14 @@ class Plan:
     hand_back: HandBack | None = None
 
 
+class Sent(NamedTuple):
+    """A fetch on its way: the positions it asked from, its answer, how long it may wait at its broker."""
+
+    positions: dict[Partition, int]
+    answer: Future[dict[Partition, Fetched]]
+    max_wait_ms: int
+
+
 class BatchCopier:
     """Copies lanes (source partitions) from `source` to `destination` as record batches, with one idempotent
     producer id at the destination (InitProducerId at construction unless given)."""
@@ -138,13 +149,14 @@ class BatchCopier:
         # Whether a batch's producer id is one this platform's flows write the source cluster with: such a batch is
         # a copy of another cluster's records, skipped (the cycle guard of the batch path).
         self.ours = ours
-        self.max_wait_ms = max_wait_ms
+        self.max_wait_ms = max_wait_ms  # how long a fetch waits at its broker for records
+        self.step_wait_ms = max_wait_ms + 1_000  # how long a step waits for a fetch's answer to arrive
         self.gathering = False  # the last step copied less than GATHER_BYTES, but something
         self.partition_fetch_bytes = partition_fetch_bytes
         self.lanes: dict[Partition, Lane] = {}
         self.sequences: dict[Partition, int] = {}  # per destination partition, kept while a lane is closed
-        # The next step's fetch, sent while this step's batches are produced, and the positions it asked for.
-        self.ahead: tuple[dict[Partition, int], Future[dict[Partition, Fetched]]] | None = None
+        # The next step's fetch: sent while this step's batches are produced, or waiting for records.
+        self.ahead: Sent | None = None
         self._fetching = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-fetch")
 
     def close(self) -> None:
@@ -164,11 +176,17 @@ class BatchCopier:
         """Copy `source` no more (its destination partition's sequence is kept)."""
         self.lanes.pop(source, None)
 
+    def waiting_ms(self) -> int:
+        """How long the fetch on its way may still wait at its broker (its `max_wait_ms`); 0 when none is."""
+        return 0 if self.ahead is None or self.ahead.answer.done() else self.ahead.max_wait_ms
+
     def step(self) -> Step:
         step = Step()
         if not self.lanes:
             return step
         fetched = self._fetched({p: lane.position for p, lane in self.lanes.items()})
+        if fetched is None:  # the fetch waiting for records has not answered within `step_wait_ms`
+            return step
         plans: dict[Partition, Plan] = {}
         for source, result in fetched.items():
             if result.problem is not None:
@@ -185,19 +203,26 @@ class BatchCopier:
             self._settle(source, plan, produced.get(self.lanes[source].destination, []), step)
         return step
 
-    def _fetched(self, positions: dict[Partition, int]) -> dict[Partition, Fetched]:
-        """The records from `positions`: what the fetch sent ahead brought where it asked from there, the rest
-        fetched now (without waiting for records when the fetch ahead brought some)."""
+    def _fetched(self, positions: dict[Partition, int]) -> dict[Partition, Fetched] | None:
+        """The records from `positions`: what the fetch on its way brought where it asked from there, and the rest
+        fetched now without waiting when that fetch brought records; otherwise a fetch of every lane that waits for
+        records is sent. None while the fetch on its way has not answered within `step_wait_ms`."""
         results: dict[Partition, Fetched] = {}
         if self.ahead is not None:
-            asked, future = self.ahead
-            self.ahead = None
-            results = {p: f for p, f in future.result().items() if p in positions and asked.get(p) == positions[p]}
+            try:
+                answered = self.ahead.answer.result(timeout=self.step_wait_ms / 1000)
+            except TimeoutError:
+                return None
+            asked, self.ahead = self.ahead.positions, None
+            results = {p: f for p, f in answered.items() if p in positions and asked.get(p) == positions[p]}
         rest = {p: offset for p, offset in positions.items() if p not in results}
-        if rest:
-            waits = (0, 1) if any(f.records for f in results.values()) else self._waits()
-            results.update(self._fetch(rest, self._sizes(rest), *waits))
-        return results
+        if not rest:
+            return results
+        if any(f.records for f in results.values()):
+            results.update(self._fetch(rest, self._sizes(rest), 0, 1))
+            return results
+        self._send(positions)
+        return self._fetched(positions)
 
     def _waits(self) -> tuple[int, int]:
         """How long a fetch waits, and for how many bytes."""
@@ -212,11 +237,15 @@ class BatchCopier:
             for p, lane in self.lanes.items()
             if p not in plans or plans[p].hand_back is None
         }
-        if positions:  # (the sizes are read here: the lanes change in this thread only)
-            self.ahead = (
-                positions,
-                self._fetching.submit(self._fetch, positions, self._sizes(positions), *self._waits()),
-            )
+        if positions:
+            self._send(positions)
+
+    def _send(self, positions: dict[Partition, int]) -> None:
+        """A fetch from `positions` on the fetching thread (the sizes are read here: the lanes change in this
+        thread only)."""
+        max_wait_ms, min_bytes = self._waits()
+        answer = self._fetching.submit(self._fetch, positions, self._sizes(positions), max_wait_ms, min_bytes)
+        self.ahead = Sent(positions, answer, max_wait_ms)
 
     def _sizes(self, positions: dict[Partition, int]) -> dict[Partition, int]:
         return {p: self.lanes[p].fetch_bytes for p in positions}

@@ -48,10 +48,13 @@ log = logging.getLogger(__name__)
 TAKE_READY_S = 1.0  # how often the record path's partitions are looked at for lanes
 GIVEN_BACK_S = 10.0  # a partition given back for a problem stays on the record path at least this long
 MAX_WAIT_MS = 100  # a fetch with nothing to copy is answered after this long: the loop's other duties wait no more
-# ... while the record path holds partitions too; with every partition on a lane, as long as a Java consumer's fetch
-# waits by default. Kafka 1.0 has no fetch sessions: each fetch names every lane's partition, and at 100 ms an idle
-# task of 5,000 partitions spent 29 % of a core and its source broker 35 % on fetches that found nothing.
-LANES_ALONE_WAIT_MS = 500
+# ... while the record path holds partitions too. With every partition on a lane, a fetch waits this long at its
+# broker (answered at its first record, as a consumer's is), and a step waits for its answer LANES_ALONE_STEP_MS
+# at most, then lets the loop turn and waits for the same fetch again. Kafka 1.0 has no fetch sessions: each fetch
+# names every lane's partition, and an idle task of 5,000 partitions spent 29 % of a core on fetches that found
+# nothing at 100 ms, and 10 % at 500 ms.
+LANES_ALONE_WAIT_MS = 5_000
+LANES_ALONE_STEP_MS = 500
 FETCH_MAX_BYTES = 16 * 1024 * 1024
 # The destination no longer accepts the producer's identity or sequence: a new producer id, every lane again.
 PRODUCER_LOST = {45, 47, 59}  # OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER_ID
@@ -185,8 +188,8 @@ class BatchLanes:
     # -- the loop's turn ---------------------------------------------------------------------------------------
 
     def step(self, now: float) -> bool:
-        """Move partitions between the paths as needed, then copy every lane's batches once. Whether a fetch was
-        made (one with nothing to copy waits MAX_WAIT_MS, or LANES_ALONE_WAIT_MS)."""
+        """Move partitions between the paths as needed, then copy every lane's batches once. Whether the lanes
+        fetched (a step waits for a fetch's answer MAX_WAIT_MS at most, or LANES_ALONE_STEP_MS)."""
         if self.book.removals != self.removals:  # released, dropped, or made again: their lanes end
             self.removals = self.book.removals
             for tp in [tp for tp, state in self.lanes.items() if self.book.states.get(tp) is not state]:
@@ -196,8 +199,11 @@ class BatchLanes:
             self._give_back(self.lanes[tp], PAUSED, "paused")
         # Read before partitions move: the step that takes the record path's last ones still waits MAX_WAIT_MS, so
         # the loop's first duties after a move (a start's first commit among them) come as soon as they did before.
-        self.copier.max_wait_ms = MAX_WAIT_MS if self.reader.holds_partitions() else LANES_ALONE_WAIT_MS
-        if now - self.taken_at >= TAKE_READY_S:
+        alone = not self.reader.holds_partitions()
+        self.copier.max_wait_ms = LANES_ALONE_WAIT_MS if alone else MAX_WAIT_MS
+        self.copier.step_wait_ms = LANES_ALONE_STEP_MS if alone else MAX_WAIT_MS
+        # Not while a fetch waits longer: a new lane joins the next fetch, and its records would wait for that one.
+        if now - self.taken_at >= TAKE_READY_S and self.copier.waiting_ms() <= MAX_WAIT_MS:
             self.taken_at = now
             self.take_ready(now)
         if not self.lanes:

@@ -8,6 +8,7 @@ boundaries)."""
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -193,6 +194,23 @@ def test_a_batch_sent_again_with_its_sequence_is_not_copied_twice(
 
     produce(source, [{"topic": unique, "value": b"%d" % i} for i in range(300, 400)])
     assert segments(copy_all(first, 100), Partition(unique, 0)) == [Segment(300, 300, 100)]
+
+
+def test_a_fetch_waiting_long_at_its_broker_holds_no_step_and_brings_the_first_record_at_once(
+    apache_kafka: StackEndpoints, wires: tuple[KafkaWire, KafkaWire], unique: str
+) -> None:
+    create_topics(apache_kafka.source_bootstrap_servers, {unique: 1})
+    create_topics(apache_kafka.destination_bootstrap_servers, {unique: 1})
+    copier = BatchCopier(*wires, max_wait_ms=30_000)
+    copier.step_wait_ms = 100
+    copier.start(Partition(unique, 0), 0, unique, LIMIT)
+    started = time.monotonic()
+    assert copier.step() == Step()  # nothing to copy yet: the step ends while its fetch still waits at the broker
+    assert copier.waiting_ms() == 30_000
+    assert time.monotonic() - started < 10, "a step waited for the broker's 30 s"
+    produce(apache_kafka.source_bootstrap_servers, [{"topic": unique, "value": b"v"}])
+    # The same fetch is answered at the record, long before its 30 s: a later step copies it.
+    assert segments(copy_all(copier, 1, timeout=10), Partition(unique, 0)) == [Segment(0, 0, 1)]
 
 
 def test_a_fetch_sent_ahead_of_a_failed_produce_is_not_used(
