@@ -96,6 +96,7 @@ class Step:
     handed_back: dict[Partition, HandBack] = field(default_factory=dict)
     problems: dict[Partition, Problem] = field(default_factory=dict)
     high_watermarks: dict[Partition, int] = field(default_factory=dict)  # as each fetch answered
+    positions: dict[Partition, int] = field(default_factory=dict)  # of the lanes that copied or skipped batches
     bytes_copied: dict[Partition, int] = field(default_factory=dict)
     # Per partition, each acknowledged batch's timestamp (LogAppendTime's, else its first record's) and records.
     timestamps: dict[Partition, list[tuple[int, int]]] = field(default_factory=dict)
@@ -154,6 +155,7 @@ class BatchCopier:
         self.gathering = False  # the last step copied less than GATHER_BYTES, but something
         self.partition_fetch_bytes = partition_fetch_bytes
         self.lanes: dict[Partition, Lane] = {}
+        self.writers: dict[Partition, Partition] = {}  # the source partition each lane's destination partition copies
         self.sequences: dict[Partition, int] = {}  # per destination partition, kept while a lane is closed
         # The next step's fetch: sent while this step's batches are produced, or waiting for records.
         self.ahead: Sent | None = None
@@ -167,14 +169,17 @@ class BatchCopier:
     def start(self, source: Partition, offset: int, destination_topic: str, max_message_bytes: int) -> None:
         """Copy `source` from `offset` on to the partition of the same number of `destination_topic`."""
         destination = Partition(destination_topic, source.partition)
-        if any(lane.destination == destination for p, lane in self.lanes.items() if p != source):
+        if self.writers.get(destination, source) != source:
             raise ValueError(f"{destination} is already the destination of another partition")
+        self.stop(source)
         self.lanes[source] = Lane(destination, max_message_bytes, offset, self.partition_fetch_bytes)
+        self.writers[destination] = source
         self.sequences.setdefault(destination, 0)
 
     def stop(self, source: Partition) -> None:
         """Copy `source` no more (its destination partition's sequence is kept)."""
-        self.lanes.pop(source, None)
+        if (lane := self.lanes.pop(source, None)) is not None:
+            del self.writers[lane.destination]
 
     def waiting_ms(self) -> int:
         """How long the fetch on its way may still wait at its broker (its `max_wait_ms`); 0 when none is."""
@@ -193,7 +198,8 @@ class BatchCopier:
                 self._failed(source, result.problem, step)
             else:
                 step.high_watermarks[source] = result.high_watermark
-                plans[source] = self._plan(self.lanes[source], result.records, result.aborted)
+                if result.records:  # (most lanes of a step over thousands of partitions have none)
+                    plans[source] = self._plan(self.lanes[source], result.records, result.aborted)
         batches = {self.lanes[p].destination: plan.rewritten for p, plan in plans.items() if plan.rewritten}
         self.gathering = 0 < sum(len(b) for rewritten in batches.values() for b in rewritten) < GATHER_BYTES
         if batches:
@@ -298,13 +304,13 @@ class BatchCopier:
         else:
             if plan.hand_back is not None:
                 step.handed_back[source] = plan.hand_back
-                del self.lanes[source]
+                self.stop(source)
             else:
-                lane.position = plan.end
+                lane.position = step.positions[source] = plan.end
         if segments:
             step.segments[source] = merged(segments)
 
     def _failed(self, source: Partition, problem: Problem, step: Step) -> None:
         step.problems[source] = problem
         if not problem.retriable:
-            del self.lanes[source]
+            self.stop(source)

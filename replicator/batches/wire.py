@@ -348,9 +348,11 @@ class KafkaWire:
             for topic in response.responses:
                 for data in topic.partitions:
                     partition = Partition(topic.topic, data.partition_index)
-                    problem = self._noted(Problem.of_code(data.error_code))
-                    aborted = tuple(
-                        AbortedTransaction(a.producer_id, a.first_offset) for a in data.aborted_transactions or ()
+                    problem = self._noted(Problem.of_code(data.error_code)) if data.error_code else None
+                    aborted = (
+                        tuple(AbortedTransaction(a.producer_id, a.first_offset) for a in data.aborted_transactions)
+                        if data.aborted_transactions
+                        else ()
                     )
                     results[partition] = Fetched(
                         problem, bytes(data.records or b""), aborted, data.high_watermark, data.last_stable_offset

@@ -261,14 +261,14 @@ class BatchLanes:
             # A batch's records are not decoded: each counts at its batch's timestamp (`RecordBatch.timestamp`).
             for timestamp, records in step.timestamps.get(source, ()):
                 counters.add_batch_latency(acknowledged_ms, timestamp, records)
-        for source, lane in self.copier.lanes.items():  # past control batches and aborted transactions too
+        for source, position in step.positions.items():  # past control batches and aborted transactions too
             state = self.lanes[(source.topic, source.partition)]
-            if state.next_offset is None or lane.position > state.next_offset:
-                state.copied_as_batches(lane.position, None)
+            if state.next_offset is None or position > state.next_offset:
+                state.copied_as_batches(position, None)
         if step.segments:
             self.book.touched += 1
-        for source, watermark in step.high_watermarks.items():
-            self.high_watermarks[(source.topic, source.partition)] = watermark
+        # (A `Partition` is the tuple of its topic and number.)
+        self.high_watermarks.update(step.high_watermarks.items())
         for source, hand_back in step.handed_back.items():
             tp = (source.topic, source.partition)
             self.records_until[tp] = hand_back.batch.next_offset
