@@ -359,7 +359,8 @@ def timed_copy(
         end = time.perf_counter()
         wall = end - start
         (seen_at, seen), *_ = first
-        copy_rate = (records - seen) / (end - seen_at) if end > seen_at else float("nan")
+        # (Undefined when every record was there at the first look.)
+        copy_rate = (records - seen) / (end - seen_at) if seen < records else float("nan")
     finally:
         for p in procs:
             if p.poll() is None:
