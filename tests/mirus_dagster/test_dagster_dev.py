@@ -146,6 +146,12 @@ def live_runs_by_task(dev: DagsterDev, connector: str) -> dict[int, list[RunInfo
     return runs
 
 
+def ended_runs(dev: DagsterDev, connector: str) -> list[tuple[str, str, list[str]]]:
+    """Each ended replicator run of `connector`: its status, the sensor that started it and its last messages."""
+    ended = [r for r in dev.runs({TAG_CONNECTOR: connector}, job_name=REPLICATOR_JOB) if r.status not in LIVE]
+    return [(r.status, r.tags.get(TAG_SENSOR, ""), dev.run_messages(r.run_id)[-5:]) for r in ended]
+
+
 def owner_and_standby(platform: Platform, task: int) -> tuple[RunInfo, RunInfo]:
     """The run owning `task` (its lease names the run) and the run standing by, once both are started."""
 
@@ -267,7 +273,8 @@ def test_the_monitor_starts_an_owner_and_a_standby_per_task_and_records_are_repl
         "two runs for each of tasks 0 and 1",
     )
     for run in (r for runs in started.values() for r in runs):
-        assert run.tags[TAG_SENSOR] == RUN_STARTER_SENSOR and run.tags[TAG_KIND] == KIND_REPLICATOR, run.tags
+        assert run.tags[TAG_SENSOR] == RUN_STARTER_SENSOR, f"{run.tags.get(TAG_REASON)}; {ended_runs(dev, name)}"
+        assert run.tags[TAG_KIND] == KIND_REPLICATOR, run.tags
         assert K8S_CONFIG_TAG not in run.tags, "a Kubernetes tag on a run no Kubernetes launcher starts"
     (watcher,) = dev.wait_for_runs(job_name=WATCHER_JOB, statuses={"STARTED"}, timeout=60)
     assert watcher.tags[TAG_SENSOR] == RUN_STARTER_SENSOR
