@@ -287,7 +287,11 @@ class BatchCopier:
         """Acknowledged batches become segments and move the lane and its sequence on; the first failed one stops
         the lane there (the batches after it were refused or never sent)."""
         lane = self.lanes[source]
-        segments = []
+        segments: list[Segment] = []
+        # The run of contiguous copies being gathered into one segment (a busy lane brings a batch a record).
+        run_source = run_destination = run_count = 0
+        records = size = 0
+        timestamps = []
         for i, batch in enumerate(plan.batches):
             result = produced[i] if i < len(produced) else Produced(Problem(UNKNOWN, "not sent", True))
             if result.problem is not None and result.problem.code != DUPLICATE_SEQUENCE_NUMBER:
@@ -295,20 +299,35 @@ class BatchCopier:
                 self._failed(source, result.problem, step)
                 break
             written_at = result.base_offset if result.problem is None else UNKNOWN_OFFSET
-            segments.append(Segment(batch.base_offset, written_at, batch.records_count))
-            self.sequences[lane.destination] = next_sequence(self.sequences[lane.destination], batch.records_count)
-            step.records += batch.records_count
-            step.bytes += batch.size
-            step.bytes_copied[source] = step.bytes_copied.get(source, 0) + batch.size
-            step.timestamps.setdefault(source, []).append((batch.timestamp, batch.records_count))
+            count = batch.records_count
+            if (
+                run_count
+                and UNKNOWN_OFFSET not in (written_at, run_destination)
+                and batch.base_offset == run_source + run_count
+                and written_at == run_destination + run_count
+            ):
+                run_count += count
+            else:
+                if run_count:
+                    segments.append(Segment(run_source, run_destination, run_count))
+                run_source, run_destination, run_count = batch.base_offset, written_at, count
+            records += count
+            size += len(batch.data)
+            timestamps.append((batch.timestamp, count))
         else:
             if plan.hand_back is not None:
                 step.handed_back[source] = plan.hand_back
                 self.stop(source)
             else:
                 lane.position = step.positions[source] = plan.end
-        if segments:
-            step.segments[source] = merged(segments)
+        if run_count:
+            segments.append(Segment(run_source, run_destination, run_count))
+            self.sequences[lane.destination] = next_sequence(self.sequences[lane.destination], records)
+            step.segments[source] = segments
+            step.records += records
+            step.bytes += size
+            step.bytes_copied[source] = size
+            step.timestamps[source] = timestamps
 
     def _failed(self, source: Partition, problem: Problem, step: Step) -> None:
         step.problems[source] = problem

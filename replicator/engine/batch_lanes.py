@@ -259,8 +259,7 @@ class BatchLanes:
             counters = self.metrics.counters_for(source.topic)
             counters.add_batches(sum(s.count for s in segments), step.bytes_copied.get(source, 0))
             # A batch's records are not decoded: each counts at its batch's timestamp (`RecordBatch.timestamp`).
-            for timestamp, records in step.timestamps.get(source, ()):
-                counters.add_batch_latency(acknowledged_ms, timestamp, records)
+            counters.add_batch_latencies(acknowledged_ms, step.timestamps.get(source, ()))
         for source, position in step.positions.items():  # past control batches and aborted transactions too
             state = self.lanes[(source.topic, source.partition)]
             if state.next_offset is None or position > state.next_offset:

@@ -17,6 +17,7 @@ lives: reports estimate percentiles by interpolating inside a bucket, so a bucke
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from replicator.assignment import SourcePartition
@@ -95,14 +96,20 @@ class TopicCounters:
                 return
         buckets[-1] += n - counted
 
-    def add_batch_latency(self, acknowledged_ms: int, timestamp: int, records: int) -> None:
-        """Fold `records` records of a batch acknowledged at `acknowledged_ms`, each counted at the batch's
-        `timestamp` (its records are not decoded: `replicator.engine.batch_lanes` says which timestamp)."""
-        latency = max(acknowledged_ms - timestamp, 0)
-        self._widen(latency, latency)
-        self.latency_sum += latency * records
-        self.latency_count += records
-        self.buckets[bisect_left(LATENCY_BUCKETS_MS, latency)] += records
+    def add_batch_latencies(self, acknowledged_ms: int, batches: Iterable[tuple[int, int]]) -> None:
+        """Fold the records of batches acknowledged at `acknowledged_ms`, given as (timestamp, records): each record
+        counted at its batch's timestamp (its records are not decoded: `replicator.engine.batch_lanes` says which
+        timestamp)."""
+        buckets, low, high = self.buckets, None, None
+        for timestamp, records in batches:
+            latency = max(acknowledged_ms - timestamp, 0)
+            low = latency if low is None else min(low, latency)
+            high = latency if high is None else max(high, latency)
+            self.latency_sum += latency * records
+            self.latency_count += records
+            buckets[bisect_left(LATENCY_BUCKETS_MS, latency)] += records
+        if low is not None and high is not None:
+            self._widen(low, high)
 
     def _widen(self, low: int, high: int) -> None:
         self.latency_min = low if self.latency_min is None else min(self.latency_min, low)

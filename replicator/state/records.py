@@ -168,15 +168,6 @@ class CopySegment:
     destination_start: int
     count: int
 
-    def continued_by(self, other: CopySegment) -> bool:
-        """Whether `other` starts where this one ends, at the source and the destination alike."""
-        return (
-            (other.topic, other.partition, other.destination_topic, other.destination_partition)
-            == (self.topic, self.partition, self.destination_topic, self.destination_partition)
-            and other.source_start == self.source_start + self.count
-            and other.destination_start == self.destination_start + self.count
-        )
-
 
 @dataclass(frozen=True)
 class TaskStatus:

@@ -107,19 +107,24 @@ def write_segments(s: Session, connector: str, segments: Iterable[CopySegment]) 
     """Store `segments` in the caller's transaction (which checked the lease first), in two statements: contiguous
     ones merged, and the first of each source and destination partition extending the newest stored one it
     continues. Empty segments, and ones whose copies' offsets the broker did not say (negative), are left out."""
-    runs: dict[tuple[str, int, str, int], list[CopySegment]] = {}
+    # Per source and destination partition, its runs: each a first segment and the count of the run it starts (a
+    # busy lane brings a segment per batch: one made per run, not per batch).
+    runs: dict[tuple[str, int, str, int], list[tuple[CopySegment, int]]] = {}
     for segment in segments:
         if segment.count <= 0 or segment.destination_start < 0:
             continue
         key = (segment.topic, segment.partition, segment.destination_topic, segment.destination_partition)
         run = runs.setdefault(key, [])
-        if run and run[-1].continued_by(segment):
-            run[-1] = replace(run[-1], count=run[-1].count + segment.count)
+        if run and (
+            segment.source_start == run[-1][0].source_start + run[-1][1]
+            and segment.destination_start == run[-1][0].destination_start + run[-1][1]
+        ):
+            run[-1] = (run[-1][0], run[-1][1] + segment.count)
         else:
-            run.append(segment)
+            run.append((segment, segment.count))
     if not runs:
         return
-    ordered = [runs[key] for key in sorted(runs)]
+    ordered = [[g if g.count == n else replace(g, count=n) for g, n in runs[key]] for key in sorted(runs)]
     extended = {tuple(row) for row in s.execute(_EXTEND, {"connector": connector, **_columns([r[0] for r in ordered])})}
     rest = [
         g
