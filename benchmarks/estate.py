@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -287,6 +288,19 @@ def takeover(code: str | None, url: str, topic: str, partition: int, owner: psut
     return took
 
 
+def on_lanes(log: Path, partitions: int, timeout_s: float = 180.0) -> None:
+    """Wait until the task's log says `partitions` partitions moved to the batch path: a restarted task starts every
+    partition on the record path, and a load started sooner measures the record path and the move."""
+    deadline = time.monotonic() + timeout_s
+    while (
+        sum(int(n) for n in re.findall(r"copy\.mode=batches: (\d+) partition\(s\) copied as batches", log.read_text()))
+        < partitions
+    ):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not every partition on the batch path after {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
 def stored_offsets(engine: Engine, connector: str) -> tuple[int, int]:
     """Partitions with a stored offset, and the sum of those offsets, whichever layout the code under test uses."""
     with engine.connect() as conn:
@@ -363,6 +377,8 @@ def measure_code(
     with task_process(code, url, "wide") as task:
         while not caught_up(engine, "wide", total, end):
             time.sleep(0.2)
+        if args.copy_mode == "batches":
+            on_lanes(task_log("wide", "owner"), total)
         loader = start_load(wide, partitions, args.rate, WARMUP_S + WINDOW_S + 2)
         time.sleep(WARMUP_S)
         flowing = measure(task, engine)
