@@ -18,7 +18,13 @@ def faults() -> None:
 
 
 @faults.command("run")
-@click.option("--duration", type=click.FloatRange(min=5), default=60.0, show_default=True, help="Seconds of load.")
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=5),
+    default=60.0,
+    show_default=True,
+    help="Seconds of load, at least: the first round of faults always ends.",
+)
 @click.option("--rate", type=click.IntRange(min=1), default=500, show_default=True, help="Records per second.")
 @click.option("--partitions", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--tasks", type=click.IntRange(min=1), default=2, show_default=True, help="Task processes.")

@@ -14,7 +14,7 @@ KAFKA_ONLY: frozenset[str] = frozenset({"broker", "refuse"})
 
 @dataclass(frozen=True)
 class FaultPlan:
-    duration_s: float = 60.0  # how long load and faults run
+    duration_s: float = 60.0  # how long load and faults run, at least: the first round of faults always ends
     rate: int = 500  # records per second into the source topic
     partitions: int = 4
     tasks: int = 2
