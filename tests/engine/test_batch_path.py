@@ -283,9 +283,10 @@ def _copied_as_batches_then_stopped(
 
 
 @contextmanager
-def _killed_when_done(apache_kafka: StackEndpoints, connector: str, tmp_path: Path) -> Iterator[Path]:
-    """The connector's task run as `mirus task run` in a process of its own, its partitions on the batch path, and
-    killed -9 when the block ends; yields its log."""
+def _killed_when_done(apache_kafka: StackEndpoints, store: Store, connector: str, tmp_path: Path) -> Iterator[Path]:
+    """The connector's task run as `mirus task run` in a process of its own, its partitions on the batch path and
+    its start's commit made (the loop's first, which stores the offsets copied by then: the block's records must
+    come after it), and killed -9 when the block ends; yields its log."""
     env = {**os.environ, "MIRUS_DATABASE_URL": apache_kafka.database_url}
     argv = [sys.executable, "-c", "from mirus.cli.main import main; main()", "task", "run", connector, "0"]
     log = tmp_path / "killed.log"
@@ -293,10 +294,20 @@ def _killed_when_done(apache_kafka: StackEndpoints, connector: str, tmp_path: Pa
         killed = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_until(lambda: "copied as batches" in log.read_text(), what="the killed run's batch path")
+            wait_until(lambda: _heartbeat_after_claim(store, connector), what="the killed run's first commit")
             yield log
         finally:
             killed.send_signal(signal.SIGKILL)
             killed.wait(10)
+
+
+def _heartbeat_after_claim(store: Store, connector: str) -> bool:
+    lease = store.lease_of(connector, 0)
+    return (
+        lease is not None
+        and None not in (lease.claimed_at, lease.heartbeat_at)
+        and lease.heartbeat_at > lease.claimed_at
+    )
 
 
 @pytest.mark.parametrize("skipping", [False, True], ids=["re-sent-and-counted", "resumed-after-the-copies"])
@@ -310,7 +321,7 @@ def test_a_kill_after_batches_were_copied_re_sends_them_counted_or_resumes_after
     create_topics(destination, {unique: 2})
     records = _source_records(unique, 2, 600, 100)
     _copied_as_batches_then_stopped(apache_kafka, store, unique, 2, records[:200], skipping)
-    with _killed_when_done(apache_kafka, unique, tmp_path):
+    with _killed_when_done(apache_kafka, store, unique, tmp_path):
         produce(source, records[200:500], **{"linger.ms": 20})
         consume_all(destination, unique, 2, expected=500)
     assert store.load_offsets(unique) == {(unique, 0): 100, (unique, 1): 100}, "the killed run committed nothing"
@@ -351,7 +362,7 @@ def test_a_kill_after_copies_of_both_paths_in_turn_resumes_after_the_last_of_the
     small = _source_records(unique, 1, 80, 100)
     big = [{**r, "value": b"b" * 1000} for r in _source_records(unique, 1, 100, 1000)]
     _copied_as_batches_then_stopped(apache_kafka, store, unique, 1, small[:20], skipping=True)
-    with _killed_when_done(apache_kafka, unique, tmp_path) as log:
+    with _killed_when_done(apache_kafka, store, unique, tmp_path) as log:
         produce(source, small[20:40], **{"linger.ms": 20})
         consume_all(destination, unique, 1, expected=40)
         produce(source, big, **{"linger.ms": 200, "batch.size": 1_000_000})  # one batch of ~100 KB: too large
