@@ -35,7 +35,7 @@ import pytest
 from sqlalchemy import Engine
 from xdist.scheduler import LoadScopeScheduling
 
-from mirus.faults.brokers import KafkaKit
+from mirus.faults.brokers import JVM_OPTIONS_ENV, KafkaKit
 from mirus.local.stack import LocalStack, free_port
 from mirus_dagster.constants import ENV_REPLICATOR_WORKERS
 from mirus_dagster.dagster_resources import PlatformDatabase, SupervisorPolicy
@@ -66,6 +66,10 @@ os.environ[ENV_ALLOWED_ENV] = r"MIRUS_SECRET_.*|MIRUS_TEST_.*|KAFKA_.*|TEST_.*|E
 # default shape, worker runs, is what `mirus dev` runs as the README writes it (tests/local/test_first_hour.py, which
 # starts it without any MIRUS_ variable) and what tests/engine/test_workers.py and the container tests run.
 os.environ[ENV_REPLICATOR_WORKERS] = "0"
+# The kit's brokers here serve thousands of records for minutes, on 2 cores shared with everything else: C1 alone and
+# the serial collector took tests/engine/test_batch_path.py from 58 and 54 CPU-s to 41 and 40 (11-30), in the same
+# wall time. The fault runs the suite starts inherit it.
+os.environ[JVM_OPTIONS_ENV] = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 # A shell that starts the suite in the background starts it with SIGINT ignored, and every in-process Dagster run on
 # the main thread copies SIGINT's handler to SIGTERM when it ends (`dagster._utils.interrupts.capture_interrupts`):
 # every process the suite started after that ignored SIGTERM, Dagster's own compute-log tailers among them, whose

@@ -24,6 +24,9 @@ from mirus.faults.kit_security import KitSecurity
 from mirus.local.stack import _kafka_ready, _terminate, _wait_until_ready, free_port
 
 KAFKA_HOME_ENV = "MIRUS_KAFKA_HOME"
+# More JVM options for the kit's ZooKeeper and brokers, space-separated. The test suite sets C1 alone and the serial
+# collector (tests/conftest.py); benchmarks and `mirus faults run` keep the JVM's defaults unless it is set.
+JVM_OPTIONS_ENV = "MIRUS_KIT_JVM_OPTIONS"
 # Where an Apache Kafka distribution is looked for when MIRUS_KAFKA_HOME is not set, first match wins: the kit beside
 # the project's checkout (what CI has) or beside a folder above it, then the kit's own rebuild directory.
 _CHECKOUT = Path(__file__).resolve().parents[2]
@@ -121,6 +124,7 @@ class KafkaKit:
             "-Xmx512m",
             "-Xms128m",
             "-Djava.awt.headless=true",
+            *os.environ.get(JVM_OPTIONS_ENV, "").split(),
             f"-Dlog4j.configuration=file:{self.home / 'config' / 'log4j.properties'}",
             f"-Dkafka.logs.dir={self.work_dir / 'logs'}",
             *options,
