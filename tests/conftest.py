@@ -22,6 +22,7 @@ a module runs whole on one worker (`ModuleScheduling`).
 
 from __future__ import annotations
 
+import compileall
 import os
 import re
 import signal
@@ -107,8 +108,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """The images' build started early (tests/fixtures/early_build.py), by the process that starts the workers."""
     global _early_build
     config = session.config
-    if not hasattr(config, "workerinput") and not config.option.collectonly and runs_container_tests(config):
+    if hasattr(config, "workerinput") or config.option.collectonly:
+        return
+    _compile_project()
+    if runs_container_tests(config):
         _early_build = EarlyImageBuild()
+
+
+def _compile_project() -> None:
+    """The suite starts hundreds of processes that import this project (tasks, workers, Dagster's code servers and
+    runs). An editable install ships no bytecode of its own, and where PYTHONDONTWRITEBYTECODE is set (this machine's
+    images set it) every one of them compiled the modules it imports again: a task's start 1.26 → 1.16 s of CPU
+    (11-30, 15 alternating starts). Compiled once here, they are read by all."""
+    root = Path(__file__).resolve().parents[1]
+    for package in ("replicator", "mirus", "mirus_dagster", "reports", "assets", "sensors"):
+        compileall.compile_dir(root / package, quiet=1)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
