@@ -5,8 +5,9 @@ certificate (SAN `IP:127.0.0.1`, `DNS:localhost`, so that librdkafka's host-name
 of the `replicator` user for mutual TLS, and SCRAM-SHA-256/512 users with random passwords: `admin` (the brokers'
 super user, which they also log in as) and `replicator` (no ACLs until a test grants some).
 
-Certificates are made with Java's keytool, which every machine that runs the kit has (openssl is not on every
-clean machine); the stores are PKCS12, which both Kafka and librdkafka read. SCRAM credentials are computed here as
+Certificates are made with the `cryptography` package, in the process (a keytool run is a JVM start: the 26 that
+one secured kit took cost 40 s of CPU in the suite); the stores are PKCS12, which both Kafka and librdkafka read,
+and the truststore holds the CA as Java's trusted-certificate entry. SCRAM credentials are computed here as
 Kafka's ScramFormatter does and written into ZooKeeper before the brokers start, where `kafka-configs.sh` would put
 them.
 """
@@ -16,23 +17,25 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import json
 import secrets
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.serialization import pkcs12
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 SCRAM_MECHANISMS = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 SCRAM_ITERATIONS = 4096  # Kafka's minimum
 USERS = ("admin", "replicator")
 SUPER_USER = "admin"
-VALIDITY_DAYS = "30"
+VALIDITY_DAYS = 30
 BROKER_NAMES = "ip:127.0.0.1,dns:localhost"  # the broker certificate's subject alternative names
-
-
-class CertificateError(RuntimeError):
-    """keytool failed; the message holds its output."""
 
 
 def scram_credential(password: str, mechanism: str) -> str:
@@ -137,54 +140,74 @@ class KitSecurity:
 
     # -- certificates --
 
-    def _keytool(self, *args: str) -> None:
-        try:
-            done = subprocess.run(
-                ["keytool", *args], cwd=self.directory, capture_output=True, text=True, stdin=subprocess.DEVNULL
-            )
-        except FileNotFoundError:
-            raise CertificateError("keytool not found: install a Java runtime (it ships keytool)") from None
-        if done.returncode != 0:
-            raise CertificateError(f"keytool {' '.join(args[:2])} failed:\n{done.stdout}{done.stderr}")
-
-    def _store(self, name: str) -> tuple[str, ...]:
-        return ("-keystore", name, "-storetype", "PKCS12", "-storepass", self.store_password)
-
-    def _keypair(self, alias: str, subject: str, *extra: str) -> None:
-        self._keytool(
-            "-genkeypair", "-alias", alias, "-keyalg", "RSA", "-keysize", "2048", "-dname", subject,
-            "-validity", VALIDITY_DAYS, *extra, *self._store(f"{alias}.p12"),
-        )  # fmt: skip
-
-    def _signed(self, alias: str, extensions: tuple[str, ...]) -> None:
-        """`alias`'s key pair certified by the CA, with the CA's certificate as its chain."""
-        self._keytool("-certreq", "-alias", alias, "-file", f"{alias}.csr", *self._store(f"{alias}.p12"))
-        self._keytool(
-            "-gencert", "-alias", "ca", "-infile", f"{alias}.csr", "-outfile", f"{alias}.pem", "-rfc",
-            "-validity", VALIDITY_DAYS, *extensions, *self._store("ca.p12"),
-        )  # fmt: skip
-        self._keytool("-importcert", "-noprompt", "-alias", "ca", "-file", "ca.pem", *self._store(f"{alias}.p12"))
-        self._keytool("-importcert", "-alias", alias, "-file", f"{alias}.pem", *self._store(f"{alias}.p12"))
-
     def _make_certificates(self) -> None:
-        # Each keytool run is a JVM start (1-2 s on a busy machine): independent steps run side by side.
-        with ThreadPoolExecutor(3) as pool:
-            keypairs = [
-                pool.submit(self._keypair, "ca", "CN=mirus kit test CA", "-ext", "bc:c"),
-                pool.submit(self._keypair, "broker", "CN=localhost"),
-                pool.submit(self._keypair, "replicator", "CN=replicator"),
-            ]
-            for future in keypairs:
-                future.result()
-        self._keytool("-exportcert", "-rfc", "-alias", "ca", "-file", "ca.pem", *self._store("ca.p12"))
-        with ThreadPoolExecutor(3) as pool:
-            signed = [
-                pool.submit(self._signed, "broker", ("-ext", f"SAN={BROKER_NAMES}", "-ext", "EKU=serverAuth")),
-                pool.submit(self._signed, "replicator", ("-ext", "EKU=clientAuth")),
-                pool.submit(
-                    self._keytool, "-importcert", "-noprompt", "-alias", "ca", "-file", "ca.pem",
-                    *self._store("truststore.p12"),
-                ),
-            ]  # fmt: skip
-            for future in signed:
-                future.result()
+        """A CA, the broker's certificate and the `replicator` user's, each key stored with its chain."""
+        password = serialization.BestAvailableEncryption(self.store_password.encode())
+        ca_key = _key()
+        ca_name = _name("mirus kit test CA")
+        ca = (
+            _builder(ca_name, ca_name, ca_key.public_key(), ca_key.public_key())
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(_key_usage(key_cert_sign=True, crl_sign=True), critical=True)
+            .sign(ca_key, hashes.SHA256())
+        )
+        names = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+        holders = {
+            "broker": ("localhost", ExtendedKeyUsageOID.SERVER_AUTH, x509.SubjectAlternativeName(names)),
+            "replicator": ("replicator", ExtendedKeyUsageOID.CLIENT_AUTH, None),
+        }
+        for alias, (common_name, usage, alternative_names) in holders.items():
+            key = _key()
+            builder = (
+                _builder(_name(common_name), ca_name, key.public_key(), ca_key.public_key())
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(_key_usage(digital_signature=True, key_encipherment=True), critical=True)
+                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            )
+            if alternative_names is not None:
+                builder = builder.add_extension(alternative_names, critical=False)
+            certificate = builder.sign(ca_key, hashes.SHA256())
+            store = pkcs12.serialize_key_and_certificates(alias.encode(), key, certificate, [ca], password)
+            (self.directory / f"{alias}.p12").write_bytes(store)
+        self.ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+        self.truststore.write_bytes(pkcs12.serialize_java_truststore([pkcs12.PKCS12Certificate(ca, b"ca")], password))
+
+
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: rsa.RSAPublicKey, issuer_key: rsa.RSAPublicKey
+) -> x509.CertificateBuilder:
+    now = datetime.now(UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))  # clocks a little apart
+        .not_valid_after(now + timedelta(days=VALIDITY_DAYS))
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key), critical=False)
+    )
+
+
+def _key_usage(**granted: bool) -> x509.KeyUsage:
+    usages = [
+        "digital_signature",
+        "content_commitment",
+        "key_encipherment",
+        "data_encipherment",
+        "key_agreement",
+        "key_cert_sign",
+        "crl_sign",
+        "encipher_only",
+        "decipher_only",
+    ]
+    return x509.KeyUsage(**{usage: granted.get(usage, False) for usage in usages})
