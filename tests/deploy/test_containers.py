@@ -17,6 +17,7 @@ takes the deployment down and checks that no container, volume or process is lef
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from datetime import UTC, datetime
@@ -40,6 +41,7 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.state.records import LeaseRow
 from replicator.state.store import Store
 from tests.fixtures.compose_platform import (
+    REPORT_JVM_OPTIONS,
     RUN_LABEL,
     ComposePlatform,
     Container,
@@ -213,7 +215,8 @@ def test_a_connector_deleted_over_rest_ends_its_runs_and_their_containers(platfo
 
 def test_a_report_run_starts_from_the_spark_image_and_succeeds(platform: ComposePlatform) -> None:
     """Report runs keep the code location's image (the Spark one: Java and pyspark), with every run's limits (a
-    Spark driver beside Python), and compute the reports over what the replicators recorded."""
+    Spark driver beside Python) and the deployment's SPARK_SUBMIT_OPTS, and compute the reports over what the
+    replicators recorded."""
     partition = hour_key(datetime.now(UTC))
     run_id = platform.launch(REPORTS_JOB, {"dagster/partition": partition})
 
@@ -226,6 +229,9 @@ def test_a_report_run_starts_from_the_spark_image_and_succeeds(platform: Compose
     [container] = platform.run_containers_of([run_id])
     assert container.image == platform.spark_image and container.labels[TAG_KIND] == KIND_REPORT
     assert container.memory_limit == 2 * 2**30
+    assert f"SPARK_SUBMIT_OPTS={REPORT_JVM_OPTIONS}" in json.loads(
+        docker("inspect", "--format", "{{json .Config.Env}}", container.id)
+    )
     assert run["status"] == "SUCCESS", (
         f"report run {run_id} ended {run['status']}: {docker('logs', '--tail', '30', container.id)}"
     )
