@@ -45,6 +45,7 @@ from replicator.configuration.secrets import ENV_ALLOWED_ENV
 from replicator.state.database import make_engine, upgrade
 from replicator.state.store import Store
 from tests.fixtures.early_build import CONTAINER_TESTS, EarlyImageBuild, runs_container_tests
+from tests.fixtures.jvm import SHORT_LIVED_JVM_OPTIONS
 
 
 def private_stack_settings(state_dir: Path) -> PlatformSettings:
@@ -70,7 +71,7 @@ os.environ[ENV_REPLICATOR_WORKERS] = "0"
 # The kit's brokers here serve thousands of records for minutes, on 2 cores shared with everything else: C1 alone and
 # the serial collector took tests/engine/test_batch_path.py from 58 and 54 CPU-s to 41 and 40 (11-30), in the same
 # wall time. The fault runs the suite starts inherit it.
-os.environ[JVM_OPTIONS_ENV] = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ[JVM_OPTIONS_ENV] = SHORT_LIVED_JVM_OPTIONS
 # A shell that starts the suite in the background starts it with SIGINT ignored, and every in-process Dagster run on
 # the main thread copies SIGINT's handler to SIGTERM when it ends (`dagster._utils.interrupts.capture_interrupts`):
 # every process the suite started after that ignored SIGTERM, Dagster's own compute-log tailers among them, whose

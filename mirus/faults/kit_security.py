@@ -35,7 +35,6 @@ SCRAM_ITERATIONS = 4096  # Kafka's minimum
 USERS = ("admin", "replicator")
 SUPER_USER = "admin"
 VALIDITY_DAYS = 30
-BROKER_NAMES = "ip:127.0.0.1,dns:localhost"  # the broker certificate's subject alternative names
 
 
 def scram_credential(password: str, mechanism: str) -> str:
@@ -151,6 +150,7 @@ class KitSecurity:
             .add_extension(_key_usage(key_cert_sign=True, crl_sign=True), critical=True)
             .sign(ca_key, hashes.SHA256())
         )
+        # The broker's subject alternative names, so that librdkafka's host-name check passes.
         names = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
         holders = {
             "broker": ("localhost", ExtendedKeyUsageOID.SERVER_AUTH, x509.SubjectAlternativeName(names)),

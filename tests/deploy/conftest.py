@@ -22,7 +22,6 @@ from replicator.state.store import Store
 from tests.fixtures.compose_platform import (
     DOCKER_SOCKET,
     FIXED_VOLUMES,
-    REPORT_JVM_OPTIONS,
     ComposePlatform,
     ensure_engine,
     git_commit,
@@ -30,6 +29,7 @@ from tests.fixtures.compose_platform import (
     volume_exists,
 )
 from tests.fixtures.early_build import build_lock
+from tests.fixtures.jvm import SHORT_LIVED_JVM_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def compose_platform(
         "MIRUS_REPORT_SCHEDULE": "stopped",
         # The report run's Spark JVM: C1 alone and the serial collector took the report assets on a small lake,
         # on one core, from 123 to 66 s (11-30); the run must also prove that the setting reaches its container.
-        "SPARK_SUBMIT_OPTS": REPORT_JVM_OPTIONS,
+        "SPARK_SUBMIT_OPTS": SHORT_LIVED_JVM_OPTIONS,
         "MIRUS_COMMIT": git_commit(),
     }
     platform = ComposePlatform(f"mirus-ct-{suffix}", env, secrets=[server.password or ""])

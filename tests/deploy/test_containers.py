@@ -41,7 +41,6 @@ from mirus_dagster.settings import StackEndpoints
 from replicator.state.records import LeaseRow
 from replicator.state.store import Store
 from tests.fixtures.compose_platform import (
-    REPORT_JVM_OPTIONS,
     RUN_LABEL,
     ComposePlatform,
     Container,
@@ -49,6 +48,7 @@ from tests.fixtures.compose_platform import (
     docker,
     git_commit,
 )
+from tests.fixtures.jvm import SHORT_LIVED_JVM_OPTIONS
 from tests.fixtures.kafka_helpers import Traffic, create_topics, produce
 from tests.fixtures.replica_check import check_replica
 
@@ -229,7 +229,7 @@ def test_a_report_run_starts_from_the_spark_image_and_succeeds(platform: Compose
     [container] = platform.run_containers_of([run_id])
     assert container.image == platform.spark_image and container.labels[TAG_KIND] == KIND_REPORT
     assert container.memory_limit == 2 * 2**30
-    assert f"SPARK_SUBMIT_OPTS={REPORT_JVM_OPTIONS}" in json.loads(
+    assert f"SPARK_SUBMIT_OPTS={SHORT_LIVED_JVM_OPTIONS}" in json.loads(
         docker("inspect", "--format", "{{json .Config.Env}}", container.id)
     )
     assert run["status"] == "SUCCESS", (

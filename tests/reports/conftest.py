@@ -8,6 +8,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from mirus_dagster.reporting import spark_config
+from tests.fixtures.jvm import SHORT_LIVED_JVM_OPTIONS
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +17,7 @@ def spark() -> Iterator[SparkSession]:
 
     The JVM compiles less and collects with one thread: the tests' small queries then cost ~40 % less CPU on 2 cores
     (the compiled code would only pay off on long jobs); results are the same."""
-    jvm = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+    jvm = {"spark.driver.extraJavaOptions": SHORT_LIVED_JVM_OPTIONS}
     session = SparkSession.builder.config(map={**spark_config("local[2]"), **jvm}).getOrCreate()
     yield session
     session.stop()

@@ -38,6 +38,7 @@ from mirus.waiting import wait_until
 from mirus_dagster.reporting import spark_config
 from replicator.engine.metrics import BUCKET_LABELS, TopicCounters
 from reports.lake import BUCKET_COLUMNS, PART_FILE, SCHEMAS, hour_dir, hour_floor, state_path
+from tests.fixtures.jvm import SHORT_LIVED_JVM_OPTIONS
 from tests.fixtures.spark_driver import materialize_reports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -241,7 +242,7 @@ def _spark_env(work: Path) -> dict[str, str]:
     scratch.mkdir(exist_ok=True)
     # These JVMs live a minute: C2-compiling Spark and a parallel collector would cost more CPU than they save, on a
     # 2-core machine running three report runs at once. Results do not depend on either.
-    java_options = f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Djava.io.tmpdir={scratch}"
+    java_options = f"{SHORT_LIVED_JVM_OPTIONS} -Djava.io.tmpdir={scratch}"
     (conf / "spark-defaults.conf").write_text(
         # What the deployment puts in the report run's spark-defaults.conf: where executors reach the driver.
         "spark.driver.host 127.0.0.1\n"
