@@ -8,11 +8,12 @@ platform's services (code server on the Spark image; webserver, daemon and API o
 Postgres. The scenarios run in order on it: the UI and REST API answer; a connector PUT over REST gets each task's
 owner and standby run in a labelled container of its own (runtime image), which copy every record; `docker kill` of
 an owner's container hands its task to the standby, nothing lost; the connector deleted over REST ends its
-containers; a report run starts from the Spark image and succeeds; every service's HEALTHCHECK passes; then the
-platform's default shape, worker containers (`MIRUS_REPLICATOR_WORKERS=2`, services recreated with `up -d`), host
-two connectors' tasks, `docker kill` of one moves its tasks to the other, nothing lost; a rolling upgrade to images
-of a second tag moves every task into a container of the new image while records flow, nothing lost; the last
-takes the deployment down and checks that no container, volume or process is left.
+containers; a report run (launched as the platform came up) ran from the Spark image and succeeded; every service's
+HEALTHCHECK passes; then the platform's default shape, worker containers (`MIRUS_REPLICATOR_WORKERS=2`, services
+recreated with `up -d`), host two connectors' tasks, `docker kill` of one moves its tasks to the other, nothing lost,
+and the monitor starts its replacement; a rolling upgrade to images of a second tag moves every task into a
+container of the new image while records flow, nothing lost; the last takes the deployment down and checks that
+no container, volume or process is left.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from mirus_dagster.constants import (
     REPORTS_JOB,
     TAG_CONNECTOR,
     TAG_KIND,
+    TAG_REASON,
     TAG_TASK,
     TAG_WORKER,
     TAG_WORKERS,
@@ -64,7 +66,15 @@ log = logging.getLogger(__name__)
 
 
 @pytest.fixture(scope="module")
-def platform(compose_platform: tuple[ComposePlatform, Store]) -> ComposePlatform:
+def report_run(compose_platform: tuple[ComposePlatform, Store]) -> str:
+    """A report run launched as soon as the platform is up; test_a_report_run_starts_from_the_spark_image_and_succeeds
+    collects it. Its Spark JVM runs beside the first scenarios, which mostly wait on containers starting, instead of
+    for about a minute alone. Nothing is recorded yet: the reports of a new deployment's first hour."""
+    return compose_platform[0].launch(REPORTS_JOB, {"dagster/partition": hour_key(datetime.now(UTC))})
+
+
+@pytest.fixture(scope="module")
+def platform(compose_platform: tuple[ComposePlatform, Store], report_run: str) -> ComposePlatform:
     return compose_platform[0]
 
 
@@ -213,12 +223,10 @@ def test_a_connector_deleted_over_rest_ends_its_runs_and_their_containers(platfo
     assert not live, f"runs still live: {[r['runId'] for r in live]}"
 
 
-def test_a_report_run_starts_from_the_spark_image_and_succeeds(platform: ComposePlatform) -> None:
+def test_a_report_run_starts_from_the_spark_image_and_succeeds(platform: ComposePlatform, report_run: str) -> None:
     """Report runs keep the code location's image (the Spark one: Java and pyspark), with every run's limits (a
-    Spark driver beside Python) and the deployment's SPARK_SUBMIT_OPTS, and compute the reports over what the
-    replicators recorded."""
-    partition = hour_key(datetime.now(UTC))
-    run_id = platform.launch(REPORTS_JOB, {"dagster/partition": partition})
+    Spark driver beside Python) and the deployment's SPARK_SUBMIT_OPTS, and compute the reports."""
+    run_id = report_run
 
     def finished() -> dict[str, object] | None:
         [run] = [r for r in platform.runs({TAG_KIND: KIND_REPORT}) if r["runId"] == run_id]
@@ -376,13 +384,16 @@ def test_docker_kill_of_a_worker_container_moves_its_tasks_and_loses_nothing(
         platform.until(moved_away, 60, f"the tasks of worker {victim.labels[TAG_WORKER]} to move")
         more = traffic.written + 200
         wait_until(lambda: traffic.written >= more, 60, 0.2, "200 more records produced")
-        # The monitor replaces the killed worker: a new container of the same index.
+        # The monitor replaces the killed worker: a new container of the same index, its run saying why.
         index = int(victim.labels[TAG_WORKER])
-        platform.until(
-            lambda: (c := worker_containers(platform).get(index)) is not None and c.id != victim.id,
+        replacement = platform.until(
+            lambda: (c := worker_containers(platform).get(index)) is not None and c.id != victim.id and c,
             RUNS_TIMEOUT_S,
             f"a new container of worker {index}",
         )
+        run_id = replacement.labels["dagster/run_id"]
+        [run] = [r for r in platform.runs({TAG_WORKER: str(index)}) if r["runId"] == run_id]
+        assert run["tags"][TAG_REASON].startswith("restart: "), run["tags"]
     finally:
         traffic.stop()
     log.info("%d tasks moved; duplicates per topic: %s", len(moved), check_worker_replicas(apache_kafka, traffic))

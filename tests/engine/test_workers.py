@@ -12,16 +12,9 @@ from pathlib import Path
 import dagster as dg
 
 from assets.connectors import _tasks
-from mirus.local.devserver import dagster_dev
 from mirus.waiting import wait_until
 from mirus_dagster.constants import (
     CONNECTOR_PARTITIONS,
-    ENV_DATABASE_URL,
-    ENV_REPLICATOR_WORKERS,
-    ENV_REPORT_SCHEDULE,
-    PUT_CONNECTOR_JOB,
-    REPLICATOR_JOB,
-    STORE_CONNECTOR_OP,
     TAG_REASON,
     TAG_WORKER,
     TAG_WORKERS,
@@ -182,56 +175,3 @@ def test_the_connectors_view_links_the_worker_run_that_holds_a_task() -> None:
     )
     lines = _tasks(status, {})
     assert f"run [{run_id[:8]}](/runs/{run_id})" in lines[0] and "no run" in lines[1], lines
-
-
-def test_under_dagster_dev_worker_runs_host_the_tasks_and_a_killed_one_is_taken_over_and_replaced(
-    stack: StackEndpoints, estate_db: tuple[Store, str], unique: str, tmp_path: Path
-) -> None:
-    """As an operator runs it: MIRUS_REPLICATOR_WORKERS set, a connector added with the put_connector job; the
-    sensors start worker runs (no run per task), and a worker run's process killed with SIGKILL loses nothing."""
-    store, url = estate_db
-    create_topics(stack.source_bootstrap_servers, {unique: 4})
-    create_topics(stack.destination_bootstrap_servers, {unique: 4})
-    produce(
-        stack.source_bootstrap_servers, [{"topic": unique, "partition": i % 4, "value": b"a%d" % i} for i in range(100)]
-    )
-
-    def copied() -> int:  # the topic's committed offsets (the flow's heartbeats partition aside)
-        return sum(offset for (topic, _), offset in store.load_offsets(unique).items() if topic == unique)
-
-    env = {
-        **stack.as_env(),
-        ENV_DATABASE_URL: url,
-        ENV_REPLICATOR_WORKERS: "2",
-        ENV_REPORT_SCHEDULE: "stopped",  # report runs would only compete for the CPU
-    }
-    with dagster_dev(env, tmp_path) as dev:
-        properties = connector_properties(stack, unique, **{"topics.whitelist": unique, "tasks.max": "2"})
-        put = dev.client.submit_job_execution(
-            PUT_CONNECTOR_JOB, run_config={"ops": {STORE_CONNECTOR_OP: {"config": {"properties": properties}}}}
-        )
-        dev.wait_for_status(put, {"SUCCESS"}, timeout=120)
-        workers = dev.wait_for_runs(job_name=WORKER_JOB, statuses={"STARTED"}, count=2, timeout=120)
-        assert sorted(r.tags[TAG_WORKER] for r in workers) == ["0", "1"]
-        wait_until(lambda: copied() == 100, 120, what="the first 100 records committed")
-        assert dev.runs(job_name=REPLICATOR_JOB) == []  # no run per task
-
-        owner = store.lease_of(unique, 0).owner.rsplit(":", 1)[-1]
-        [victim] = [r for r in workers if r.run_id == owner]
-        dev.kill_run_worker(victim.run_id)
-        produce(
-            stack.source_bootstrap_servers,
-            [{"topic": unique, "partition": i % 4, "value": b"b%d" % i} for i in range(100)],
-        )
-        wait_until(lambda: copied() == 200, 60, what="the records after the kill committed by the other worker")
-        replaced = dev.wait_for_runs(
-            job_name=WORKER_JOB,
-            statuses={"STARTED"},
-            where=lambda r: r.tags[TAG_WORKER] == victim.tags[TAG_WORKER] and r.run_id != victim.run_id,
-            timeout=120,
-            what=f"a new run of worker {victim.tags[TAG_WORKER]}",
-        )
-        assert replaced[0].tags[TAG_REASON].startswith("restart: "), replaced[0].tags
-    check_replica(
-        stack.source_bootstrap_servers, unique, stack.destination_bootstrap_servers, partitions=4, written=200
-    ).assert_at_least_once()
