@@ -3,8 +3,8 @@ allows. One image runs several roles, so the role is read from PID 1's command l
 
 - `dagster-webserver`: `GET /server_info` on its port answers 200;
 - `dagster code-server start` / `dagster api grpc`: the gRPC health service reports `DagsterApi` SERVING;
-- `dagster-daemon run`: `dagster-daemon liveness-check` (every daemon sent its heartbeat lately; it reads the
-  instance's storage, so it costs a second of CPU: the image checks every 30 s);
+- `dagster-daemon run`: `dagster-daemon liveness-check` (every daemon sent its heartbeat lately; it loads Dagster
+  and reads the instance's storage, 2-3.5 s of CPU: docker-compose.yml checks the daemon every 2 minutes);
 - `mirus api`: `GET /` on its port answers 200 (the one route that needs no token);
 - anything else (a run's `dagster api execute_run`, `mirus task run`, a one-shot command): a live process is a
   healthy one — Dagster's run monitoring and the task leases watch those.
