@@ -88,7 +88,7 @@ class ModuleScheduling(LoadScopeScheduling):
     it. A worker takes the next unit when it is about to run out; the container module last, once nothing else is
     left (its images are built from the session's start). Its services and run containers keep both cores busy:
     beside other modules it took 470-680 s and the suite 26:31-29:24, alone at the end 300-360 s and the suite
-    25:41-26:29 (11-30)."""
+    25:41-27:11 (11-30)."""
 
     def _split_scope(self, nodeid: str) -> str:
         module = nodeid.split("::", 1)[0]
