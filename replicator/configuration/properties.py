@@ -232,8 +232,9 @@ class PropertyFields(BaseModel):
         0, "The most records the connector replicates a second, shared evenly by its tasks; as "
         "replication.throttle.bytes.per.second (both may be set). 0: no limit.", minimum=0)
     provenance_headers_enabled: bool = Property(
-        True, "Add `mirus.origin` and `mirus.source` headers to every copy: cycle prevention, exact resume and "
-        "offset translation; required by exactly-once.")
+        True, "Add a `mirus.source` header (source cluster id, topic, partition, offset) to every copy, and "
+        "`mirus.origin` (the cluster where the record was first produced) to a copy of a copy: cycle prevention, "
+        "exact resume and offset translation; required by exactly-once.")
     exactly_once_support: str = Property(
         "disabled", "MirrorMaker 2's name. `required` or `requested`: exactly-once (each task writes through a "
         "transactional producer, commits a destination transaction every offset.flush.interval.ms, and resumes "

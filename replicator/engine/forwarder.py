@@ -57,7 +57,7 @@ class Forwarder:
         self.source_error = source_error  # an error event among the records: the partition pauses' to handle
         self.head_changed = head_changed  # a long wait for records ends when the connector's row changed
         self.destination_cluster = clients.destination_cluster
-        self.origin_header = (provenance.ORIGIN, clients.source_cluster.encode())
+        self.source_cluster = clients.source_cluster
         queue_limit = int(deliveries.settings["queue.buffering.max.messages"])
         self.intake_limit = max(queue_limit - BATCH, queue_limit // 2)  # records waiting above which none are read
         self.throttle = throttle  # this task's share of the connector's throttle, asked before each batch
@@ -114,7 +114,7 @@ class Forwarder:
         self.book.touched += 1
         acknowledged = self.deliveries.acknowledged
         partitions, with_provenance = self.book.states, self.config.provenance_headers_enabled
-        destination, origin_header, source = self.destination_cluster, self.origin_header, provenance.SOURCE
+        destination, source_cluster, source = self.destination_cluster, self.source_cluster, provenance.SOURCE
         # The record seen and not yet produced: it, its partition, offset, outgoing headers and timestamp.
         unsent: Record | None = None
         # Read only while `unsent` is set: an Optional would cost a check per record.
@@ -139,10 +139,11 @@ class Forwarder:
                         cycle = True
                     elif with_provenance:
                         headers = provenance.user_headers(headers)
-                        headers.append((provenance.ORIGIN, origin.encode()) if origin else origin_header)
+                        if origin is not None and origin != source_cluster:  # a copy of a copy: its first cluster
+                            headers.append((provenance.ORIGIN, origin.encode()))
                         headers.append((source, state.source_prefix + b"%d" % offset))
                 elif with_provenance:
-                    headers = [origin_header, (source, state.source_prefix + b"%d" % offset)]
+                    headers = [(source, state.source_prefix + b"%d" % offset)]
             else:
                 state = None
             if unsent is not None:  # produce it: it ends its run unless the next record continues the run

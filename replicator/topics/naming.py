@@ -36,7 +36,7 @@ class MirusNamingPolicy:
     """Mirus naming: destination = prefix + source topic + suffix.
 
     The name says nothing about where a topic came from, so `is_cycle` is always False; a bidirectional pair
-    of connectors is kept from looping by the `mirus.origin` provenance header (a Kafka cluster id), record by record.
+    of connectors is kept from looping by the provenance headers (a record's origin cluster id), record by record.
     """
 
     prefix: str = ""
@@ -113,7 +113,7 @@ class IdentityReplicationPolicy:
     Wanted for migrations and for consumers that must not learn new names, but the name no longer records
     where a topic came from, so MM2 loses its name-based cycle detection and `is_cycle` is always False here.
     Two connectors replicating the same topic in opposite directions would loop forever on names alone; the
-    `mirus.origin` provenance header (a Kafka cluster id) is what stops records from going back to their origin.
+    provenance headers (a record's origin cluster id) are what stop records from going back to their origin.
     """
 
     source_alias: str

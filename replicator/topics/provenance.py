@@ -1,13 +1,15 @@
 """Provenance headers: where a replicated record came from.
 
-Two headers are appended to every replicated record unless turned off:
-- `mirus.origin`: the Kafka cluster id (`replicator.clusters`) of the cluster where the record was first
-  produced, carried unchanged across hops; a record whose origin is the destination cluster is never written back
-  (cycle guard). Ids, not aliases: two clusters may share an alias, never an id.
+Appended to every replicated record unless turned off:
 - `mirus.source`: this hop's `<source cluster id>/<topic>/<partition>/<offset>`; topic names cannot contain
   `/`, so it parses from the right. It makes resume, verification and consumer-offset translation exact.
+- `mirus.origin`: the Kafka cluster id (`replicator.clusters`) of the cluster where the record was first produced,
+  carried unchanged across hops, and written only where it is not the cluster `mirus.source` names (a copy of a
+  copy). A record's origin is its `mirus.origin`, else the cluster its `mirus.source` names; a record whose origin
+  is the destination cluster is never written back (cycle guard). Ids, not aliases: two clusters may share an alias,
+  never an id. Copies that carry both headers on a first hop (as earlier releases wrote them) read the same.
 
-Two headers rather than one per field: every header costs per record on the hot path.
+One header on a first hop, not one per field: every header costs per record on the hot path.
 """
 
 from __future__ import annotations
@@ -32,11 +34,22 @@ class Provenance:
 
 
 def origin_cluster(headers: Headers | None) -> str | None:
-    """The cluster a record was first produced on, if an earlier hop recorded it."""
+    """The cluster a record was first produced on, if an earlier hop recorded it: its `mirus.origin`, else the
+    cluster its `mirus.source` names."""
+    source = None
     for name, value in headers or ():
-        if name == ORIGIN and value is not None:
+        if value is None:
+            continue
+        if name == ORIGIN:
             return value.decode()
-    return None
+        if name == SOURCE:
+            source = value
+    return _source_cluster(source.decode()) if source is not None else None
+
+
+def _source_cluster(source: str) -> str | None:
+    parts = source.rsplit("/", 3)
+    return parts[0] if len(parts) == 4 else None
 
 
 def user_headers(headers: Headers | None) -> list[tuple[str, bytes | None]]:
@@ -50,16 +63,16 @@ def source_prefix(source_cluster: str, topic: str, partition: int) -> bytes:
 
 
 def copy_headers(
-    headers: Headers | None, origin: str, source_cluster: str, topic: str, partition: int, offset: int
+    headers: Headers | None, source_cluster: str, topic: str, partition: int, offset: int
 ) -> list[tuple[str, bytes | None]]:
-    """The headers of a record's copy: its own headers without provenance (order and duplicates kept), then this
-    hop's provenance; the origin an earlier hop recorded is kept, else it is `origin`. The forwarding loop
-    (`replicator.engine.forwarder`) writes the same inline, since a call per record costs; a test holds the two
-    together."""
-    first = origin_cluster(headers) or origin
+    """The headers of a record's copy: its own headers without provenance (order and duplicates kept), then the
+    origin an earlier hop recorded where it is not this hop's source cluster, then this hop's `mirus.source`. The
+    forwarding loop (`replicator.engine.forwarder`) writes the same inline, since a call per record costs; a test
+    holds the two together."""
+    first = origin_cluster(headers)
     return [
         *user_headers(headers),
-        (ORIGIN, first.encode()),
+        *([(ORIGIN, first.encode())] if first is not None and first != source_cluster else []),
         (SOURCE, source_prefix(source_cluster, topic, partition) + b"%d" % offset),
     ]
 
@@ -72,10 +85,10 @@ def parse(headers: Headers | None) -> Provenance | None:
             origin = value.decode()
         elif name == SOURCE and value is not None:
             source = value.decode()
-    if origin is None or source is None:
+    if source is None:
         return None
     try:
         cluster, topic, partition, offset = source.rsplit("/", 3)
-        return Provenance(origin, cluster, topic, int(partition), int(offset))
+        return Provenance(origin or cluster, cluster, topic, int(partition), int(offset))
     except ValueError:
         return None

@@ -42,7 +42,7 @@ class Destination:
                 "topic": self.partition.topic,
                 "partition": 0,
                 "value": b"v%d" % offset,
-                "headers": provenance.copy_headers(None, SOURCE_CLUSTER, SOURCE_CLUSTER, topic, partition, offset),
+                "headers": provenance.copy_headers(None, SOURCE_CLUSTER, topic, partition, offset),
             }
             for offset in offsets
         ]

@@ -337,7 +337,7 @@ def test_copies_made_as_record_batches_translate_exactly_through_their_segments(
                 "topic": topic,
                 "partition": 0,
                 "value": b"v%02d" % o,
-                "headers": provenance.copy_headers(None, source_id, source_id, topic, 0, o) if headers else None,
+                "headers": provenance.copy_headers(None, source_id, topic, 0, o) if headers else None,
             }
             for o in offsets
         ]

@@ -87,7 +87,7 @@ def test_records_arrive_intact_with_partitions_headers_timestamps_and_provenance
             assert (origin.source_topic, origin.source_partition, origin.source_offset) == (topic, p, src.offset)
             assert origin.origin_cluster == source_id
             # The layout the engine writes inline is the one `provenance.copy_headers` describes.
-            assert list(dst.headers) == provenance.copy_headers(src.headers, source_id, source_id, topic, p, src.offset)
+            assert list(dst.headers) == provenance.copy_headers(src.headers, source_id, topic, p, src.offset)
     ends = {(topic, p): src_by_p[p][-1].offset + 1 for p in range(partitions)}
     assert _committed(store, unique) == ends
     assert store.lease_of(unique, 0).state == "STOPPED"
@@ -146,7 +146,7 @@ def test_provenance_headers_can_be_turned_off_and_cycles_are_never_written_back(
     # The second record was itself replicated from the destination cluster earlier (its origin is the destination's
     # cluster id): a cycle. The aliases are left at their defaults; they play no part.
     target = cluster_id(stack.destination_bootstrap_servers)
-    looped = provenance.copy_headers([("h", b"x")], target, target, unique, 0, 41)
+    looped = provenance.copy_headers([("h", b"x")], target, unique, 0, 41)
     produce(
         stack.source_bootstrap_servers,
         [
@@ -164,6 +164,47 @@ def test_provenance_headers_can_be_turned_off_and_cycles_are_never_written_back(
 
     copied = consume_all(stack.destination_bootstrap_servers, unique, 1, expected=2)
     assert [(r.value, r.headers) for r in copied] == [(b"local", (("h", b"1"),)), (b"local-2", ())]
+
+
+def test_a_copy_of_a_copy_keeps_its_first_cluster_and_copies_in_either_header_layout_never_loop(
+    stack: StackEndpoints, store: Store, unique: str
+) -> None:
+    create_topics(stack.source_bootstrap_servers, {unique: 1})
+    create_topics(stack.destination_bootstrap_servers, {unique: 1})
+    source, target = cluster_id(stack.source_bootstrap_servers), cluster_id(stack.destination_bootstrap_servers)
+    third = "third-cluster-id"
+    hopped = provenance.copy_headers([("h", b"1")], third, "t", 2, 5)
+    legacy = [(provenance.ORIGIN, target.encode()), (provenance.SOURCE, f"{third}/{unique}/0/7".encode())]
+    produce(
+        stack.source_bootstrap_servers,
+        [
+            {"topic": unique, "value": b"own"},
+            # Copied here from a third cluster, where it was first produced (a first hop: `mirus.source` alone).
+            {"topic": unique, "value": b"from-third", "headers": hopped},
+            # Written by an earlier release (both headers on every hop), first produced on the destination cluster.
+            {"topic": unique, "value": b"legacy-loop", "headers": legacy},
+            # First produced on the destination cluster and copied here with `mirus.source` alone.
+            {"topic": unique, "value": b"loop", "headers": provenance.copy_headers(None, target, unique, 0, 3)},
+        ],
+    )
+    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
+    runner = TaskThread.start(store, unique)
+    wait_until(lambda: _committed(store, unique).get((unique, 0)) == 4, what="all four offsets committed")
+    runner.finish()
+
+    copied = consume_all(stack.destination_bootstrap_servers, unique, 1, expected=2)
+    assert [r.value for r in copied] == [b"own", b"from-third"]
+    # A first hop carries one provenance header; the next hop adds the first cluster's id, since it is not its source.
+    assert [r.headers for r in copied] == [
+        ((provenance.SOURCE, b"%s/%s/0/0" % (source.encode(), unique.encode())),),
+        (
+            ("h", b"1"),
+            (provenance.ORIGIN, third.encode()),
+            (provenance.SOURCE, b"%s/%s/0/1" % (source.encode(), unique.encode())),
+        ),
+    ]
+    parsed = [provenance.parse(r.headers) for r in copied]
+    assert [(p.origin_cluster, p.source_cluster) for p in parsed if p] == [(source, source), (third, source)]
 
 
 def test_clean_stop_resumes_from_exactly_the_committed_offsets(

@@ -61,7 +61,7 @@ def copy(
     rec: Rec, topic: str, partition: int | None = None, *, with_provenance: bool = True, **changes: object
 ) -> dict:
     """What the replicator would produce for `rec` (optionally altered), as Producer.produce() arguments."""
-    headers = provenance.copy_headers(rec.headers, "source", "source", rec.topic, rec.partition, rec.offset)
+    headers = provenance.copy_headers(rec.headers, "source", rec.topic, rec.partition, rec.offset)
     args = {
         "topic": topic,
         "partition": rec.partition if partition is None else partition,
