@@ -131,15 +131,16 @@ def preload(
     bootstrap: str = SOURCE,
     values: Sequence[bytes] = (),
     compression: str = "none",
+    batch_bytes: int | None = None,
 ) -> None:
     """`records` records of `size` bytes (or cycling through `values`) in a new topic: on the kit's source written by
-    Kafka's own ProducerPerformance (`preload.sh`, which knows only the kit's ports), elsewhere or compressed by
-    `load`."""
-    if bootstrap == KIT_SOURCE and size == 100 and not values and compression == "none":
+    Kafka's own ProducerPerformance (`preload.sh`, which knows only the kit's ports; 64 KB batches), elsewhere,
+    compressed or with `batch_bytes` by `load`."""
+    if bootstrap == KIT_SOURCE and size == 100 and not values and compression == "none" and batch_bytes is None:
         subprocess.run([str(KIT / "preload.sh"), str(records), topic, str(partitions)], check=True, capture_output=True)
         return
     common.create_topic(bootstrap, topic, partitions)
-    load(bootstrap, topic, records, partitions, size, values, compression)
+    load(bootstrap, topic, records, partitions, size, values, compression, batch_bytes or 1_000_000)
 
 
 def event_values(size: int, count: int = 1000) -> list[bytes]:
@@ -161,13 +162,15 @@ def load(
     size: int = 100,
     values: Sequence[bytes] = (),
     compression: str = "none",
+    batch_bytes: int = 1_000_000,
 ) -> None:
-    """`records` records of `size` bytes (or cycling through `values`) over `partitions`, as fast as they go."""
+    """`records` records of `size` bytes (or cycling through `values`) over `partitions`, as fast as they go, in
+    batches of up to `batch_bytes`."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
             "linger.ms": 20,
-            "batch.size": 1_000_000,
+            "batch.size": batch_bytes,
             "queue.buffering.max.messages": 500_000,
             "compression.type": compression,
         }

@@ -31,6 +31,13 @@ def main() -> None:
     parser.add_argument(
         "--compression", default="none", help="the source topic's batches compressed so (lz4, gzip, snappy, zstd)"
     )
+    parser.add_argument(
+        "--source-batch-bytes",
+        type=int,
+        default=None,
+        help="the source topic's producer batch.size (default: 64 KB for uncompressed 100 B records, written by "
+        "Kafka's ProducerPerformance, 1 MB otherwise); set it to compare record sizes at the same batch size",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", default="1", help="engine runs with these tasks.max values, e.g. 1,2,4")
     parser.add_argument(
@@ -88,11 +95,12 @@ def main() -> None:
         env = {**os.environ, "MIRUS_DATABASE_URL": store.engine.url.render_as_string(hide_password=False)}
         for r in range(args.rounds):
             topic = f"copy-{int(time.time())}-{r}"
+            batching = {} if args.source_batch_bytes is None else {"batch_bytes": args.source_batch_bytes}
             if args.compression == "none":
-                kit.preload(topic, n, parts, args.size)
+                kit.preload(topic, n, parts, args.size, **batching)
             else:  # JSON-like events, as compressible as a topic's events usually are
                 values = kit.event_values(args.size)
-                kit.preload(topic, n, parts, args.size, values=values, compression=args.compression)
+                kit.preload(topic, n, parts, args.size, values=values, compression=args.compression, **batching)
             targets = []
             order = copiers[r % len(copiers) :] + copiers[: r % len(copiers)]
             for copier in order:
