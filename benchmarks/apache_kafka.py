@@ -51,6 +51,7 @@ KIT = Path(os.environ.get("MIRUS_KAFKA_KIT", "/work/shared/apache-kafka"))
 ENGINE_COPIERS: dict[str, dict[str, str]] = {
     "engine": {},
     "engine-plain": {"provenance.headers.enabled": "false"},
+    "engine-compact": {"provenance.headers.compact": "true"},
     "engine-eos": {"exactly.once.support": "required"},
     "engine-batches": {"copy.mode": "batches"},
 }

@@ -46,7 +46,8 @@ def main() -> None:
         help="also: batches (the batch path's copier alone, replicator.batches), bare (a consume→produce loop on "
         "the engine's own client settings, headers and timestamps kept, nothing else: the floor of Python's "
         "per-record work), engine-batches (copy.mode=batches), engine-plain (provenance headers off), "
-        "engine-eos (exactly.once.support=required), engine-baseline (the engine of --baseline)",
+        "engine-compact (provenance.headers.compact), engine-eos (exactly.once.support=required), engine-baseline "
+        "(the engine of --baseline)",
     )
     parser.add_argument(
         "--baseline",

@@ -58,6 +58,7 @@ class Forwarder:
         self.head_changed = head_changed  # a long wait for records ends when the connector's row changed
         self.destination_cluster = clients.destination_cluster
         self.source_cluster = clients.source_cluster
+        self.origin_header = (provenance.ORIGIN, clients.source_cluster.encode())
         queue_limit = int(deliveries.settings["queue.buffering.max.messages"])
         self.intake_limit = max(queue_limit - BATCH, queue_limit // 2)  # records waiting above which none are read
         self.throttle = throttle  # this task's share of the connector's throttle, asked before each batch
@@ -115,6 +116,8 @@ class Forwarder:
         acknowledged = self.deliveries.acknowledged
         partitions, with_provenance = self.book.states, self.config.provenance_headers_enabled
         destination, source_cluster, source = self.destination_cluster, self.source_cluster, provenance.SOURCE
+        # `mirus.origin` on a first hop too, unless the connector asks for the compact layout (`provenance.py`).
+        first_hop_origin = None if self.config.provenance_headers_compact else self.origin_header
         # The record seen and not yet produced: it, its partition, offset, outgoing headers and timestamp.
         unsent: Record | None = None
         # Read only while `unsent` is set: an Optional would cost a check per record.
@@ -141,9 +144,12 @@ class Forwarder:
                         headers = provenance.user_headers(headers)
                         if origin is not None and origin != source_cluster:  # a copy of a copy: its first cluster
                             headers.append((provenance.ORIGIN, origin.encode()))
+                        elif first_hop_origin is not None:
+                            headers.append(first_hop_origin)
                         headers.append((source, state.source_prefix + b"%d" % offset))
                 elif with_provenance:
-                    headers = [(source, state.source_prefix + b"%d" % offset)]
+                    sourced = (source, state.source_prefix + b"%d" % offset)
+                    headers = [sourced] if first_hop_origin is None else [first_hop_origin, sourced]
             else:
                 state = None
             if unsent is not None:  # produce it: it ends its run unless the next record continues the run

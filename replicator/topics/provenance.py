@@ -4,12 +4,14 @@ Appended to every replicated record unless turned off:
 - `mirus.source`: this hop's `<source cluster id>/<topic>/<partition>/<offset>`; topic names cannot contain
   `/`, so it parses from the right. It makes resume, verification and consumer-offset translation exact.
 - `mirus.origin`: the Kafka cluster id (`replicator.clusters`) of the cluster where the record was first produced,
-  carried unchanged across hops, and written only where it is not the cluster `mirus.source` names (a copy of a
-  copy). A record's origin is its `mirus.origin`, else the cluster its `mirus.source` names; a record whose origin
-  is the destination cluster is never written back (cycle guard). Ids, not aliases: two clusters may share an alias,
-  never an id. Copies that carry both headers on a first hop (as earlier releases wrote them) read the same.
+  carried unchanged across hops. A record whose origin is the destination cluster is never written back (cycle
+  guard). Ids, not aliases: two clusters may share an alias, never an id.
 
-One header on a first hop, not one per field: every header costs per record on the hot path.
+A record's origin is its `mirus.origin`, else the cluster its `mirus.source` names: the compact layout
+(`provenance.headers.compact`) writes `mirus.origin` only where it is not that cluster (a copy of a copy), so that a
+first hop carries one header; every header costs per record on the hot path. Both layouts read the same here, but
+releases before this reader see no origin on a compact copy: the layout is the connector's choice, both headers by
+default.
 """
 
 from __future__ import annotations
@@ -63,16 +65,17 @@ def source_prefix(source_cluster: str, topic: str, partition: int) -> bytes:
 
 
 def copy_headers(
-    headers: Headers | None, source_cluster: str, topic: str, partition: int, offset: int
+    headers: Headers | None, source_cluster: str, topic: str, partition: int, offset: int, *, compact: bool = False
 ) -> list[tuple[str, bytes | None]]:
-    """The headers of a record's copy: its own headers without provenance (order and duplicates kept), then the
-    origin an earlier hop recorded where it is not this hop's source cluster, then this hop's `mirus.source`. The
-    forwarding loop (`replicator.engine.forwarder`) writes the same inline, since a call per record costs; a test
-    holds the two together."""
-    first = origin_cluster(headers)
+    """The headers of a record's copy: its own headers without provenance (order and duplicates kept), then its
+    origin (the one an earlier hop recorded, else this hop's source cluster; in the compact layout only where it
+    is not this hop's source cluster), then this hop's `mirus.source`. The forwarding loop
+    (`replicator.engine.forwarder`) writes the same inline, since a call per record costs; a test holds the two
+    together."""
+    first = origin_cluster(headers) or source_cluster
     return [
         *user_headers(headers),
-        *([(ORIGIN, first.encode())] if first is not None and first != source_cluster else []),
+        *([(ORIGIN, first.encode())] if first != source_cluster or not compact else []),
         (SOURCE, source_prefix(source_cluster, topic, partition) + b"%d" % offset),
     ]
 

@@ -166,42 +166,41 @@ def test_provenance_headers_can_be_turned_off_and_cycles_are_never_written_back(
     assert [(r.value, r.headers) for r in copied] == [(b"local", (("h", b"1"),)), (b"local-2", ())]
 
 
+@pytest.mark.parametrize("compact", [False, True], ids=["both-headers", "compact"])
 def test_a_copy_of_a_copy_keeps_its_first_cluster_and_copies_in_either_header_layout_never_loop(
-    stack: StackEndpoints, store: Store, unique: str
+    stack: StackEndpoints, store: Store, unique: str, compact: bool
 ) -> None:
     create_topics(stack.source_bootstrap_servers, {unique: 1})
     create_topics(stack.destination_bootstrap_servers, {unique: 1})
     source, target = cluster_id(stack.source_bootstrap_servers), cluster_id(stack.destination_bootstrap_servers)
     third = "third-cluster-id"
-    hopped = provenance.copy_headers([("h", b"1")], third, "t", 2, 5)
+    hopped = provenance.copy_headers([("h", b"1")], third, "t", 2, 5, compact=True)
     legacy = [(provenance.ORIGIN, target.encode()), (provenance.SOURCE, f"{third}/{unique}/0/7".encode())]
     produce(
         stack.source_bootstrap_servers,
         [
             {"topic": unique, "value": b"own"},
-            # Copied here from a third cluster, where it was first produced (a first hop: `mirus.source` alone).
+            # Copied here from a third cluster, where it was first produced (compact: `mirus.source` alone).
             {"topic": unique, "value": b"from-third", "headers": hopped},
-            # Written by an earlier release (both headers on every hop), first produced on the destination cluster.
-            {"topic": unique, "value": b"legacy-loop", "headers": legacy},
-            # First produced on the destination cluster and copied here with `mirus.source` alone.
-            {"topic": unique, "value": b"loop", "headers": provenance.copy_headers(None, target, unique, 0, 3)},
+            # Both headers (the default layout), first produced on the destination cluster.
+            {"topic": unique, "value": b"loop", "headers": legacy},
+            # First produced on the destination cluster and copied here in the compact layout.
+            {"topic": unique, "value": b"compact-loop", "headers": provenance.copy_headers(None, target, unique, 0, 3)},
         ],
     )
-    create_connector(store, connector_properties(stack, unique, **{"topics.whitelist": unique}), {0: [(unique, 0)]})
+    props = {"topics.whitelist": unique, "provenance.headers.compact": str(compact).lower()}
+    create_connector(store, connector_properties(stack, unique, **props), {0: [(unique, 0)]})
     runner = TaskThread.start(store, unique)
     wait_until(lambda: _committed(store, unique).get((unique, 0)) == 4, what="all four offsets committed")
     runner.finish()
 
     copied = consume_all(stack.destination_bootstrap_servers, unique, 1, expected=2)
     assert [r.value for r in copied] == [b"own", b"from-third"]
-    # A first hop carries one provenance header; the next hop adds the first cluster's id, since it is not its source.
+    # The next hop names the first cluster, since it is not its source; a first hop does so unless compact.
+    own_origin = () if compact else ((provenance.ORIGIN, source.encode()),)
     assert [r.headers for r in copied] == [
-        ((provenance.SOURCE, b"%s/%s/0/0" % (source.encode(), unique.encode())),),
-        (
-            ("h", b"1"),
-            (provenance.ORIGIN, third.encode()),
-            (provenance.SOURCE, b"%s/%s/0/1" % (source.encode(), unique.encode())),
-        ),
+        (*own_origin, (provenance.SOURCE, f"{source}/{unique}/0/0".encode())),
+        (("h", b"1"), (provenance.ORIGIN, third.encode()), (provenance.SOURCE, f"{source}/{unique}/0/1".encode())),
     ]
     parsed = [provenance.parse(r.headers) for r in copied]
     assert [(p.origin_cluster, p.source_cluster) for p in parsed if p] == [(source, source), (third, source)]
