@@ -160,7 +160,12 @@ def test_a_batch_that_cannot_pass_is_copied_by_the_record_path_in_order_and_the_
     )
     runner = TaskThread.start(store, unique)
     wait_until(lambda: store.load_offsets(unique) == {(unique, 0): 110}, timeout=60, what="110 copied")
-    produce(source, small[10:])  # after the record path copied the large batch: back on the batch path
+    # Once the record path has copied past the large batch, the partition's next look for lanes (every second) moves
+    # it back; records produced before that look are the record path's to copy, so the test awaits it.
+    wait_until(
+        lambda: sum("partition(s) copied as batches" in e for e in runner.events) == 2, timeout=60, what="batches again"
+    )
+    produce(source, small[10:])  # back on the batch path
     wait_until(lambda: store.load_offsets(unique) == {(unique, 0): 120}, timeout=60, what="120 copied")
     assert runner.finish() is TaskExit.STOPPED
 
