@@ -78,7 +78,7 @@ def main() -> None:
 
     copiers = []
     for name in args.copiers.split(","):
-        if name in ("engine", "engine-eos"):
+        if name == "engine" or name in kit.ENGINE_COPIERS:
             copiers += [f"{name} x{t}" if t != "1" else name for t in args.tasks.split(",")]
         elif name == "engine-baseline" and args.baseline and "," in args.baseline:
             copiers += [f"engine-baseline:{Path(b).name}" for b in args.baseline.split(",")]

@@ -15,9 +15,10 @@
 - Tests of a gap itself (a destination that cannot add partitions) start an embedded broker of their own, so that
   they prove the same thing whichever clusters `stack` points at.
 
-Two pytest-xdist workers run the suite (`-n 2`, pyproject.toml): most of it waits on brokers, Postgres and processes,
-not on a core. Each worker has the session fixtures above of its own, on free ports and in its own temporary folder;
-a module runs whole on one worker (`ModuleScheduling`).
+Three pytest-xdist workers run the suite on 2 cores (`-n 3`, pyproject.toml): most of it waits on brokers, Postgres
+and processes, not on a core (with two workers the machine's cores were busy about half the time). Each worker has the
+session fixtures above of its own, in its own temporary folder, on free ports from a range of its own; a module runs
+whole on one worker (`ModuleScheduling`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from sqlalchemy import Engine
 from xdist.scheduler import LoadScopeScheduling
 
 from mirus.faults.brokers import JVM_OPTIONS_ENV, KafkaKit
-from mirus.local.stack import LocalStack, free_port
+from mirus.local.stack import FREE_PORTS_ENV, LocalStack, free_port, free_port_range
 from mirus_dagster.constants import ENV_REPLICATOR_WORKERS
 from mirus_dagster.dagster_resources import PlatformDatabase, SupervisorPolicy
 from mirus_dagster.settings import PlatformSettings, StackEndpoints
@@ -68,6 +69,13 @@ os.environ[ENV_ALLOWED_ENV] = r"MIRUS_SECRET_.*|MIRUS_TEST_.*|KAFKA_.*|TEST_.*|E
 # default shape, worker runs, is what `mirus dev` runs as the README writes it (tests/local/test_first_hour.py, which
 # starts it without any MIRUS_ variable) and what tests/engine/test_workers.py and the container tests run.
 os.environ[ENV_REPLICATOR_WORKERS] = "0"
+# Each worker chooses its servers' ports from a range of its own (mirus.local.stack.free_port): two workers choosing
+# at once never choose the same port.
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    _low, _high = free_port_range()
+    _share = (_high - _low) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    _first = _low + int(worker.removeprefix("gw")) * _share
+    os.environ[FREE_PORTS_ENV] = f"{_first}-{_first + _share}"
 # The kit's brokers here serve thousands of records for minutes, on 2 cores shared with everything else: C1 alone and
 # the serial collector took tests/engine/test_batch_path.py from 58 and 54 CPU-s to 41 and 40 (11-30), in the same
 # wall time. The fault runs the suite starts inherit it.

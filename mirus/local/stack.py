@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -31,6 +32,12 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 LOG_TAIL_LINES = 25
 POSTGRES_SYSTEM_USER = "embedded_postgres"  # PostgreSQL refuses to run as root.
+FREE_PORTS_ENV = "MIRUS_FREE_PORTS"
+FREE_PORTS_FROM = 20000  # above the local stack's default ports (19092, 19093, 15432)
+FREE_PORT_ATTEMPTS = 500
+
+_port_choice = random.Random()
+_ports_given: set[int] = set()  # never the same port twice from one process
 
 
 class StackError(RuntimeError):
@@ -76,10 +83,40 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on loopback that nothing uses right now, for a server about to start, chosen below the kernel's
+    ephemeral range: a port the OS picks (bind to port 0) is one that any outgoing connection may take as its local
+    port before the server binds it (a broker of the test suite failed to start so). `MIRUS_FREE_PORTS`
+    ("low-high") narrows the choice, so that processes choosing side by side choose from ranges of their own."""
+    low, high = free_port_range()
+    for _ in range(FREE_PORT_ATTEMPTS):
+        port = _port_choice.randrange(low, high)
+        if port in _ports_given or not _bindable(port):
+            continue
+        _ports_given.add(port)
+        return port
+    raise StackError(f"no free TCP port on loopback in {low}-{high} after {FREE_PORT_ATTEMPTS} tries")
+
+
+def free_port_range() -> tuple[int, int]:
+    """Where `free_port` chooses: `MIRUS_FREE_PORTS`, else from FREE_PORTS_FROM to the ephemeral range's start."""
+    if chosen := os.environ.get(FREE_PORTS_ENV):
+        low, _, high = chosen.partition("-")
+        return int(low), int(high)
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768  # Linux's default
+    return FREE_PORTS_FROM, max(ephemeral, FREE_PORTS_FROM + 1000)
+
+
+def _bindable(port: int) -> bool:
+    # Without SO_REUSEADDR: a port with connections in TIME_WAIT is passed over too.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def port_is_free(port: int) -> bool:

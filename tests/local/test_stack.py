@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, create_engine, text
 
 from mirus.cli.main import main
-from mirus.local.stack import free_port
+from mirus.local.stack import free_port, free_port_range
 from mirus_dagster.settings import StackEndpoints
 from replicator.state.database import SCHEMA_REVISION, current_revision, head_revision, upgrade
 from replicator.state.schema import Base
@@ -79,6 +79,17 @@ def _pids(state_dir: Path, env: dict[str, str]) -> dict[str, int]:
         if state == "running":
             pids[name] = int(rest[-1].removeprefix("pid="))
     return pids
+
+
+def test_free_ports_are_chosen_below_the_ephemeral_range_each_once() -> None:
+    # A port of the ephemeral range may be taken as any outgoing connection's local port before its server binds it.
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    low, high = free_port_range()
+    ports = [free_port() for _ in range(100)]
+    assert len(set(ports)) == len(ports) and all(low <= p < high <= ephemeral for p in ports)
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
 
 
 def test_stack_up_is_idempotent_and_down_stops_everything(tmp_path: Path, ports: dict[str, str]) -> None:
