@@ -90,7 +90,7 @@ def free_port() -> int:
     low, high = free_port_range()
     for _ in range(FREE_PORT_ATTEMPTS):
         port = _port_choice.randrange(low, high)
-        if port in _ports_given or not _bindable(port):
+        if port in _ports_given or not port_is_free(port):
             continue
         _ports_given.add(port)
         return port
@@ -107,16 +107,6 @@ def free_port_range() -> tuple[int, int]:
     except (OSError, ValueError, IndexError):
         ephemeral = 32768  # Linux's default
     return FREE_PORTS_FROM, max(ephemeral, FREE_PORTS_FROM + 1000)
-
-
-def _bindable(port: int) -> bool:
-    # Without SO_REUSEADDR: a port with connections in TIME_WAIT is passed over too.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def port_is_free(port: int) -> bool:

@@ -87,8 +87,9 @@ def test_free_ports_are_chosen_below_the_ephemeral_range_each_once() -> None:
     low, high = free_port_range()
     ports = [free_port() for _ in range(100)]
     assert len(set(ports)) == len(ports) and all(low <= p < high <= ephemeral for p in ports)
-    for port in ports:
+    for port in ports:  # bound as servers bind (SO_REUSEADDR)
         with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", port))
 
 
