@@ -22,6 +22,8 @@ from replicator.state.store import Store
 from tests.fixtures.compose_platform import (
     DOCKER_SOCKET,
     FIXED_VOLUMES,
+    TEST_DAGSTER_DB,
+    TEST_PROJECT,
     ComposePlatform,
     ensure_engine,
     git_commit,
@@ -62,7 +64,7 @@ def compose_platform(
         "remove them; stop it (`docker compose down`) first"
     )
     suffix = uuid.uuid4().hex[:8]
-    platform_db, dagster_db = f"mirus_ct_{suffix}", f"dagster_ct_{suffix}"
+    platform_db, dagster_db = f"mirus_ct_{suffix}", f"{TEST_DAGSTER_DB}{suffix}"
     server = db_engine.url
     for name in (platform_db, dagster_db):
         _admin(db_engine, f'CREATE DATABASE "{name}"')
@@ -90,7 +92,7 @@ def compose_platform(
         "SPARK_SUBMIT_OPTS": SHORT_LIVED_JVM_OPTIONS,
         "MIRUS_COMMIT": git_commit(),
     }
-    platform = ComposePlatform(f"mirus-ct-{suffix}", env, secrets=[server.password or ""])
+    platform = ComposePlatform(f"{TEST_PROJECT}{suffix}", env, secrets=[server.password or ""])
     try:
         with build_lock():  # after the early build, whose layers this one finds
             log.info("images built in %.0f s", platform.build())
