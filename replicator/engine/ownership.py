@@ -195,9 +195,9 @@ class LockWatch:
 
 @functools.cache
 def freeze_the_start() -> None:
-    """The objects the process made to start (its modules, classes, settings, clients) out of the collector's sight,
-    once a process: they live as long as it does, yet each full collection walked all of them again while records
-    streamed. Once, so that a worker's tasks that end later leave no garbage cycles behind but the first one's."""
+    """The objects the process made to start (its modules, classes, settings, clients) out of the collector's sight:
+    they live as long as it does, yet each full collection walked all of them again while records streamed. Once a
+    process: a worker's later tasks stay in sight, so the cycles they leave when they end are still collected."""
     gc.freeze()
 
 
