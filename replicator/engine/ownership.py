@@ -30,11 +30,11 @@ free, five times a second, and none of them holds a connection meanwhile; a take
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import gc
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 from sqlalchemy import Engine
@@ -193,12 +193,17 @@ class LockWatch:
                         seen.set()
 
 
-@functools.cache
-def freeze_the_start() -> None:
-    """The objects the process made to start (its modules, classes, settings, clients) out of the collector's sight:
-    they live as long as it does, yet each full collection walked all of them again while records streamed. Once a
-    process: a worker's later tasks stay in sight, so the cycles they leave when they end are still collected."""
+@contextlib.contextmanager
+def frozen_start() -> Iterator[None]:
+    """The objects made before the copy starts (modules, classes, settings, clients) out of the collector's sight
+    while the task runs: they live as long as it does, yet each full collection walked all of them again while
+    records streamed. Back in sight when it ends: a garbage cycle that holds one of them (the task itself, or a client
+    it made) would otherwise never be collected, and its clients would go on connecting for the rest of the process."""
     gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def run_owned(
@@ -225,5 +230,5 @@ def run_owned(
                 task.on_event("stopped: standing by, the task was never taken over")
         if lease is None:
             return None
-        freeze_the_start()
-        return task.run(should_stop, lease, ownership.waited_s)
+        with frozen_start():
+            return task.run(should_stop, lease, ownership.waited_s)
