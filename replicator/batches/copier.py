@@ -220,8 +220,11 @@ class BatchCopier:
             except TimeoutError:
                 return None
             asked, self.ahead = self.ahead.positions, None
-            results = {p: f for p, f in answered.items() if p in positions and asked.get(p) == positions[p]}
-        rest = {p: offset for p, offset in positions.items() if p not in results}
+            if asked == positions:  # (most steps: every lane where the fetch asked from, all answered)
+                results = answered
+            else:
+                results = {p: f for p, f in answered.items() if p in positions and asked.get(p) == positions[p]}
+        rest = {} if results.keys() == positions.keys() else {p: o for p, o in positions.items() if p not in results}
         if not rest:
             return results
         if any(f.records for f in results.values()):
