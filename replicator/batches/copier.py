@@ -18,6 +18,7 @@ its broker longer than the task's loop can (`max_wait_ms`), and the next step wa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,10 +39,15 @@ from replicator.batches.wire import UNKNOWN, Fetched, KafkaWire, Partition, Prob
 PARTITION_FETCH_BYTES = 4 * 1_048_576
 # After a step that copied a little, the next fetch waits for GATHER_BYTES (as a consumer's fetch.min.bytes does) up to
 # GATHER_MS, or GATHER_MS_PER_LANE a lane when longer: records trickling in at a few thousand a second come a step per
-# 10 ms, not a step per batch (a step over 4 partitions at 5,000 records/s took 63 % of a core). Kafka before 1.1
-# has no fetch sessions: a fetch names, and its answer carries, every lane, so over 1,000 lanes a fetch each 10 ms
-# took 37.5 % of a core and the source broker 91 %. An idle lane still waits `max_wait_ms`.
+# 10 ms, not a step per batch (a step over 4 partitions at 5,000 records/s took 63 % of a core). Kafka before 1.1 has no
+# fetch sessions: a fetch names, and its answer carries, every lane, so over 1,000 lanes a fetch each 10 ms took 37.5 %
+# of a core and the source broker 91 %. So "a little" grows with the lanes too (GATHER_BYTES_PER_LANE, about a
+# one-record batch a lane): a step over 5,000 lanes costs ~45 ms of CPU before it copies anything, and under 5,000
+# records/s spread over them steps that each copied more than GATHER_BYTES came 6 a second. Over that many lanes the
+# copier waits itself, then asks for what is there: Kafka 1.0 asked to wait for those bytes answered a 250 ms wait after
+# 400 to 660 ms, its CPU at 90 %; waiting here, the fetch took 320 to 510 ms. An idle lane still waits `max_wait_ms`.
 GATHER_BYTES = 64 * 1024
+GATHER_BYTES_PER_LANE = 256
 GATHER_MS = 10
 GATHER_MS_PER_LANE = 0.05
 # A batch sent again with its sequence: Kafka since 1.0 answers with the offset it wrote the batch at; brokers that
@@ -152,7 +158,7 @@ class BatchCopier:
         self.ours = ours
         self.max_wait_ms = max_wait_ms  # how long a fetch waits at its broker for records
         self.step_wait_ms = max_wait_ms + 1_000  # how long a step waits for a fetch's answer to arrive
-        self.gathering = False  # the last step copied less than GATHER_BYTES, but something
+        self.gathering = False  # the last step copied less than `_gather_bytes()`, but something
         self.partition_fetch_bytes = partition_fetch_bytes
         self.lanes: dict[Partition, Lane] = {}
         self.writers: dict[Partition, Partition] = {}  # the source partition each lane's destination partition copies
@@ -201,7 +207,7 @@ class BatchCopier:
                 if result.records:  # (most lanes of a step over thousands of partitions have none)
                     plans[source] = self._plan(self.lanes[source], result.records, result.aborted)
         batches = {self.lanes[p].destination: plan.rewritten for p, plan in plans.items() if plan.rewritten}
-        self.gathering = 0 < sum(len(b) for rewritten in batches.values() for b in rewritten) < GATHER_BYTES
+        self.gathering = 0 < sum(len(b) for rewritten in batches.values() for b in rewritten) < self._gather_bytes()
         if batches:
             self._fetch_ahead(plans)
         produced = self.destination.produce(batches) if batches else {}
@@ -233,11 +239,17 @@ class BatchCopier:
         self._send(positions)
         return self._fetched(positions)
 
-    def _waits(self) -> tuple[int, int]:
-        """How long a fetch waits, and for how many bytes."""
+    def _waits(self) -> tuple[int, int, int]:
+        """How long a fetch waits before it is sent, then at its broker, and for how many bytes."""
         if not self.gathering:
-            return self.max_wait_ms, 1
-        return min(self.max_wait_ms, max(GATHER_MS, round(len(self.lanes) * GATHER_MS_PER_LANE))), GATHER_BYTES
+            return 0, self.max_wait_ms, 1
+        wait_ms = min(self.max_wait_ms, max(GATHER_MS, round(len(self.lanes) * GATHER_MS_PER_LANE)))
+        if self._gather_bytes() > GATHER_BYTES:
+            return wait_ms, self.max_wait_ms, 1
+        return 0, wait_ms, GATHER_BYTES
+
+    def _gather_bytes(self) -> int:
+        return max(GATHER_BYTES, len(self.lanes) * GATHER_BYTES_PER_LANE)
 
     def _fetch_ahead(self, plans: dict[Partition, Plan]) -> None:
         """Send the next step's fetch, from where each lane stands once this step's batches are acknowledged."""
@@ -252,16 +264,24 @@ class BatchCopier:
     def _send(self, positions: dict[Partition, int]) -> None:
         """A fetch from `positions` on the fetching thread (the sizes are read here: the lanes change in this
         thread only)."""
-        max_wait_ms, min_bytes = self._waits()
-        answer = self._fetching.submit(self._fetch, positions, self._sizes(positions), max_wait_ms, min_bytes)
-        self.ahead = Sent(positions, answer, max_wait_ms)
+        pause_ms, max_wait_ms, min_bytes = self._waits()
+        sizes = self._sizes(positions)
+        answer = self._fetching.submit(self._fetch, positions, sizes, max_wait_ms, min_bytes, pause_ms)
+        self.ahead = Sent(positions, answer, pause_ms + max_wait_ms)
 
     def _sizes(self, positions: dict[Partition, int]) -> dict[Partition, int]:
         return {p: self.lanes[p].fetch_bytes for p in positions}
 
     def _fetch(
-        self, positions: dict[Partition, int], sizes: dict[Partition, int], max_wait_ms: int, min_bytes: int
+        self,
+        positions: dict[Partition, int],
+        sizes: dict[Partition, int],
+        max_wait_ms: int,
+        min_bytes: int,
+        pause_ms: int = 0,
     ) -> dict[Partition, Fetched]:
+        if pause_ms:
+            time.sleep(pause_ms / 1000)
         return self.source.fetch(positions, partition_max_bytes=sizes, max_wait_ms=max_wait_ms, min_bytes=min_bytes)
 
     def _plan(self, lane: Lane, records: bytes, aborted: Sequence[AbortedTransaction]) -> Plan:

@@ -400,24 +400,17 @@ class KafkaWire:
                 failed = self._noted(Problem.of_exception(exc))
                 results.update({p: Fetched(failed) for p in by_leader[leader]})
                 continue
-            # Made with tuple.__new__, not the named tuples' own __new__ (a Python function a call): over thousands
-            # of lanes most answers are empty, and each still becomes a Partition and a Fetched.
+            # tuple.__new__, not the named tuples' own (a Python call): most of thousands of answers are empty.
             make = tuple.__new__
             for topic in response.responses:
                 name = topic.topic
                 for data in topic.partitions:
                     problem = self._noted(Problem.of_code(data.error_code)) if data.error_code else None
-                    aborted = (
-                        tuple(AbortedTransaction(a.producer_id, a.first_offset) for a in data.aborted_transactions)
-                        if data.aborted_transactions
-                        else ()
-                    )
-                    records = data.records
-                    results[make(Partition, (name, data.partition_index))] = make(
-                        Fetched,
-                        (problem, bytes(records) if records else b"", aborted, data.high_watermark,
-                         data.last_stable_offset),
-                    )  # fmt: skip
+                    found = data.aborted_transactions
+                    aborted = tuple(AbortedTransaction(a.producer_id, a.first_offset) for a in found) if found else ()
+                    records = bytes(data.records or b"")
+                    answer = (problem, records, aborted, data.high_watermark, data.last_stable_offset)
+                    results[make(Partition, (name, data.partition_index))] = make(Fetched, answer)
         return results
 
     async def _init_producer_id(self) -> ProducerIdentity:
