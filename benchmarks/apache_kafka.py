@@ -330,9 +330,13 @@ def timed_copy(
     timeout_s: float = 300.0,
     copied: Callable[[], int] | None = None,
     log: Path | None = None,
+    host: subprocess.Popen[bytes] | None = None,
+    begin: Callable[[], None] | None = None,
 ) -> Run:
-    """Start the copier's processes; wall = start until `target` holds `records` at the destination (or `copied()`
-    reaches it: a transactional copy's commit markers count in high watermarks); CPU-s of all its processes."""
+    """Start the copier's processes, then call `begin`; wall = start until `target` holds `records` at the destination
+    (or `copied()` reaches it: a transactional copy's commit markers count in high watermarks); CPU-s of all its
+    processes. `host`: a process already running that `begin` hands the copy to (a worker, told by a connector
+    written to Postgres), stopped with the others: its CPU from the start on."""
     counter = Consumer({"bootstrap.servers": DESTINATION, "group.id": "bench-counter"}) if copied is None else None
     load = common.load_average()
 
@@ -357,8 +361,11 @@ def timed_copy(
         return False
 
     start = time.perf_counter()
-    procs = [common.start_process(argv, env, log=log) for argv in argvs]
+    before = sum(psutil.Process(host.pid).cpu_times()[:2]) if host else 0.0
+    procs = [common.start_process(argv, env, log=log) for argv in argvs] + ([host] if host else [])
     try:
+        if begin is not None:
+            begin()
         common.wait_until(copied_all, timeout_s, 0.02, f"{copier}: all {records} records at {target}")
         end = time.perf_counter()
         wall = end - start
@@ -371,7 +378,7 @@ def timed_copy(
                 p.send_signal(stop_signal)
         if counter is not None:
             counter.close()
-    return Run(copier, wall, sum(reap(p) for p in procs), load, copy_rate)
+    return Run(copier, wall, sum(reap(p) for p in procs) - before, load, copy_rate)
 
 
 def reap(proc: subprocess.Popen[bytes], grace_s: float = 60.0) -> float:

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 
@@ -73,8 +77,21 @@ def main() -> None:
         choices=["engine", *kit.ENGINE_COPIERS],
         help="the engine copier whose connector properties the baselines run with (e.g. engine-batches)",
     )
+    parser.add_argument(
+        "--host",
+        choices=("task", "worker"),
+        default="task",
+        help="where engine copiers run: `mirus task run` processes started in the timed window (task), or a `mirus "
+        "worker run` process already running that a connector is added to (worker: the platform's default process "
+        "shape; timed from the connector and its assignment written to Postgres, the worker's CPU from then until "
+        "it has stopped; not for baselines)",
+    )
     parser.add_argument("--logs", type=Path, help="keep each copier run's output in this folder")
     args = kit.parse_args(parser)
+    if args.host == "worker" and "engine-baseline" in args.copiers.split(","):
+        parser.error("--host worker: a baseline's connector is written by its own checkout, outside the timed window")
+    logs = args.logs or Path(tempfile.mkdtemp(prefix="vs-mirrormaker-"))  # the worker says it started there
+    logs.mkdir(parents=True, exist_ok=True)
 
     copiers = []
     for name in args.copiers.split(","):
@@ -103,6 +120,8 @@ def main() -> None:
                 values = kit.event_values(args.size)
                 kit.preload(topic, n, parts, args.size, values=values, compression=args.compression, **batching)
             targets = []
+            host: subprocess.Popen[bytes] | None = None
+            begin: Callable[[], None] | None = None
             order = copiers[r % len(copiers) :] + copiers[: r % len(copiers)]
             for copier in order:
                 if copier == "mirrormaker":
@@ -119,7 +138,14 @@ def main() -> None:
                     name, target = f"{topic}-{label}{tasks}", f"{topic}.{label}{tasks}"
                     extra = kit.ENGINE_COPIERS.get(f"engine-{kind}", {})
                     argvs, stop = kit.engine_argv(name, tasks), signal.SIGINT
-                    if kind == "baseline":
+                    if args.host == "worker":
+                        argvs = []
+                        suffix = target.removeprefix(topic)
+                        begin = functools.partial(
+                            kit.put_engine_connector, store, name, topic, suffix, parts, tasks, **extra
+                        )
+                        host = hosting_worker(env, logs / f"round{r + 1}-{copier.replace(' ', '')}-worker.log")
+                    elif kind == "baseline":
                         suffix = target.removeprefix(topic)
                         kit.put_baseline_connector(
                             checkout, baseline_urls[checkout], name, topic, suffix, parts, tasks,
@@ -134,8 +160,13 @@ def main() -> None:
                 # read_committed readers) once Postgres holds every offset, which follows the transaction commit.
                 by_commits = copier.startswith("engine") and (args.until == "committed" or "eos" in copier)
                 committed = (lambda c=name: common.committed(store, c)) if by_commits else None
-                log = args.logs / f"round{r + 1}-{copier.replace(' ', '')}.log" if args.logs else None
-                run = kit.timed_copy(copier, argvs, target, parts, n, env, stop, copied=committed, log=log)
+                log = logs / f"round{r + 1}-{copier.replace(' ', '')}.log"
+                run = kit.timed_copy(
+                    copier, argvs, target, parts, n, env, stop, copied=committed, log=log, host=host, begin=begin
+                )
+                if host is not None:  # gone from the database: the next worker must not host it too
+                    store.delete_connector(name)
+                host, begin = None, None
                 runs[copier].append(run)
                 print(
                     f"round {r + 1} {copier:<24} {run.wall_s:6.2f} s wall {run.cpu_s:6.2f} CPU-s "
@@ -162,6 +193,13 @@ def main() -> None:
         rate_ratio = f"{rate / mm_rate:>6.2f}" if mm_rate else f"{'':>6}"
         loads = "/".join(f"{x.load:.1f}" for x in rs)
         print(f"{copier:<24}{wall:>8.2f}{cpu:>8.2f}{n / wall:>12,.0f}{ratios}{rate:>12,.0f}{rate_ratio}  {loads}")
+
+
+def hosting_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`mirus worker run 0 --workers 1`, once it has started (its imports done) and hosts nothing yet."""
+    worker = common.start_process([*common.MIRUS, "worker", "run", "0", "--workers", "1"], env, log=log)
+    common.wait_until(lambda: log.exists() and " of 1 started" in log.read_text(), 60, 0.02, "the worker started")
+    return worker
 
 
 if __name__ == "__main__":

@@ -38,7 +38,10 @@ log = logging.getLogger(__name__)
 
 TaskKey = tuple[str, int]  # (connector, task id)
 
-POLL_S = 1.0  # how often a worker re-reads which tasks it hosts (a new task starts within this)
+# How often a worker re-reads which tasks it hosts when no notice says so: a new assignment, state or restart is
+# told at its commit (`HeadNotices`, any connector's) and read at once; this poll covers a notice lost.
+POLL_S = 1.0
+RECONCILE_S = 0.1  # the least time between two reads
 INITIAL_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
 HEALTHY_S = 60.0  # a task that ran this long before failing starts its backoff again from the beginning
@@ -108,18 +111,25 @@ class TaskWorker:
         self.on_event(f"worker {self.index} of {self.workers} started")
         self.lock_watch = LockWatch(self.store.engine, STANDBY_POLL_S)
         self.notices = HeadNotices(self.store.engine)
+        changed = threading.Event()
+        unsubscribe = self.notices.subscribe(None, changed.set)
         try:
             while not should_stop():
+                changed.clear()  # before reading: a change committed meanwhile is read again
                 try:
                     self.reconcile()
                 except SQLAlchemyError as exc:
                     # The database is unreachable: the hosted tasks ride it out on their own (their commits retry),
                     # so the worker keeps them as they are and reads again at its next poll.
                     self.on_event(f"cannot read the connectors ({type(exc).__name__}); hosted tasks continue")
-                deadline = time.monotonic() + self.poll_s
-                while not should_stop() and time.monotonic() < deadline:
-                    time.sleep(min(0.1, self.poll_s))
+                read_at = time.monotonic()
+                while not should_stop() and time.monotonic() < read_at + self.poll_s:
+                    if changed.wait(min(0.1, self.poll_s)):
+                        # At once, but at most one read every RECONCILE_S however many notices come.
+                        time.sleep(max(0.0, read_at + RECONCILE_S - time.monotonic()))
+                        break
         finally:
+            unsubscribe()
             self.stop_all()
             self.lock_watch.close()
             self.notices.close()

@@ -2,7 +2,8 @@
 `mirus_connector_head` with the connector's name at the commit that changed or deleted it).
 
 Told, a task reads its connector's row at its loop's next turn (`replicator.engine.follower`), so a new topic's
-partitions, a pause or a new config reach it within a turn. One LISTEN connection per process serves all its tasks.
+partitions, a pause or a new config reach it within a turn; told of any connector, a worker reads at once which
+tasks it hosts (a new assignment's task starts then). One LISTEN connection per process serves all its tasks.
 Whether notices do arrive is proven, not assumed: every PROBE_S this process notifies a probe channel from another
 connection, and `heard()` is true while the last probe came back. Only then do its tasks read their rows seldom (every
 10 s instead of twice a second: most of an idle task's Postgres transactions); behind PgBouncer in transaction mode,
@@ -38,7 +39,7 @@ class HeadNotices:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._subscribed: dict[str, list[Callable[[], None]]] = {}
+        self._subscribed: dict[str | None, list[Callable[[], None]]] = {}  # None: every connector's
         self._guard = threading.Lock()
         self._closed = threading.Event()
         self.listening = threading.Event()  # set while LISTEN is in effect
@@ -49,8 +50,9 @@ class HeadNotices:
         self._thread = threading.Thread(target=self._listen, name="mirus-head-notices", daemon=True)
         self._thread.start()
 
-    def subscribe(self, connector: str, changed: Callable[[], None]) -> Callable[[], None]:
-        """Call `changed` (on this object's thread) whenever `connector`'s row changes; returns the unsubscribe."""
+    def subscribe(self, connector: str | None, changed: Callable[[], None]) -> Callable[[], None]:
+        """Call `changed` (on this object's thread) whenever `connector`'s row changes (None: any connector's);
+        returns the unsubscribe."""
         with self._guard:
             self._subscribed.setdefault(connector, []).append(changed)
 
@@ -83,7 +85,7 @@ class HeadNotices:
             callbacks = [
                 changed
                 for name, subscribed in self._subscribed.items()
-                if connectors is None or name in connectors
+                if connectors is None or name is None or name in connectors
                 for changed in subscribed
             ]
         for changed in callbacks:

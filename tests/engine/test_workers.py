@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from mirus_dagster.constants import (
 )
 from mirus_dagster.jobs import build_watcher_job, replicator, replicator_worker
 from mirus_dagster.settings import StackEndpoints
-from replicator.engine.worker import hosts
+from replicator.engine.worker import TaskWorker, hosts
 from replicator.state.records import LEASE_HELD, ConnectorState, ConnectorStatus, TaskStatus
 from replicator.state.store import Store
 from sensors.run_starter import build_run_starter
@@ -123,6 +124,32 @@ def workers_hand_over(stack: StackEndpoints, store: Store, url: str, unique: str
             stack.source_bootstrap_servers, name, stack.destination_bootstrap_servers, partitions=2, written=200
         )
         report.assert_at_least_once()
+
+
+def test_a_worker_starts_a_new_connectors_task_when_postgres_tells_it_not_at_its_next_poll(
+    stack: StackEndpoints, estate_db: tuple[Store, str], unique: str
+) -> None:
+    store, _ = estate_db
+    names = [f"{unique}-first", f"{unique}-added"]
+    for name in names:
+        create_topics(stack.source_bootstrap_servers, {name: 1})
+        create_topics(stack.destination_bootstrap_servers, {name: 1})
+        produce(stack.source_bootstrap_servers, [{"topic": name, "key": b"k", "value": b"v%d" % i} for i in range(10)])
+    first, added = (connector_properties(stack, name, **{"topics.whitelist": name}) for name in names)
+    create_connector(store, first, {0: [(names[0], 0)]})
+    # A poll far longer than the waits below: only the notice of the new assignment's commit can start its task.
+    worker = TaskWorker(store, 0, 1, f"test:{unique}", poll_s=3600)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop.is_set,), name="test-worker")
+    thread.start()
+    try:
+        wait_until(lambda: _committed(store, names[0]) == 10, timeout=60, what="the worker's first read hosting it")
+        create_connector(store, added, {0: [(names[1], 0)]})
+        wait_until(lambda: _committed(store, names[1]) == 10, timeout=60, what="the added connector replicating")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive()
 
 
 def test_with_workers_the_sensors_keep_that_many_worker_runs_and_no_run_per_task(
