@@ -41,7 +41,7 @@ TaskKey = tuple[str, int]  # (connector, task id)
 # How often a worker re-reads which tasks it hosts when no notice says so: a new assignment, state or restart is
 # told at its commit (`HeadNotices`, any connector's) and read at once; this poll covers a notice lost.
 POLL_S = 1.0
-RECONCILE_S = 0.1  # the least time between two reads
+RECONCILE_S = 0.02  # the least time between two reads: the notices of a burst of changes are read together
 INITIAL_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
 HEALTHY_S = 60.0  # a task that ran this long before failing starts its backoff again from the beginning
