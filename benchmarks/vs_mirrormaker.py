@@ -145,6 +145,7 @@ def main() -> None:
                             kit.put_engine_connector, store, name, topic, suffix, parts, tasks, **extra
                         )
                         host = hosting_worker(env, logs / f"round{r + 1}-{copier.replace(' ', '')}-worker.log")
+                        stack.callback(lambda w=host: w.poll() is None and w.kill())  # if the round fails first
                     elif kind == "baseline":
                         suffix = target.removeprefix(topic)
                         kit.put_baseline_connector(
