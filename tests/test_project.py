@@ -150,7 +150,7 @@ def quoted_figures() -> dict[str, str]:
         "`commit.failure.restart.ms` ({} min)": f"{_property_default('commit.failure.restart.ms') / 60_000:g}",
         "`task.standby.runs` (default {}) standbys": str(standbys),
         "(`task.standby.runs`, default {})": str(standbys),
-        "reads the running connectors {};": _times_a_second(POLL_S),
+        "(`HeadNotices`), else {};": _times_a_second(POLL_S),
         "(a statement {})": _times_a_second(STANDBY_POLL_S),
         "a takeover up to {} later": _seconds(STANDBY_POLL_S),
         "reads each distinct cluster {} with one Metadata request": _times_a_second(WATCH_INTERVAL_S),
