@@ -138,23 +138,22 @@ def main() -> None:
                     name, target = f"{topic}-{label}{tasks}", f"{topic}.{label}{tasks}"
                     extra = kit.ENGINE_COPIERS.get(f"engine-{kind}", {})
                     argvs, stop = kit.engine_argv(name, tasks), signal.SIGINT
+                    suffix = target.removeprefix(topic)
                     if args.host == "worker":
                         argvs = []
-                        suffix = target.removeprefix(topic)
                         begin = functools.partial(
                             kit.put_engine_connector, store, name, topic, suffix, parts, tasks, **extra
                         )
                         host = hosting_worker(env, logs / f"round{r + 1}-{copier.replace(' ', '')}-worker.log")
                         stack.callback(lambda w=host: w.poll() is None and w.kill())  # if the round fails first
                     elif kind == "baseline":
-                        suffix = target.removeprefix(topic)
                         kit.put_baseline_connector(
                             checkout, baseline_urls[checkout], name, topic, suffix, parts, tasks,
                             **kit.ENGINE_COPIERS.get(args.baseline_as, {}),
                         )  # fmt: skip
                         argvs = kit.baseline_argvs(checkout, argvs, baseline_urls[checkout])
                     else:
-                        kit.put_engine_connector(store, name, topic, target.removeprefix(topic), parts, tasks, **extra)
+                        kit.put_engine_connector(store, name, topic, suffix, parts, tasks, **extra)
                 common.create_topic(DESTINATION, target, parts)
                 targets.append(target)
                 # Exactly-once: commit markers count in high watermarks; its copies are all there (visible to
